@@ -1,0 +1,153 @@
+"""Enrolment tokens, agent and admin credentials, and the one interceptor that checks them.
+
+Only SHA-256 hashes of secrets are stored. Agent credentials have the form
+`sfa.<agent_id>.<secret>` so the interceptor finds the row without scanning; admin
+credentials `sfadm.<secret>`; enrolment tokens `sft.<secret>`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import hmac
+import secrets
+import time
+
+import grpc
+
+from coordinator.store import Store
+
+AGENT_SERVICE = "/specfleet.v1.AgentService/"
+ADMIN_SERVICE = "/specfleet.v1.AdminService/"
+UNAUTHENTICATED_METHODS = {AGENT_SERVICE + "Enrol", "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"}
+
+# The agent id of the caller, set by the interceptor for the duration of an agent RPC.
+current_agent: contextvars.ContextVar[str] = contextvars.ContextVar("current_agent")
+
+
+class AuthError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_token(store: Store, ttl_seconds: float, max_uses: int, note: str = "", now: float | None = None):
+    if not (0 < ttl_seconds <= 365 * 86400):
+        raise ValueError(f"ttl_seconds must be in (0, 1 year], got {ttl_seconds}")
+    if not (1 <= max_uses <= 100_000):
+        raise ValueError(f"max_uses must be in [1, 100000], got {max_uses}")
+    now = time.time() if now is None else now
+    token = "sft." + secrets.token_urlsafe(24)
+    with store.tx() as con:
+        con.execute(
+            "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, 0)",
+            [hash_secret(token), note, now, now + ttl_seconds, max_uses],
+        )
+    return token, now + ttl_seconds
+
+
+def consume_token(con, token: str, now: float) -> None:
+    """Count one use of an enrolment token inside the caller's transaction, or raise."""
+    row = con.execute(
+        "SELECT expires_at, max_uses, uses FROM tokens WHERE token_hash = ?", [hash_secret(token)]
+    ).fetchone()
+    if row is None:
+        raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "unknown enrolment token")
+    expires_at, max_uses, uses = row
+    if now >= expires_at:
+        raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "enrolment token expired")
+    if uses >= max_uses:
+        raise AuthError(grpc.StatusCode.PERMISSION_DENIED, f"enrolment token already used {uses} of {max_uses} times")
+    con.execute("UPDATE tokens SET uses = uses + 1 WHERE token_hash = ?", [hash_secret(token)])
+
+
+def new_agent_credential(agent_id: str) -> tuple[str, str]:
+    """(credential to hand out once, hash to store)."""
+    secret = secrets.token_urlsafe(32)
+    return f"sfa.{agent_id}.{secret}", hash_secret(secret)
+
+
+def ensure_admin_credential(store: Store, existing: str | None) -> str:
+    """Register `existing` (or a new credential) as an admin credential and return it."""
+    credential = existing or "sfadm." + secrets.token_urlsafe(32)
+    with store.tx() as con:
+        con.execute(
+            "INSERT INTO admin_credentials VALUES (?, ?) ON CONFLICT DO NOTHING",
+            [hash_secret(credential), time.time()],
+        )
+    return credential
+
+
+def _bearer(metadata) -> str:
+    for key, value in metadata or ():
+        if key == "authorization":
+            if not value.startswith("Bearer "):
+                raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer <credential>'")
+            return value[len("Bearer "):]
+    raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "missing credential (authorization metadata)")
+
+
+def authenticate_agent(store: Store, metadata) -> str:
+    credential = _bearer(metadata)
+    parts = credential.split(".")
+    if len(parts) != 3 or parts[0] != "sfa":
+        raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "malformed agent credential")
+    _, agent_id, secret = parts
+    with store.tx() as con:
+        row = con.execute("SELECT credential_hash, state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+    if row is None or not hmac.compare_digest(row[0], hash_secret(secret)):
+        raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "unknown or wrong agent credential")
+    if row[1] == "revoked":
+        raise AuthError(grpc.StatusCode.PERMISSION_DENIED, f"agent {agent_id} has been revoked")
+    return agent_id
+
+
+def authenticate_admin(store: Store, metadata) -> None:
+    credential = _bearer(metadata)
+    with store.tx() as con:
+        row = con.execute(
+            "SELECT 1 FROM admin_credentials WHERE credential_hash = ?", [hash_secret(credential)]
+        ).fetchone()
+    if row is None:
+        raise AuthError(grpc.StatusCode.PERMISSION_DENIED, "not an admin credential")
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Checks every call: agent credentials for AgentService, admin credentials for AdminService.
+
+    The check runs inside the wrapped handler, on the thread that serves the call, so the
+    authenticated agent id can be handed to the servicer through a context variable.
+    """
+
+    def __init__(self, store: Store):
+        self._store = store
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method in UNAUTHENTICATED_METHODS or handler.unary_unary is None:
+            return handler
+        if method.startswith(AGENT_SERVICE):
+            check = lambda md: current_agent.set(authenticate_agent(self._store, md))  # noqa: E731
+        elif method.startswith(ADMIN_SERVICE):
+            check = lambda md: authenticate_admin(self._store, md)  # noqa: E731
+        else:
+            return handler
+        inner = handler.unary_unary
+
+        def guarded(request, context):
+            try:
+                check(context.invocation_metadata())
+            except AuthError as e:
+                context.abort(e.code, str(e))
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,129 @@
+"""Start the coordinator: gRPC (agent + admin + health), /metrics, and the lease reaper."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from coordinator import auth
+from coordinator.metrics import Metrics, MetricsInterceptor
+from coordinator.scheduler import LEASE_SECONDS, Scheduler
+from coordinator.service import AdminServicer, AgentServicer
+from coordinator.store import Store
+from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
+
+log = logging.getLogger("specfleet.coordinator")
+
+ADMIN_TOKEN_FILE = "admin.token"
+ENDPOINTS_FILE = "coordinator.json"
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+REAPER_INTERVAL_SECONDS = 1.0
+# Long-polls hold a thread each: size the pool for the agents that wait at once.
+MAX_WORKERS = 128
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 50551  # 0 picks a free port (written to coordinator.json)
+    metrics_port: int = 9464  # 0 picks a free port; -1 disables /metrics
+    lease_seconds: float = LEASE_SECONDS
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # set to require client certificates (mTLS)
+
+
+def admin_credential(data_dir: Path) -> str | None:
+    path = data_dir / ADMIN_TOKEN_FILE
+    return path.read_text().strip() if path.exists() else None
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+class Coordinator:
+    """A running coordinator; `stop()` shuts everything down and closes the database."""
+
+    def __init__(self, config: CoordinatorConfig):
+        self.config = config
+        self.store = Store(config.data_dir)
+        self.scheduler = Scheduler(self.store, lease_seconds=config.lease_seconds)
+        self.metrics = Metrics(self.scheduler)
+        credential = auth.ensure_admin_credential(self.store, admin_credential(config.data_dir))
+        _write_private(config.data_dir / ADMIN_TOKEN_FILE, credential + "\n")
+
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
+            interceptors=[MetricsInterceptor(self.metrics), auth.AuthInterceptor(self.store)],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", 64 * 1024 * 1024)],
+        )
+        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.scheduler, self.metrics), self.server)
+        pb_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.scheduler), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        address = f"{config.host}:{config.port}"
+        if config.tls_cert:
+            creds = grpc.ssl_server_credentials(
+                [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+                root_certificates=config.tls_client_ca.read_bytes() if config.tls_client_ca else None,
+                require_client_auth=config.tls_client_ca is not None,
+            )
+            self.port = self.server.add_secure_port(address, creds)
+        else:
+            self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise RuntimeError(f"could not bind gRPC to {address}")
+
+        self.metrics_port = None
+        self._metrics_server = None
+        if config.metrics_port >= 0:
+            self._metrics_server, _ = self.metrics.serve(config.host, config.metrics_port)
+            self.metrics_port = self._metrics_server.server_port
+
+        self._stopping = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="lease-reaper", daemon=True)
+
+    def start(self) -> "Coordinator":
+        self.server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._reaper.start()
+        endpoints = {"grpc": f"{self.config.host}:{self.port}", "pid": os.getpid(),
+                     "metrics": f"{self.config.host}:{self.metrics_port}" if self.metrics_port else None}
+        _write_private(self.config.data_dir / ENDPOINTS_FILE, json.dumps(endpoints))
+        log.info("coordinator serving gRPC on %s, metrics on %s, data in %s",
+                 endpoints["grpc"], endpoints["metrics"], self.store.path)
+        return self
+
+    def _reap(self) -> None:
+        while not self._stopping.wait(REAPER_INTERVAL_SECONDS):
+            try:
+                expired = self.scheduler.expire_leases()
+            except Exception:  # keep reaping; the next pass retries
+                log.exception("lease reaper pass failed")
+                continue
+            if expired:
+                self.metrics.lease_expiries.inc(expired)
+                log.warning("%d lease(s) expired", expired)
+
+    def stop(self, grace_seconds: float = 2.0) -> None:
+        self._stopping.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_seconds).wait()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self._reaper.join(timeout=5)
+        self.store.close()
+        (self.config.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)

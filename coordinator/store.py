@@ -1,0 +1,101 @@
+"""The coordinator's DuckDB file: opening it, numbered migrations, one writer.
+
+The coordinator is the file's only writer. All access goes through `Store.tx()`, which
+serialises callers on one lock: DuckDB connections are not meant to be shared between
+threads, and a single writer keeps every state change a plain transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+DB_FILENAME = "specfleet.duckdb"
+
+
+def migrations() -> list[tuple[int, str]]:
+    """(version, sql) for every file in coordinator/migrations, in order."""
+    found = []
+    for entry in resources.files("coordinator.migrations").iterdir():
+        name = entry.name
+        if name.endswith(".sql"):
+            found.append((int(name.split("_", 1)[0]), entry.read_text()))
+    found.sort()
+    versions = [v for v, _ in found]
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..N without gaps, found {versions}")
+    return found
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    exists = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
+    ).fetchone()[0]
+    if not exists:
+        return 0
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply the migrations the file has not seen; return the resulting version."""
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE)"
+    )
+    current = schema_version(con)
+    known = migrations()
+    if current > len(known):
+        raise RuntimeError(
+            f"database schema version {current} is newer than this specfleet ({len(known)}): upgrade specfleet"
+        )
+    for version, sql in known[current:]:
+        con.execute("BEGIN")
+        try:
+            con.execute(sql)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [version, time.time()])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return len(known)
+
+
+class Store:
+    def __init__(self, data_dir: Path):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / DB_FILENAME
+        self._con = duckdb.connect(str(self.path))
+        self._lock = threading.RLock()
+        migrate(self._con)
+
+    @contextlib.contextmanager
+    def tx(self):
+        """A transaction on the single connection; commits on success, rolls back on error."""
+        with self._lock:
+            self._con.execute("BEGIN")
+            try:
+                yield self._con
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            self._con.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+
+def open_readonly(data_dir: Path) -> duckdb.DuckDBPyConnection:
+    """Open a stopped coordinator's file for reading (export, inspection)."""
+    path = data_dir / DB_FILENAME
+    if not path.exists():
+        raise FileNotFoundError(f"no coordinator database at {path}")
+    return duckdb.connect(str(path), read_only=True)
+
+
+def next_seq(con: duckdb.DuckDBPyConnection) -> int:
+    return con.execute("SELECT nextval('ingest_seq')").fetchone()[0]

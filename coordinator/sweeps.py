@@ -1,0 +1,257 @@
+"""Sweep files: parse, validate, expand into jobs.
+
+A sweep is a matrix. engines x samplers x prompt sets give the cells; methods x depths give
+the arms inside a cell, always with the autoregressive baseline. One job is one cell on one
+agent, so every speedup is a ratio measured on one machine with the arms interleaved.
+
+Validation collects every problem, each naming its field, before anything is stored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+ENGINES = ("mlx", "llama.cpp")
+SPECULATIVE_METHODS = ("draft", "ngram", "mtp")
+MAX_DEPTH = 16
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+TOP_KEYS = {
+    "name", "target", "models", "engines", "samplers", "prompt_sets", "methods", "ngram",
+    "max_new_tokens", "warmup", "repeats", "max_attempts", "deadline_seconds",
+}
+TARGET_KEYS = {"chips", "chip_families", "min_memory_gb", "labels", "agents"}
+SAMPLER_KEYS = {"temperature", "top_p", "top_k", "seed"}
+MAX_YAML_BYTES = 256 * 1024
+
+
+class SweepError(ValueError):
+    def __init__(self, problems: list[str]):
+        super().__init__("invalid sweep: " + "; ".join(problems))
+        self.problems = problems
+
+
+def prompt_sets() -> dict[str, list[dict[str, str]]]:
+    return yaml.safe_load(resources.files("coordinator").joinpath("prompt_sets.yaml").read_text())
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    target: dict[str, Any]
+    models: dict[str, dict[str, str]]
+    engines: list[str]
+    samplers: list[dict[str, float]]
+    prompt_sets: list[str]
+    arms: list[dict[str, Any]]
+    ngram: dict[str, int]
+    max_new_tokens: int
+    warmup: int
+    repeats: int
+    max_attempts: int
+    deadline_seconds: float
+
+    def cells(self) -> list[dict[str, Any]]:
+        """One job spec per cell (without agent): what a worker needs to run it."""
+        sets = prompt_sets()
+        return [
+            {
+                "engine": engine,
+                "model": self.models[engine],
+                "sampler": sampler,
+                "prompt_set": ps,
+                "prompts": sets[ps],
+                "arms": self.arms,
+                "ngram": self.ngram,
+                "max_new_tokens": self.max_new_tokens,
+                "warmup": self.warmup,
+                "repeats": self.repeats,
+                "deadline_seconds": self.deadline_seconds,
+            }
+            for engine in self.engines
+            for sampler in self.samplers
+            for ps in self.prompt_sets
+        ]
+
+
+class _Checker:
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def fail(self, where: str, why: str) -> None:
+        self.problems.append(f"{where}: {why}")
+
+    def number(self, where, value, lo, hi, integer=False, default=None):
+        if value is None:
+            if default is None:
+                self.fail(where, "is required")
+            return default
+        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok_type:
+            self.fail(where, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+            return default
+        if not math.isfinite(value) or not (lo <= value <= hi):
+            self.fail(where, f"must be between {lo} and {hi}, got {value!r}")
+            return default
+        return value
+
+    def unknown_keys(self, where, mapping, allowed):
+        for key in sorted(set(mapping) - allowed, key=str):
+            self.fail(f"{where}{key}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
+
+    def str_list(self, where, value):
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            self.fail(where, "must be a list of non-empty strings")
+            return []
+        return value
+
+
+def parse_sweep(text: str) -> Sweep:
+    """Parse and validate a sweep file; raise SweepError listing every problem."""
+    if len(text.encode()) > MAX_YAML_BYTES:
+        raise SweepError([f"file: larger than {MAX_YAML_BYTES} bytes"])
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SweepError([f"file: not valid YAML ({str(e).splitlines()[0]})"]) from None
+    if not isinstance(doc, dict):
+        raise SweepError(["file: must be a mapping of sweep fields"])
+    c = _Checker()
+    c.unknown_keys("", doc, TOP_KEYS)
+
+    name = doc.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        c.fail("name", "is required: 1-100 characters of letters, digits, '_', '.', '-'")
+
+    target = doc.get("target") or {}
+    if not isinstance(target, dict):
+        c.fail("target", "must be a mapping")
+        target = {}
+    c.unknown_keys("target.", target, TARGET_KEYS)
+    for key in ("chips", "chip_families", "agents"):
+        c.str_list(f"target.{key}", target.get(key))
+    if "min_memory_gb" in target:
+        c.number("target.min_memory_gb", target["min_memory_gb"], 0, 16384)
+    labels = target.get("labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        c.fail("target.labels", "must be a mapping of strings to strings")
+
+    engines = c.str_list("engines", doc.get("engines"))
+    if not engines:
+        c.fail("engines", f"is required: a list drawn from {', '.join(ENGINES)}")
+    for e in engines:
+        if e not in ENGINES:
+            c.fail("engines", f"unknown engine {e!r} (known: {', '.join(ENGINES)})")
+    if len(set(engines)) != len(engines):
+        c.fail("engines", "lists an engine twice")
+
+    methods = doc.get("methods") or {}
+    arms = [{"method": "baseline", "depth": 0}]
+    if not isinstance(methods, dict):
+        c.fail("methods", "must be a mapping of method to a list of depths")
+        methods = {}
+    for method, depths in methods.items():
+        if method == "baseline":
+            continue
+        if method not in SPECULATIVE_METHODS:
+            c.fail(f"methods.{method}", f"unknown method (known: baseline, {', '.join(SPECULATIVE_METHODS)})")
+            continue
+        if not isinstance(depths, list) or not depths:
+            c.fail(f"methods.{method}", "must be a non-empty list of draft depths")
+            continue
+        for i, d in enumerate(depths):
+            if c.number(f"methods.{method}[{i}]", d, 1, MAX_DEPTH, integer=True) is not None:
+                arms.append({"method": method, "depth": d})
+    if len({(a["method"], a["depth"]) for a in arms}) != len(arms):
+        c.fail("methods", "lists a depth twice for one method")
+
+    models = doc.get("models")
+    if not isinstance(models, dict):
+        c.fail("models", "is required: a mapping of engine to {target, draft}")
+        models = {}
+    c.unknown_keys("models.", models, set(ENGINES))
+    clean_models = {}
+    for e in engines:
+        m = models.get(e)
+        if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
+            c.fail(f"models.{e}.target", "is required for every engine in engines")
+            continue
+        c.unknown_keys(f"models.{e}.", m, {"target", "draft"})
+        if "draft" in methods and not isinstance(m.get("draft"), str):
+            c.fail(f"models.{e}.draft", "is required when methods include draft")
+        clean_models[e] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
+
+    samplers = doc.get("samplers") or [{"temperature": 0.0}]
+    clean_samplers = []
+    if not isinstance(samplers, list):
+        c.fail("samplers", "must be a list of {temperature, top_p, top_k, seed}")
+        samplers = []
+    for i, s in enumerate(samplers):
+        if not isinstance(s, dict):
+            c.fail(f"samplers[{i}]", "must be a mapping")
+            continue
+        c.unknown_keys(f"samplers[{i}].", s, SAMPLER_KEYS)
+        clean_samplers.append({
+            "temperature": float(c.number(f"samplers[{i}].temperature", s.get("temperature"), 0, 10, default=0.0)),
+            "top_p": float(c.number(f"samplers[{i}].top_p", s.get("top_p"), 0.0001, 1, default=1.0)),
+            "top_k": c.number(f"samplers[{i}].top_k", s.get("top_k"), 0, 1_000_000, integer=True, default=0),
+            "seed": c.number(f"samplers[{i}].seed", s.get("seed"), 0, 2**31 - 1, integer=True, default=0),
+        })
+
+    known_sets = prompt_sets()
+    sets = c.str_list("prompt_sets", doc.get("prompt_sets"))
+    if not sets:
+        c.fail("prompt_sets", f"is required: a list drawn from {', '.join(known_sets)}")
+    for ps in sets:
+        if ps not in known_sets:
+            c.fail("prompt_sets", f"unknown prompt set {ps!r} (known: {', '.join(known_sets)})")
+
+    ngram = doc.get("ngram") or {}
+    if not isinstance(ngram, dict):
+        c.fail("ngram", "must be a mapping {n_min, n_max}")
+        ngram = {}
+    c.unknown_keys("ngram.", ngram, {"n_min", "n_max"})
+    n_min = c.number("ngram.n_min", ngram.get("n_min"), 1, 16, integer=True, default=1)
+    n_max = c.number("ngram.n_max", ngram.get("n_max"), 1, 16, integer=True, default=3)
+    if n_min > n_max:
+        c.fail("ngram", f"n_min ({n_min}) must not exceed n_max ({n_max})")
+
+    sweep = Sweep(
+        name=name if isinstance(name, str) else "",
+        target={k: v for k, v in target.items() if k in TARGET_KEYS},
+        models=clean_models,
+        engines=engines,
+        samplers=clean_samplers,
+        prompt_sets=sets,
+        arms=arms,
+        ngram={"n_min": n_min, "n_max": n_max},
+        max_new_tokens=c.number("max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=128),
+        warmup=c.number("warmup", doc.get("warmup"), 0, 20, integer=True, default=1),
+        repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=3),
+        max_attempts=c.number("max_attempts", doc.get("max_attempts"), 1, 20, integer=True, default=3),
+        deadline_seconds=float(c.number("deadline_seconds", doc.get("deadline_seconds"), 10, 7 * 86400, default=3600)),
+    )
+    if c.problems:
+        raise SweepError(c.problems)
+    return sweep
+
+
+def agent_matches(target: dict[str, Any], agent: dict[str, Any]) -> bool:
+    """Whether an agent (name, chip, memory_bytes, labels) is selected by a sweep's target."""
+    if target.get("agents") and agent["name"] not in target["agents"]:
+        return False
+    if target.get("chips") and agent["chip"] not in target["chips"]:
+        return False
+    families = target.get("chip_families")
+    if families and not any(re.search(rf"\b{re.escape(f)}\b", agent["chip"]) for f in families):
+        return False
+    if agent["memory_bytes"] < target.get("min_memory_gb", 0) * 2**30:
+        return False
+    return all(agent["labels"].get(k) == v for k, v in target.get("labels", {}).items())

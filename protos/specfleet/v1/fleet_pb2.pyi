@@ -1,0 +1,402 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Fingerprint(_message.Message):
+    __slots__ = ("hostname", "os", "os_version", "chip", "gpu_cores", "performance_cores", "efficiency_cores", "memory_bytes", "model_identifier", "memory_bandwidth_bytes_per_second", "gpus", "engine_versions", "unavailable", "cpu_cores")
+    class EngineVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    OS_FIELD_NUMBER: _ClassVar[int]
+    OS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHIP_FIELD_NUMBER: _ClassVar[int]
+    GPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    PERFORMANCE_CORES_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_CORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_IDENTIFIER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    os: str
+    os_version: str
+    chip: str
+    gpu_cores: int
+    performance_cores: int
+    efficiency_cores: int
+    memory_bytes: int
+    model_identifier: str
+    memory_bandwidth_bytes_per_second: float
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    engine_versions: _containers.ScalarMap[str, str]
+    unavailable: _containers.RepeatedScalarFieldContainer[str]
+    cpu_cores: int
+    def __init__(self, hostname: _Optional[str] = ..., os: _Optional[str] = ..., os_version: _Optional[str] = ..., chip: _Optional[str] = ..., gpu_cores: _Optional[int] = ..., performance_cores: _Optional[int] = ..., efficiency_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., model_identifier: _Optional[str] = ..., memory_bandwidth_bytes_per_second: _Optional[float] = ..., gpus: _Optional[_Iterable[str]] = ..., engine_versions: _Optional[_Mapping[str, str]] = ..., unavailable: _Optional[_Iterable[str]] = ..., cpu_cores: _Optional[int] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ("run_id", "job_id", "engine", "method", "depth", "prompt_id", "repeat", "position", "prompt_tokens", "generated_tokens", "prefill_seconds", "ttft_seconds", "decode_seconds", "wall_seconds", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes", "output_sha256", "metrics", "params", "lossless", "has_lossless", "started_at_unix_seconds")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    LOSSLESS_FIELD_NUMBER: _ClassVar[int]
+    HAS_LOSSLESS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    job_id: str
+    engine: str
+    method: str
+    depth: int
+    prompt_id: str
+    repeat: int
+    position: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_seconds: float
+    ttft_seconds: float
+    decode_seconds: float
+    wall_seconds: float
+    decode_tokens_per_second: float
+    prefill_tokens_per_second: float
+    peak_memory_bytes: int
+    output_sha256: str
+    metrics: _containers.ScalarMap[str, float]
+    params: _containers.ScalarMap[str, str]
+    lossless: bool
+    has_lossless: bool
+    started_at_unix_seconds: float
+    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., engine: _Optional[str] = ..., method: _Optional[str] = ..., depth: _Optional[int] = ..., prompt_id: _Optional[str] = ..., repeat: _Optional[int] = ..., position: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., ttft_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ..., prefill_tokens_per_second: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., output_sha256: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., params: _Optional[_Mapping[str, str]] = ..., lossless: _Optional[bool] = ..., has_lossless: _Optional[bool] = ..., started_at_unix_seconds: _Optional[float] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "lease_id", "sweep_id", "attempt", "lease_seconds", "spec_json")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lease_id: str
+    sweep_id: str
+    attempt: int
+    lease_seconds: float
+    spec_json: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., sweep_id: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., spec_json: _Optional[str] = ...) -> None: ...
+
+class EnrolRequest(_message.Message):
+    __slots__ = ("token", "name", "fingerprint", "labels", "engines")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    name: str
+    fingerprint: Fingerprint
+    labels: _containers.ScalarMap[str, str]
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EnrolResponse(_message.Message):
+    __slots__ = ("agent_id", "credential", "heartbeat_interval_seconds", "lease_seconds")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    credential: str
+    heartbeat_interval_seconds: float
+    lease_seconds: float
+    def __init__(self, agent_id: _Optional[str] = ..., credential: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("job_id", "lease_id", "status", "fingerprint")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lease_id: str
+    status: str
+    fingerprint: Fingerprint
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., status: _Optional[str] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("lease_valid", "lease_expires_in_seconds", "drain")
+    LEASE_VALID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    lease_valid: bool
+    lease_expires_in_seconds: float
+    drain: bool
+    def __init__(self, lease_valid: _Optional[bool] = ..., lease_expires_in_seconds: _Optional[float] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class AcquireJobRequest(_message.Message):
+    __slots__ = ("wait_seconds",)
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    wait_seconds: float
+    def __init__(self, wait_seconds: _Optional[float] = ...) -> None: ...
+
+class AcquireJobResponse(_message.Message):
+    __slots__ = ("has_job", "job")
+    HAS_JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    has_job: bool
+    job: Job
+    def __init__(self, has_job: _Optional[bool] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class ReportResultRequest(_message.Message):
+    __slots__ = ("job_id", "lease_id", "run")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lease_id: str
+    run: Run
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class ReportResultResponse(_message.Message):
+    __slots__ = ("duplicate", "ingest_seq")
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    INGEST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    ingest_seq: int
+    def __init__(self, duplicate: _Optional[bool] = ..., ingest_seq: _Optional[int] = ...) -> None: ...
+
+class CompleteJobRequest(_message.Message):
+    __slots__ = ("job_id", "lease_id", "run_count")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lease_id: str
+    run_count: int
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., run_count: _Optional[int] = ...) -> None: ...
+
+class CompleteJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FailJobRequest(_message.Message):
+    __slots__ = ("job_id", "lease_id", "reason", "refused")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lease_id: str
+    reason: str
+    refused: bool
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., reason: _Optional[str] = ..., refused: _Optional[bool] = ...) -> None: ...
+
+class FailJobResponse(_message.Message):
+    __slots__ = ("will_retry",)
+    WILL_RETRY_FIELD_NUMBER: _ClassVar[int]
+    will_retry: bool
+    def __init__(self, will_retry: _Optional[bool] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("ttl_seconds", "max_uses", "note")
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_USES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: float
+    max_uses: int
+    note: str
+    def __init__(self, ttl_seconds: _Optional[float] = ..., max_uses: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("token", "expires_at_unix_seconds")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    expires_at_unix_seconds: float
+    def __init__(self, token: _Optional[str] = ..., expires_at_unix_seconds: _Optional[float] = ...) -> None: ...
+
+class Agent(_message.Message):
+    __slots__ = ("agent_id", "name", "state", "fingerprint", "labels", "engines", "last_seen_unix_seconds", "current_job_id", "status")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    name: str
+    state: str
+    fingerprint: Fingerprint
+    labels: _containers.ScalarMap[str, str]
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    last_seen_unix_seconds: float
+    current_job_id: str
+    status: str
+    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[str]] = ..., last_seen_unix_seconds: _Optional[float] = ..., current_job_id: _Optional[str] = ..., status: _Optional[str] = ...) -> None: ...
+
+class ListAgentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListAgentsResponse(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[Agent]
+    def __init__(self, agents: _Optional[_Iterable[_Union[Agent, _Mapping]]] = ...) -> None: ...
+
+class SubmitSweepRequest(_message.Message):
+    __slots__ = ("yaml",)
+    YAML_FIELD_NUMBER: _ClassVar[int]
+    yaml: str
+    def __init__(self, yaml: _Optional[str] = ...) -> None: ...
+
+class SubmitSweepResponse(_message.Message):
+    __slots__ = ("sweep_id", "jobs")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    jobs: int
+    def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ...) -> None: ...
+
+class SweepStatus(_message.Message):
+    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOBS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    JOBS_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    JOBS_DONE_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    name: str
+    state: str
+    jobs_total: int
+    jobs_queued: int
+    jobs_running: int
+    jobs_done: int
+    jobs_failed: int
+    runs: int
+    created_at_unix_seconds: float
+    failures: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetSweepRequest(_message.Message):
+    __slots__ = ("sweep_id",)
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
+
+class ListSweepsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSweepsResponse(_message.Message):
+    __slots__ = ("sweeps",)
+    SWEEPS_FIELD_NUMBER: _ClassVar[int]
+    sweeps: _containers.RepeatedCompositeFieldContainer[SweepStatus]
+    def __init__(self, sweeps: _Optional[_Iterable[_Union[SweepStatus, _Mapping]]] = ...) -> None: ...
+
+class ExportRequest(_message.Message):
+    __slots__ = ("table", "after_seq", "limit")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    after_seq: int
+    limit: int
+    def __init__(self, table: _Optional[str] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ExportResponse(_message.Message):
+    __slots__ = ("arrow_ipc", "last_seq", "rows")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    last_seq: int
+    rows: int
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., last_seq: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class SetAgentStateRequest(_message.Message):
+    __slots__ = ("agent_id", "state")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    state: str
+    def __init__(self, agent_id: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class SetAgentStateResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CancelSweepRequest(_message.Message):
+    __slots__ = ("sweep_id",)
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
+
+class CancelSweepResponse(_message.Message):
+    __slots__ = ("jobs_cancelled",)
+    JOBS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    jobs_cancelled: int
+    def __init__(self, jobs_cancelled: _Optional[int] = ...) -> None: ...
