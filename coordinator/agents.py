@@ -46,7 +46,8 @@ def touch(store: Store, agent_id: str, status: str, fingerprint: dict | None = N
         if fingerprint:
             con.execute(
                 "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
-                [json.dumps(fingerprint), fingerprint.get("chip", ""), int(fingerprint.get("memoryBytes", 0)), agent_id],
+                [json.dumps(fingerprint), fingerprint.get("chip", ""), int(fingerprint.get("memoryBytes", 0)),
+                 agent_id],
             )
         con.execute(
             "UPDATE agents SET last_seen = ?, status = ?, seq = ? WHERE agent_id = ?",

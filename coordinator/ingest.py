@@ -83,7 +83,7 @@ def ingest(scheduler: Scheduler, agent_id: str, job_id: str, lease_id: str, run)
         ).fetchone()
         seq = next_seq(con)
         con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO runs VALUES ({', '.join(['?'] * 28)})",
             [
                 run.run_id, job_id, lease_id, sweep_id, agent_id, chip, run.engine, run.method, run.depth,
                 run.prompt_id, run.repeat, run.position, run.prompt_tokens, run.generated_tokens,

@@ -22,7 +22,7 @@ HEARTBEAT_INTERVAL_SECONDS = 10.0
 MAX_WAIT_SECONDS = 30.0
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     QUEUED = "queued"
     LEASED = "leased"
     DONE = "done"
@@ -83,7 +83,8 @@ class Scheduler:
         sweep_id = "sw-" + uuid.uuid4().hex[:12]
         with self.store.tx() as con:
             agents = con.execute(
-                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents WHERE state IN ('idle', 'busy')"
+                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents"
+                " WHERE state IN ('idle', 'busy')"
             ).fetchall()
             jobs = []
             for agent_id, name, chip, memory_bytes, labels, engines in agents:
@@ -104,8 +105,8 @@ class Scheduler:
             )
             for agent_id, cell in jobs:
                 con.execute(
-                    "INSERT INTO jobs (job_id, sweep_id, agent_id, spec, state, max_attempts, created_at, updated_at, seq)"
-                    " VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+                    "INSERT INTO jobs (job_id, sweep_id, agent_id, spec, state, max_attempts, created_at,"
+                    " updated_at, seq) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
                     ["job-" + uuid.uuid4().hex[:12], sweep_id, agent_id, json.dumps(cell), sweep.max_attempts,
                      now, now, next_seq(con)],
                 )
@@ -198,7 +199,8 @@ class Scheduler:
             self.check_lease(con, agent_id, job_id, lease_id)
             stored = con.execute("SELECT count(*) FROM runs WHERE lease_id = ?", [lease_id]).fetchone()[0]
             if stored != run_count:
-                raise SchedulerError(f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first")
+                raise SchedulerError(
+                    f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first")
             transition(con, job_id, JobState.DONE, now)
             self._release_agent(con, agent_id)
             self._close_sweep_if_done(con, job_id)

@@ -96,7 +96,7 @@ class Coordinator:
         self._stopping = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="lease-reaper", daemon=True)
 
-    def start(self) -> "Coordinator":
+    def start(self) -> Coordinator:
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()

@@ -66,7 +66,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     def AcquireJob(self, request, context):
         agent_id = auth.current_agent.get()
         agents.touch(self.store, agent_id, "waiting for a job")
-        wait = min(request.wait_seconds, max(context.time_remaining() - 1.0, 0.0)) if context.time_remaining() else request.wait_seconds
+        wait = request.wait_seconds
+        if context.time_remaining() is not None:  # answer before the caller's own deadline
+            wait = min(wait, max(context.time_remaining() - 1.0, 0.0))
         job = self.scheduler.acquire(agent_id, wait)
         if job is None:
             return pb.AcquireJobResponse(has_job=False)
@@ -174,7 +176,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         limit = min(request.limit or MAX_EXPORT_ROWS, MAX_EXPORT_ROWS)
         with self.store.tx() as con:
             table = con.execute(
-                f"SELECT {columns} FROM {request.table} WHERE seq > ? ORDER BY seq LIMIT ?",  # names from EXPORT_COLUMNS
+                # Table and column names come from EXPORT_COLUMNS, never from the request.
+                f"SELECT {columns} FROM {request.table} WHERE seq > ? ORDER BY seq LIMIT ?",
                 [request.after_seq, limit],
             ).fetch_arrow_table()
         sink = pa.BufferOutputStream()

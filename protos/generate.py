@@ -14,9 +14,8 @@ PROTO_FILES = ["protos/specfleet/v1/fleet.proto"]
 
 def generate(out_dir: Path) -> list[Path]:
     """Write *_pb2.py, *_pb2.pyi and *_pb2_grpc.py for every proto into out_dir."""
-    from grpc_tools import protoc  # dev dependency: only needed to regenerate
-
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency: only needed to regenerate
 
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,18 @@ summarised by the same code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Methods whose decode loop is ours, so every round is accounted for.
 METHODS = ("baseline", "draft", "ngram", "mtp")
+# The same methods run by the library's own generation path (mlx_lm.stream_generate,
+# llama-cpp-python's Llama.generate): controls that show what our loop costs or saves. They
+# report tokens and times but no rounds. An engine lists the ones it has in `Engine.methods`.
+REFERENCE_METHODS = ("ref-baseline", "ref-draft", "ref-ngram")
+SPECULATIVE_METHODS = ("draft", "ngram", "mtp", "ref-draft", "ref-ngram")
+MAX_DEPTH = 16
 
 
 class EngineError(ValueError):
@@ -32,7 +40,7 @@ class Sampler:
 @dataclass(frozen=True)
 class Request:
     prompt_tokens: tuple[int, ...]
-    max_new_tokens: int
+    max_new_tokens: int  # exactly this many tokens are generated: EOS does not stop a run (as in llama-bench)
     method: str = "baseline"
     depth: int = 0  # draft depth K; 0 for baseline
     sampler: Sampler = Sampler()
@@ -42,7 +50,13 @@ class Request:
 
 @dataclass(frozen=True)
 class Round:
-    """One verify step of the target: what was proposed, what was kept."""
+    """One verify step of the target: what was proposed, what was kept.
+
+    A round emits `accepted + 1` tokens: the accepted draft tokens and the target's own token
+    after them. The first token of a generation comes from prefill and belongs to no round, so
+    for speculative methods len(tokens) == 1 + sum(accepted) + len(rounds). A round may draft
+    nothing (no n-gram match, or one token left to generate): it is then a plain decode step.
+    Baseline generations have no rounds."""
 
     drafted: int
     accepted: int
@@ -65,10 +79,61 @@ class Generation:
 
 class Engine(Protocol):
     name: str
+    methods: tuple[str, ...]  # what generate() accepts, from METHODS and REFERENCE_METHODS
 
     def load(self, target: str, draft: str | None = None) -> float:
         """Load the target (and optional draft) model; return the seconds it took."""
 
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        """The target's tokens for a prompt text (with BOS where the model expects it)."""
+
     def generate(self, request: Request) -> Generation: ...
 
     def versions(self) -> dict[str, str]: ...
+
+    def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
+        """Median seconds of one target forward pass of 1..max_rows query rows (all rows'
+        logits computed) on top of `context_tokens` cached tokens: element i is i+1 rows."""
+
+
+def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: int, has_draft: bool) -> None:
+    """Raise EngineError naming the problem if `engine` cannot serve `request`."""
+    method, depth = request.method, request.depth
+    if method not in METHODS + REFERENCE_METHODS:
+        raise EngineError(f"unknown method {method!r}; known: {', '.join(METHODS + REFERENCE_METHODS)}")
+    if method not in methods:
+        raise EngineError(f"engine {engine} does not support method {method!r} yet; it supports: {', '.join(methods)}")
+    if method in SPECULATIVE_METHODS:
+        if not 1 <= depth <= MAX_DEPTH:
+            raise EngineError(f"method {method!r} needs a draft depth from 1 to {MAX_DEPTH}, got {depth}")
+    elif depth != 0:
+        raise EngineError(f"method {method!r} takes depth 0, got {depth}")
+    if method in ("draft", "ref-draft") and not has_draft:
+        raise EngineError(f"method {method!r} needs a draft model: load(target, draft=...)")
+    if method in ("ngram", "ref-ngram") and not 1 <= request.ngram_min <= request.ngram_max:
+        raise EngineError(f"ngram needs 1 <= ngram_min <= ngram_max, got {request.ngram_min} and {request.ngram_max}")
+    if not request.prompt_tokens:
+        raise EngineError("the prompt is empty")
+    bad = [t for t in request.prompt_tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise EngineError(f"prompt tokens outside the vocabulary of {vocab_size}: {bad[:5]}")
+    if request.max_new_tokens < 1:
+        raise EngineError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
+    s = request.sampler
+    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
+        raise EngineError(f"bad sampler {s}: needs temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+
+
+def ngram_propose(context: Sequence[int], n_min: int, n_max: int, depth: int) -> list[int]:
+    """Prompt lookup: find the last n tokens of `context` earlier in it, longest n first
+    (n_max down to n_min), and return up to `depth` tokens that followed the most recent
+    match; [] when nothing matches. The most recent match is preferred because nearby text
+    is the better predictor (llama-cpp-python's LlamaPromptLookupDecoding takes the first)."""
+    size = len(context)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        suffix = list(context[size - n :])
+        # A match must be followed by at least one token that is not part of the suffix itself.
+        for start in range(size - n - 1, -1, -1):
+            if context[start] == suffix[0] and list(context[start : start + n]) == suffix:
+                return list(context[start + n : start + n + depth])
+    return []

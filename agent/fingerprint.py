@@ -1,0 +1,151 @@
+"""What machine this is. macOS readings come from sysctl, sw_vers and ioreg; Linux readings
+from /proc and nvidia-smi. Every reading that cannot be taken is listed as unavailable,
+never guessed. Parsers are pure functions of command output so they can be tested on
+captured text."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from protos.specfleet.v1 import fleet_pb2 as pb
+
+# Memory bandwidth in GB/s by chip and GPU-core bin, from Apple's published specifications.
+BANDWIDTH_GBPS = {
+    ("Apple M1", 7): 68.25, ("Apple M1", 8): 68.25,
+    ("Apple M1 Pro", 14): 200, ("Apple M1 Pro", 16): 200,
+    ("Apple M1 Max", 24): 400, ("Apple M1 Max", 32): 400,
+    ("Apple M1 Ultra", 48): 800, ("Apple M1 Ultra", 64): 800,
+    ("Apple M2", 8): 100, ("Apple M2", 10): 100,
+    ("Apple M2 Pro", 16): 200, ("Apple M2 Pro", 19): 200,
+    ("Apple M2 Max", 30): 400, ("Apple M2 Max", 38): 400,
+    ("Apple M2 Ultra", 60): 800, ("Apple M2 Ultra", 76): 800,
+    ("Apple M3", 8): 100, ("Apple M3", 10): 100,
+    ("Apple M3 Pro", 14): 150, ("Apple M3 Pro", 18): 150,
+    ("Apple M3 Max", 30): 300, ("Apple M3 Max", 40): 400,
+    ("Apple M3 Ultra", 60): 819, ("Apple M3 Ultra", 80): 819,
+    ("Apple M4", 8): 120, ("Apple M4", 10): 120,
+    ("Apple M4 Pro", 16): 273, ("Apple M4 Pro", 20): 273,
+    ("Apple M4 Max", 32): 410, ("Apple M4 Max", 40): 546,
+    ("Apple M5", 10): 153,
+}
+
+
+def parse_sysctl(text: str) -> dict[str, str]:
+    """`sysctl key key ...` output ("key: value" lines) as a dict."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_ioreg_gpu_cores(text: str) -> int | None:
+    """`ioreg -rc AGXAccelerator -d 1` output: the "gpu-core-count" property."""
+    m = re.search(r'"gpu-core-count"\s*=\s*(\d+)', text)
+    return int(m.group(1)) if m else None
+
+
+def parse_cpuinfo_model(text: str) -> str | None:
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+            return value.strip()
+    return None
+
+
+def parse_meminfo_bytes(text: str) -> int | None:
+    m = re.search(r"^MemTotal:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def parse_nvidia_smi(text: str) -> list[str]:
+    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader` output."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _run(cmd: list[str]) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
+def engine_versions() -> dict[str, str]:
+    out = {}
+    for dist in ("mlx", "mlx-lm", "llama-cpp-python"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def available_engines() -> list[str]:
+    versions = engine_versions()
+    engines = []
+    if "mlx" in versions and "mlx-lm" in versions:
+        engines.append("mlx")
+    if "llama-cpp-python" in versions:
+        engines.append("llama.cpp")
+    return engines
+
+
+def fingerprint() -> pb.Fingerprint:
+    fp = pb.Fingerprint(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0,
+                        engine_versions=engine_versions())
+    if sys.platform == "darwin":
+        _macos(fp)
+    else:
+        _linux(fp)
+    return fp
+
+
+def _macos(fp: pb.Fingerprint) -> None:
+    fp.os = "macos"
+    fp.os_version = (_run(["sw_vers", "-productVersion"]) or "").strip()
+    keys = ["machdep.cpu.brand_string", "hw.memsize", "hw.model", "hw.perflevel0.physicalcpu",
+            "hw.perflevel1.physicalcpu"]
+    values = parse_sysctl(_run(["sysctl", *keys]) or "")
+    fp.chip = values.get("machdep.cpu.brand_string", "")
+    fp.memory_bytes = int(values.get("hw.memsize", 0) or 0)
+    fp.model_identifier = values.get("hw.model", "")
+    fp.performance_cores = int(values.get("hw.perflevel0.physicalcpu", 0) or 0)
+    fp.efficiency_cores = int(values.get("hw.perflevel1.physicalcpu", 0) or 0)
+    fp.gpu_cores = parse_ioreg_gpu_cores(_run(["ioreg", "-rc", "AGXAccelerator", "-d", "1"]) or "") or 0
+    bandwidth = BANDWIDTH_GBPS.get((fp.chip, fp.gpu_cores))
+    if bandwidth:
+        fp.memory_bandwidth_bytes_per_second = bandwidth * 1e9
+    for name, missing in [("os_version", not fp.os_version), ("chip", not fp.chip), ("memory", not fp.memory_bytes),
+                          ("model_identifier", not fp.model_identifier), ("gpu_cores", not fp.gpu_cores),
+                          ("memory_bandwidth", not bandwidth)]:
+        if missing:
+            fp.unavailable.append(name)
+
+
+def _linux(fp: pb.Fingerprint) -> None:
+    fp.os = platform.system().lower() or "linux"
+    fp.os_version = platform.release()
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    fp.chip = parse_cpuinfo_model(cpuinfo) or platform.processor() or ""
+    fp.memory_bytes = parse_meminfo_bytes(meminfo) or 0
+    smi = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
+    fp.gpus.extend(parse_nvidia_smi(smi or ""))
+    # Apple-only readings do not exist here: say so instead of reporting zeros as facts.
+    fp.unavailable.extend(["gpu_cores", "performance_cores", "efficiency_cores", "model_identifier",
+                           "memory_bandwidth"])
+    if not fp.chip:
+        fp.unavailable.append("chip")
+    if not fp.memory_bytes:
+        fp.unavailable.append("memory")

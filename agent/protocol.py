@@ -1,0 +1,98 @@
+"""The measurement protocol inside one job (one cell on one machine).
+
+Load once; warm up each arm until two consecutive runs agree or a cap is reached; take one
+unmeasured baseline output per prompt as the reference for `lossless`; then for every repeat
+run every prompt with all arms back to back, rotating the arms' order each repeat, so that
+paired ratios come from adjacent runs in the same thermal window.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.engines.base import Engine, Request, Sampler
+from agent.summary import relative_spread, summarise
+
+WARMUP_AGREEMENT = 0.10  # two consecutive warm-up runs within 10% of each other count as steady
+
+
+@dataclass(frozen=True)
+class Arm:
+    method: str
+    depth: int
+
+
+def rotated(arms: list[Arm], repeat: int) -> list[Arm]:
+    k = repeat % len(arms)
+    return arms[k:] + arms[:k]
+
+
+def environment() -> dict[str, str]:
+    """Readings that say whether the machine was quiet; more arrive with the agent issue."""
+    try:
+        load1, _, _ = os.getloadavg()
+        return {"loadavg_1m": f"{load1:.2f}"}
+    except OSError:
+        return {"loadavg_1m": "unavailable"}
+
+
+def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
+    """Run a job spec on a loaded-or-not engine, calling emit(fields) for every measured run.
+    Returns the number of runs emitted."""
+    model = spec["model"]
+    load_seconds = engine.load(model["target"], model.get("draft"))
+    sampler = Sampler(**spec["sampler"])
+    arms = [Arm(a["method"], a["depth"]) for a in spec["arms"]]
+    prompts = [(p["id"], engine.tokenize(p["text"])) for p in spec["prompts"]]
+    max_new = spec["max_new_tokens"]
+    ngram = spec.get("ngram", {})
+
+    def request(arm: Arm, tokens) -> Request:
+        return Request(prompt_tokens=tokens, max_new_tokens=max_new, method=arm.method, depth=arm.depth,
+                       sampler=sampler, ngram_min=ngram.get("n_min", 1), ngram_max=ngram.get("n_max", 3))
+
+    # Warm-up: per arm, on the first prompt, until steady or the cap.
+    warmup_runs = {}
+    for arm in arms:
+        speeds = []
+        for _ in range(spec["warmup"]):
+            speeds.append(summarise(engine.generate(request(arm, prompts[0][1])))["decode_tokens_per_second"])
+            if len(speeds) >= 2 and relative_spread(speeds[-2:]) <= WARMUP_AGREEMENT:
+                break
+        warmup_runs[f"{arm.method}-{arm.depth}"] = len(speeds)
+
+    baseline = Arm("baseline", 0)
+    reference = {pid: engine.generate(request(baseline, tokens)).tokens for pid, tokens in prompts}
+    common = {
+        "load_seconds": f"{load_seconds:.6f}",
+        "sampler": ",".join(f"{k}={v}" for k, v in spec["sampler"].items()),
+        "prompt_set": spec["prompt_set"],
+        "max_new_tokens": str(max_new),
+        "warmup_runs": ",".join(f"{k}:{v}" for k, v in warmup_runs.items()),
+        **{f"version.{k}": v for k, v in engine.versions().items()},
+        "model.target": model["target"],
+        "model.draft": model.get("draft", ""),
+    }
+
+    emitted = 0
+    for repeat in range(spec["repeats"]):
+        for pid, tokens in prompts:
+            for position, arm in enumerate(rotated(arms, repeat)):
+                env_before = environment()
+                started = time.time()
+                gen = engine.generate(request(arm, tokens))
+                fields = summarise(gen)
+                fields.update(
+                    engine=spec["engine"], method=arm.method, depth=arm.depth, prompt_id=pid, repeat=repeat,
+                    position=position, started_at_unix_seconds=started,
+                    params={**common, **{f"env.before.{k}": v for k, v in env_before.items()},
+                            **{f"env.after.{k}": v for k, v in environment().items()}},
+                )
+                if sampler.greedy:
+                    fields["lossless"] = gen.tokens == reference[pid]
+                emit(fields)
+                emitted += 1
+    return emitted

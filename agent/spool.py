@@ -1,0 +1,84 @@
+"""The durable spool: every run is on disk (fsync'd) before anyone tries to upload it.
+
+One JSON file per run in `pending/`, written to a temporary name and renamed, so a crash at
+any moment leaves either the whole record or nothing. A record leaves `pending/` only once the
+coordinator has acknowledged it (deleted) or refused it for good (moved to `refused/` with the
+reason, never dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from protos.specfleet.v1 import fleet_pb2 as pb
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Spooled:
+    path: Path
+    job_id: str
+    lease_id: str
+    run: pb.Run
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    def __init__(self, root: Path):
+        self.pending = root / "pending"
+        self.refused = root / "refused"
+        self.pending.mkdir(parents=True, exist_ok=True)
+        self.refused.mkdir(parents=True, exist_ok=True)
+
+    def put(self, job_id: str, lease_id: str, run: pb.Run) -> Path:
+        record = {"schema": SCHEMA_VERSION, "job_id": job_id, "lease_id": lease_id,
+                  "run": json_format.MessageToDict(run)}
+        path = self.pending / f"{run.run_id}.json"
+        tmp = self.pending / f".{run.run_id}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.pending)
+        return path
+
+    def items(self) -> list[Spooled]:
+        """Pending records, oldest first."""
+        out = []
+        for path in sorted(self.pending.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
+            record = json.loads(path.read_text())
+            if record.get("schema") != SCHEMA_VERSION:
+                raise ValueError(f"{path}: spool schema {record.get('schema')} is not {SCHEMA_VERSION}")
+            out.append(Spooled(path, record["job_id"], record["lease_id"],
+                               json_format.ParseDict(record["run"], pb.Run())))
+        return out
+
+    def depth(self) -> int:
+        return sum(1 for _ in self.pending.glob("*.json"))
+
+    def ack(self, item: Spooled) -> None:
+        item.path.unlink(missing_ok=True)
+        _fsync_dir(self.pending)
+
+    def refuse(self, item: Spooled, reason: str) -> None:
+        """Keep a record the coordinator will never take, with the reason, out of the upload queue."""
+        record = json.loads(item.path.read_text())
+        record["refused_reason"] = reason
+        target = self.refused / item.path.name
+        target.write_text(json.dumps(record))
+        item.path.unlink()
+        _fsync_dir(self.pending)

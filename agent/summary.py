@@ -1,0 +1,70 @@
+"""Turn an engine's raw `Generation` into the figures a run reports. Pure functions."""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+
+from agent.engines.base import Generation
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def output_sha256(tokens: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
+
+
+def summarise(gen: Generation) -> dict:
+    """Fields of a pb.Run (and its metrics map) from one generation."""
+    n = len(gen.tokens)
+    gaps = [b - a for a, b in zip(gen.token_times_seconds, gen.token_times_seconds[1:])]
+    drafted = sum(r.drafted for r in gen.rounds)
+    accepted = sum(r.accepted for r in gen.rounds)
+    metrics = {
+        "inter_token_latency_p50_seconds": percentile(gaps, 50),
+        "inter_token_latency_p90_seconds": percentile(gaps, 90),
+        "inter_token_latency_p99_seconds": percentile(gaps, 99),
+        "rounds": float(len(gen.rounds)),
+        "tokens_drafted": float(drafted),
+        "tokens_accepted": float(accepted),
+        "draft_seconds": sum(r.draft_seconds for r in gen.rounds),
+        "verify_seconds": sum(r.verify_seconds for r in gen.rounds),
+    }
+    if gen.rounds:
+        metrics["mean_accepted_per_round"] = accepted / len(gen.rounds)
+    if drafted:
+        metrics["acceptance_rate"] = accepted / drafted
+    for i, (acc, dr) in enumerate(zip(gen.accepted_by_position, gen.drafted_by_position)):
+        if dr:
+            metrics[f"acceptance_at_position_{i + 1}"] = acc / dr
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "generated_tokens": n,
+        "prefill_seconds": gen.prefill_seconds,
+        "ttft_seconds": gen.token_times_seconds[0] if gen.token_times_seconds else gen.prefill_seconds,
+        "decode_seconds": gen.decode_seconds,
+        "wall_seconds": gen.prefill_seconds + gen.decode_seconds,
+        # The first token comes from prefill; decode speed counts the tokens after it.
+        "decode_tokens_per_second": (n - 1) / gen.decode_seconds if n > 1 and gen.decode_seconds > 0 else 0.0,
+        "prefill_tokens_per_second": gen.prompt_tokens / gen.prefill_seconds if gen.prefill_seconds > 0 else 0.0,
+        "peak_memory_bytes": gen.peak_memory_bytes,
+        "output_sha256": output_sha256(gen.tokens),
+        "metrics": metrics,
+    }
+
+
+def relative_spread(values: list[float]) -> float:
+    """(max - min) / median: how far apart repeated measurements are."""
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med else float("inf")

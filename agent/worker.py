@@ -1,0 +1,40 @@
+"""A worker process runs one job and exits (pyperf-style isolation).
+
+`python -m agent.worker JOB.json SPOOL_DIR`: loads the engine, measures, writes every run
+to the spool as soon as it is measured, prints {"runs": N} on its last line and exits 0.
+A crash, an out-of-memory kill or a hang ends only this process; the agent fails the job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+from agent.engines import make_engine
+from agent.protocol import run_job
+from agent.spool import Spool
+from protos.specfleet.v1 import fleet_pb2 as pb
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text())
+    spool = Spool(Path(argv[1]))
+    spec = job["spec"]
+
+    def emit(fields: dict) -> None:
+        lossless = fields.pop("lossless", None)
+        run = pb.Run(run_id=str(uuid.uuid4()), job_id=job["job_id"], **fields)
+        if lossless is not None:
+            run.lossless, run.has_lossless = lossless, True
+        run.params["attempt"] = str(job["attempt"])
+        spool.put(job["job_id"], job["lease_id"], run)
+
+    runs = run_job(spec, make_engine(spec["engine"]), emit)
+    print(json.dumps({"runs": runs}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

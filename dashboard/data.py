@@ -1,0 +1,62 @@
+"""Data access for the pages: one cached mirror per process, parameterised cached queries."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import streamlit as st
+
+from agent.api import AdminApi, channel
+from dashboard.mirror import Mirror
+
+REFRESH_SECONDS = 5
+
+
+@st.cache_resource
+def mirror() -> Mirror:
+    address = os.environ.get("SPECFLEET_COORDINATOR", "127.0.0.1:50551")
+    token = os.environ.get("SPECFLEET_ADMIN_TOKEN", "")
+    return Mirror(AdminApi(channel(address), token))
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def synced() -> int:
+    """Sync at most every REFRESH_SECONDS; the returned count keys the queries' caches."""
+    return mirror().sync()
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def agents(_sync: int) -> pd.DataFrame:
+    return mirror().query(
+        "SELECT name, chip, round(memory_bytes / 2^30, 1) AS memory_gib, state, status, current_job_id,"
+        " to_timestamp(last_seen) AS last_seen FROM agents ORDER BY name"
+    )
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def runs(_sync: int) -> pd.DataFrame:
+    return mirror().query(
+        "SELECT chip, engine, method, depth, prompt_id, repeat, position, prompt_tokens, generated_tokens,"
+        " decode_tokens_per_second, prefill_tokens_per_second, ttft_seconds, peak_memory_bytes, lossless,"
+        " try_cast(metrics->>'acceptance_rate' AS DOUBLE) AS acceptance_rate,"
+        " sweep_id, job_id, agent_id, run_id, to_timestamp(started_at) AS started_at"
+        " FROM runs ORDER BY seq"
+    )
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def arm_summary(_sync: int) -> pd.DataFrame:
+    """Median decode tokens/s per chip, engine and arm, and its ratio to the same job's baseline."""
+    return mirror().query(
+        """
+        WITH arms AS (
+            SELECT job_id, chip, engine, method, depth, median(decode_tokens_per_second) AS tps, count(*) AS n
+            FROM runs GROUP BY ALL
+        )
+        SELECT a.chip, a.engine, a.method, a.depth, round(median(a.tps), 2) AS decode_tokens_per_second,
+               round(median(a.tps / b.tps), 3) AS speedup, sum(a.n) AS runs
+        FROM arms a JOIN arms b ON a.job_id = b.job_id AND b.method = 'baseline'
+        GROUP BY ALL ORDER BY ALL
+        """
+    )

@@ -1,0 +1,181 @@
+"""`specfleet demo`: the whole fleet on one machine with the project's tiny models.
+
+Builds the models if missing, starts a coordinator and an agent as separate processes on
+loopback, submits a sweep over both engines, waits, prints a summary, and serves the
+dashboard until Ctrl-C (or exits at once with --no-dashboard).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import yaml
+
+from agent.api import AdminApi, AgentApi, channel
+from agent.credentials import CREDENTIAL_FILE, AgentIdentity
+from agent.fingerprint import available_engines, fingerprint
+from coordinator.export import fetch_table
+from coordinator.server import ENDPOINTS_FILE, admin_credential
+from dashboard.serve import command as dashboard_command
+from dashboard.serve import environment as dashboard_environment
+from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.tinymodels import make_tiny
+
+DEMO_AGENT = "demo-agent"
+SWEEP_TIMEOUT_SECONDS = 1800
+START_TIMEOUT_SECONDS = 60
+
+
+def demo_sweep(models) -> dict:
+    return {
+        "name": "demo",
+        "target": {"agents": [DEMO_AGENT]},
+        "models": {
+            "mlx": {"target": str(models.mlx_target), "draft": str(models.mlx_draft)},
+            "llama.cpp": {"target": str(models.gguf_target), "draft": str(models.gguf_draft)},
+        },
+        "engines": ["mlx", "llama.cpp"],
+        "samplers": [{"temperature": 0.0}],
+        "prompt_sets": ["code"],
+        "methods": {"baseline": [0]},
+        "max_new_tokens": 48,
+        "warmup": 2,
+        "repeats": 3,
+    }
+
+
+def _specfleet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specfleet.cli", *args]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, what: str) -> dict:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before it was ready")
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not start within {START_TIMEOUT_SECONDS}s")
+
+
+def _enrol(address: str, admin: AdminApi, config_dir: Path) -> None:
+    if (config_dir / CREDENTIAL_FILE).exists():
+        return  # enrolled by an earlier demo run in this data dir
+    token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=600, max_uses=1, note="demo")).token
+    resp = AgentApi(channel(address)).enrol(token, DEMO_AGENT, fingerprint(), {"demo": "true"}, available_engines())
+    AgentIdentity(coordinator=address, agent_id=resp.agent_id, name=DEMO_AGENT, credential=resp.credential,
+                  heartbeat_interval_seconds=resp.heartbeat_interval_seconds).save(config_dir)
+
+
+def summary_table(runs) -> str:
+    """Median decode tokens/s per engine and arm, paired speedup to baseline, acceptance, lossless."""
+    df = runs.to_pandas()
+    df["acceptance"] = [json.loads(m).get("acceptance_rate") for m in df["metrics"]]
+    per_job = df.groupby(["job_id", "engine", "method", "depth"]).agg(
+        tps=("decode_tokens_per_second", "median"), acceptance=("acceptance", "mean"),
+        lossless=("lossless", "all"), runs=("run_id", "count")).reset_index()
+    base = per_job[per_job.method == "baseline"].set_index("job_id")["tps"]
+    per_job["speedup"] = per_job["tps"] / per_job["job_id"].map(base)
+    rows = per_job.groupby(["engine", "method", "depth"]).agg(
+        tps=("tps", "median"), speedup=("speedup", "median"), acceptance=("acceptance", "mean"),
+        lossless=("lossless", "all"), runs=("runs", "sum")).reset_index()
+    lines = [f"{'engine':10} {'method':9} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
+             f"{'lossless':>8} {'runs':>5}"]
+    for r in rows.itertuples():
+        acceptance = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.2f}"  # NaN for baseline
+        lines.append(f"{r.engine:10} {r.method:9} {r.depth:>2} {r.tps:13.1f} {r.speedup:8.2f} {acceptance:>10} "
+                     f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}")
+    return "\n".join(lines)
+
+
+def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501) -> int:
+    data_dir = data_dir.resolve()
+    print(f"specfleet demo: everything goes in {data_dir}", flush=True)
+    models = make_tiny(data_dir / "models")
+    coordinator_dir, agent_dir = data_dir / "coordinator", data_dir / "agent"
+    coordinator_dir.mkdir(parents=True, exist_ok=True)
+    (coordinator_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    # SIGTERM stops the demo the way Ctrl-C does: through the finally below.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def start(name: str, cmd: list[str], env=None) -> subprocess.Popen:
+        log = open(logs / f"{name}.log", "a")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    try:
+        coordinator = start("coordinator", _specfleet("coordinator", "serve", "--data-dir", str(coordinator_dir),
+                                                      "--port", "0", "--metrics-port", "0"))
+        endpoints = _wait_for(coordinator_dir / ENDPOINTS_FILE, coordinator, "coordinator")
+        address = endpoints["grpc"]
+        print(f"coordinator: gRPC {address}, metrics http://{endpoints['metrics']}/metrics", flush=True)
+        admin = AdminApi(channel(address), admin_credential(coordinator_dir))
+        _enrol(address, admin, agent_dir)
+        identity = AgentIdentity.load(agent_dir)
+        if identity.coordinator != address:  # the coordinator picked a new port this time
+            AgentIdentity(**{**identity.__dict__, "coordinator": address}).save(agent_dir)
+        start("agent", _specfleet("agent", "run", "--config-dir", str(agent_dir)))
+        print(f"agent: {DEMO_AGENT} running, logs in {logs}", flush=True)
+
+        sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(demo_sweep(models))))
+        print(f"sweep {sweep.sweep_id}: {sweep.jobs} job(s) submitted", flush=True)
+        status = _wait_for_sweep(admin, sweep.sweep_id, procs)
+        runs, _ = fetch_table(admin, "runs")
+        runs = runs.filter(pc.equal(runs["sweep_id"], sweep.sweep_id)) if runs is not None else None
+        print(f"\nsweep {status.state}: {status.jobs_done} job(s) done, {status.jobs_failed} failed, "
+              f"{status.runs} runs")
+        for failure in status.failures:
+            print(f"  failed {failure}")
+        if runs is None or status.jobs_failed:
+            return 1
+        print("\n" + summary_table(runs), flush=True)
+        if dashboard:
+            token = admin_credential(coordinator_dir)
+            start("dashboard", dashboard_command(dashboard_port), env=dashboard_environment(address, token))
+            print(f"\ndashboard: http://127.0.0.1:{dashboard_port}  (Ctrl-C stops everything)", flush=True)
+            while True:
+                time.sleep(3600)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        print("demo stopped", flush=True)
+
+
+def _wait_for_sweep(admin: AdminApi, sweep_id: str, procs) -> pb.SweepStatus:
+    deadline = time.monotonic() + SWEEP_TIMEOUT_SECONDS
+    last = None
+    while time.monotonic() < deadline:
+        status = admin.GetSweep(pb.GetSweepRequest(sweep_id=sweep_id))
+        progress = (status.jobs_done, status.jobs_failed, status.runs)
+        if progress != last:
+            print(f"  {status.jobs_done + status.jobs_failed}/{status.jobs_total} jobs finished, "
+                  f"{status.runs} runs stored", flush=True)
+            last = progress
+        if status.state != "running":
+            return status
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{dead[0].args[3:5]} exited with status {dead[0].returncode}; see the logs")
+        time.sleep(1.0)
+    raise RuntimeError(f"sweep {sweep_id} did not finish within {SWEEP_TIMEOUT_SECONDS}s")
+

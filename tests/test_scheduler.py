@@ -1,0 +1,154 @@
+"""The job state machine against a real DuckDB file, with a fake clock."""
+
+import pytest
+
+from coordinator import agents, auth
+from coordinator.ingest import ingest
+from coordinator.scheduler import NoMatchingAgents, Scheduler, SchedulerError
+from coordinator.store import Store, open_readonly
+from coordinator.sweeps import parse_sweep
+from tests.fleet import SWEEP_YAML, make_run
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    store = Store(tmp_path)
+    clock = Clock()
+    scheduler = Scheduler(store, clock=clock, lease_seconds=30)
+    token, _ = auth.create_token(store, 60, 5, now=clock.now)
+    fp = {"chip": "Apple M4 Pro", "memoryBytes": str(48 * 2**30)}
+    a1, _ = agents.enrol(store, token, "mac-1", fp, {}, ["mlx"], now=clock.now)
+    a2, _ = agents.enrol(store, token, "mac-2", fp, {}, ["llama.cpp"], now=clock.now)
+    yield scheduler, clock, a1, a2
+    store.close()
+
+
+def job_state(scheduler, job_id):
+    with scheduler.store.tx() as con:
+        return con.execute("SELECT state, attempt, reason FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+
+
+def test_submit_creates_one_job_per_cell_per_matching_agent(fleet):
+    scheduler, _, a1, a2 = fleet
+    sweep_id, jobs = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    assert jobs == 1  # engines: [mlx], one sampler, one prompt set; only mac-1 has mlx
+    assert scheduler.acquire(a2) is None
+    job = scheduler.acquire(a1)
+    assert job.sweep_id == sweep_id and job.attempt == 1
+    assert [a["method"] for a in job.spec["arms"]] == ["baseline", "draft"]
+
+
+def test_no_matching_agent_stores_nothing(fleet):
+    scheduler, *_ = fleet
+    text = SWEEP_YAML + "target: {chip_families: [M1]}\n"
+    with pytest.raises(NoMatchingAgents):
+        scheduler.submit(parse_sweep(text), text)
+    with scheduler.store.tx() as con:
+        assert con.execute("SELECT count(*) FROM sweeps").fetchone()[0] == 0
+
+
+def test_one_job_at_a_time_and_heartbeat_extends_the_lease(fleet):
+    scheduler, clock, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    clock.now += 25
+    assert scheduler.heartbeat(a1, job.job_id, job.lease_id) == 30
+    clock.now += 25  # 50 s after acquire, 25 after the heartbeat: still leased
+    assert scheduler.expire_leases() == 0
+    assert job_state(scheduler, job.job_id)[0] == "leased"
+
+
+def test_expired_lease_requeues_then_fails_at_max_attempts(fleet):
+    scheduler, clock, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)  # max_attempts: 2
+    job = scheduler.acquire(a1)
+    clock.now += 31
+    assert scheduler.expire_leases() == 1
+    state, attempt, reason = job_state(scheduler, job.job_id)
+    assert (state, attempt) == ("queued", 1) and "lease expired" in reason
+    again = scheduler.acquire(a1)
+    assert again.job_id == job.job_id and again.attempt == 2 and again.lease_id != job.lease_id
+    clock.now += 31
+    scheduler.expire_leases()
+    state, attempt, reason = job_state(scheduler, job.job_id)
+    assert state == "failed" and "attempt 2 of 2" in reason
+    with scheduler.store.tx() as con:
+        assert con.execute("SELECT state FROM sweeps").fetchone()[0] == "done"
+
+
+def test_late_result_after_requeue_is_refused(fleet):
+    scheduler, clock, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    old = scheduler.acquire(a1)
+    clock.now += 31
+    scheduler.expire_leases()
+    new = scheduler.acquire(a1)
+    with pytest.raises(SchedulerError, match="no longer valid"):
+        ingest(scheduler, a1, old.job_id, old.lease_id, make_run(old.job_id))
+    dup, _ = ingest(scheduler, a1, new.job_id, new.lease_id, run := make_run(new.job_id))
+    assert not dup
+    assert ingest(scheduler, a1, new.job_id, new.lease_id, run)[0] is True  # a retry is acknowledged once
+
+
+def test_complete_requires_every_run_stored_and_closes_the_sweep(fleet):
+    scheduler, _, a1, _ = fleet
+    sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    ingest(scheduler, a1, job.job_id, job.lease_id, make_run(job.job_id))
+    with pytest.raises(SchedulerError, match="2 runs but 1"):
+        scheduler.complete(a1, job.job_id, job.lease_id, 2)
+    scheduler.complete(a1, job.job_id, job.lease_id, 1)
+    assert job_state(scheduler, job.job_id)[0] == "done"
+    with scheduler.store.tx() as con:
+        assert con.execute("SELECT state FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone()[0] == "done"
+        assert con.execute("SELECT state FROM agents WHERE agent_id = ?", [a1]).fetchone()[0] == "idle"
+    with pytest.raises(SchedulerError):
+        scheduler.complete(a1, job.job_id, job.lease_id, 1)  # done is terminal
+
+
+def test_cancel_ends_open_jobs_and_frees_the_agent(fleet):
+    scheduler, _, a1, _ = fleet
+    sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    assert scheduler.cancel(sweep_id) == 1
+    assert job_state(scheduler, job.job_id)[0] == "cancelled"
+    assert scheduler.heartbeat(a1, job.job_id, job.lease_id) is None
+    with pytest.raises(SchedulerError):
+        scheduler.cancel("sw-unknown")
+
+
+def test_refused_job_fails_without_retry_and_crash_retries(fleet):
+    scheduler, _, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    assert scheduler.fail(a1, job.job_id, job.lease_id, "worker killed by SIGKILL", retry=True) is True
+    job = scheduler.acquire(a1)
+    assert scheduler.fail(a1, job.job_id, job.lease_id, "refused: unknown engine", retry=False) is False
+    assert job_state(scheduler, job.job_id)[0] == "failed"
+
+
+def test_restart_keeps_everything(tmp_path, fleet):
+    scheduler, _, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    ingest(scheduler, a1, job.job_id, job.lease_id, make_run(job.job_id))
+    path = scheduler.store.path
+    scheduler.store.close()
+    reopened = Store(path.parent)
+    with reopened.tx() as con:
+        counts = [con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("agents", "sweeps", "jobs", "runs")]
+    reopened.close()
+    assert counts == [2, 1, 1, 1]
+    ro = open_readonly(path.parent)
+    assert ro.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == 1
+    ro.close()
+    scheduler.store = Store(path.parent)  # let the fixture close something open
