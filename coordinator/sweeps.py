@@ -178,7 +178,7 @@ def parse_sweep(text: str) -> Sweep:
         models = {}
     c.unknown_keys("models.", models, set(ENGINES))
     clean_models = {}
-    for e in engines:
+    for e in (e for e in engines if e in ENGINES):  # unknown engines were reported above
         m = models.get(e)
         if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
             c.fail(f"models.{e}.target", "is required for every engine in engines")

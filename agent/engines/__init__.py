@@ -1,0 +1,22 @@
+"""Engines by name. Importing this module is cheap: an engine's libraries (mlx, llama.cpp) are
+imported only when `make_engine` builds that engine."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from .base import Engine, EngineError
+
+# name -> "module:class", relative to this package
+ENGINES = {
+    "mlx": "mlx:MlxEngine",
+    "llama.cpp": "llamacpp:LlamaCppEngine",
+}
+
+
+def make_engine(name: str, **options) -> Engine:
+    """A new, unloaded engine. `options` go to the engine's constructor."""
+    if name not in ENGINES:
+        raise EngineError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+    module, cls = ENGINES[name].split(":")
+    return getattr(import_module(f".{module}", __name__), cls)(**options)

@@ -1,0 +1,270 @@
+"""MLX engine: mlx-lm's model classes and KV caches, our own decode loop.
+
+Our loop mirrors mlx_lm.generate_step (same stream, same wired-memory limit, the next token
+queued with async_eval before the current one is read) so that baseline costs what mlx-lm
+costs, and adds speculative rounds with exact accounting: a draft proposes up to K tokens,
+the target scores them all in one forward pass, the longest prefix that matches the target's
+own samples is kept, and both KV caches are trimmed back to what was kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+import mlx_lm
+from mlx_lm.generate import generation_stream, stream_generate, wired_limit
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+from .base import EngineError, Generation, Request, Round, Sampler, ngram_propose, validate
+
+PREFILL_STEP_TOKENS = 2048  # mlx_lm.generate_step's default: bounds prefill memory on long prompts
+
+SampleFn = Callable[[mx.array], mx.array]  # logits (rows, vocab) -> tokens (rows,)
+
+
+def _sample_fn(sampler: Sampler) -> SampleFn:
+    """Greedy argmax, or mlx-lm's own sampler chain (top-p, top-k, temperature) so that draft,
+    verify and the reference arms all truncate the same way."""
+    if sampler.greedy:
+        return lambda logits: mx.argmax(logits, axis=-1)
+    chain = make_sampler(temp=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k)
+    return lambda logits: chain(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def _prefill(model, cache, tokens: list[int]) -> mx.array:
+    """Run the prompt through `model`, filling `cache`; return the last position's logits (1, vocab)."""
+    prompt = mx.array(tokens)
+    while prompt.size > PREFILL_STEP_TOKENS:
+        model(prompt[:PREFILL_STEP_TOKENS][None], cache=cache)
+        mx.eval([c.state for c in cache])
+        prompt = prompt[PREFILL_STEP_TOKENS:]
+    return model(prompt[None], cache=cache)[:, -1, :]
+
+
+def _cache_length(cache) -> int:
+    return cache[0].offset
+
+
+class _DraftModel:
+    """A smaller model with the target's vocabulary, proposing greedily or by sampling with
+    the target's sampler. Its cache holds `seq`; tokens the target emitted since are fed
+    before the next proposal."""
+
+    def __init__(self, model, sample: SampleFn):
+        self.model, self.sample = model, sample
+        self.cache = make_prompt_cache(model)
+        self.seq: list[int] = []
+
+    def prefill(self, prompt: list[int]) -> None:
+        mx.eval(_prefill(self.model, self.cache, prompt))
+        self.seq = list(prompt)
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        self._sync(context)
+        if k == 0:
+            return []
+        feed = mx.array(context[len(self.seq) :])
+        proposed = []
+        for _ in range(k):
+            y = self.sample(self.model(feed[None], cache=self.cache)[:, -1, :])
+            mx.async_eval(y)
+            proposed.append(y)
+            feed = y
+        tokens = mx.concatenate(proposed).tolist()
+        # The cache now holds the context and every proposal but the last, which is fed next
+        # round if the target keeps it.
+        self.seq = context + tokens[:-1]
+        return tokens
+
+    def _sync(self, context: list[int]) -> None:
+        """Drop cached positions that the target did not keep."""
+        keep = 0
+        for a, b in zip(self.seq, context):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(context) - 1)  # the newest token is always fed, never cached
+        trim_prompt_cache(self.cache, len(self.seq) - keep)
+        del self.seq[keep:]
+
+
+class MlxEngine:
+    name = "mlx"
+    methods = ("baseline", "draft", "ngram", "ref-baseline", "ref-draft")
+
+    def __init__(self) -> None:
+        self._model = self._tokenizer = self._draft = None
+        self._vocab_size = 0
+
+    def load(self, target: str, draft: str | None = None) -> float:
+        started = time.perf_counter()
+        self._model, self._tokenizer = mlx_lm.load(target)
+        self._vocab_size = len(self._tokenizer.get_vocab())
+        self._draft = None
+        if draft is not None:
+            draft_model, draft_tokenizer = mlx_lm.load(draft)
+            if draft_tokenizer.get_vocab() != self._tokenizer.get_vocab():
+                raise EngineError(
+                    f"draft {draft} has another vocabulary than target {target} "
+                    f"({len(draft_tokenizer.get_vocab())} vs {self._vocab_size} tokens or different token texts)"
+                )
+            self._draft = draft_model
+        if not can_trim_prompt_cache(make_prompt_cache(self._model)):
+            raise EngineError(f"{target}: its KV cache cannot be trimmed, so speculative rounds cannot roll back")
+        return time.perf_counter() - started
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(self._tokenizer.encode(text))
+
+    def versions(self) -> dict[str, str]:
+        return {"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__, "mlx.device": str(mx.default_device())}
+
+    def generate(self, request: Request) -> Generation:
+        if self._model is None:
+            raise EngineError("no model loaded: call load() first")
+        validate(request, self.name, self.methods, self._vocab_size, self._draft is not None)
+        mx.random.seed(request.sampler.seed)
+        mx.reset_peak_memory()
+        if request.method in ("ref-baseline", "ref-draft"):
+            gen = self._reference(request)  # stream_generate sets its own stream and memory limit
+        else:
+            with wired_limit(self._model, [generation_stream]), mx.stream(generation_stream):
+                gen = self._baseline(request) if request.method == "baseline" else self._speculative(request)
+        # mx.get_peak_memory: the MLX allocator's high-water mark since the reset above,
+        # weights included (they stay allocated).
+        gen.peak_memory_bytes = mx.get_peak_memory()
+        return gen
+
+    def _baseline(self, request: Request) -> Generation:
+        sample = _sample_fn(request.sampler)
+        cache = make_prompt_cache(self._model)
+        n = request.max_new_tokens
+        tokens, times = [], []
+        start = time.perf_counter()
+        y = sample(_prefill(self._model, cache, list(request.prompt_tokens)))
+        mx.async_eval(y)
+        for i in range(n):
+            if i + 1 < n:  # queue the next step before reading this token, as mlx-lm does
+                next_y = sample(self._model(y[None], cache=cache)[:, -1, :])
+                mx.async_eval(next_y)
+            tokens.append(y.item())
+            times.append(time.perf_counter() - start)
+            if i + 1 < n:
+                y = next_y
+        return _generation(request, tokens, times)
+
+    def _speculative(self, request: Request) -> Generation:
+        sample = _sample_fn(request.sampler)
+        model, n, depth = self._model, request.max_new_tokens, request.depth
+        prompt = list(request.prompt_tokens)
+        cache = make_prompt_cache(model)
+        drafter = _DraftModel(self._draft, sample) if request.method == "draft" else None
+        rounds: list[Round] = []
+        accepted_at, drafted_at = [0] * depth, [0] * depth
+
+        start = time.perf_counter()
+        y = sample(_prefill(model, cache, prompt)).item()
+        if drafter is not None:
+            drafter.prefill(prompt)
+        context = prompt + [y]
+        tokens, times = [y], [time.perf_counter() - start]
+
+        while len(tokens) < n:
+            t0 = time.perf_counter()
+            k = min(depth, n - len(tokens) - 1)  # never draft past the last token wanted
+            if drafter is not None:
+                draft = drafter.propose(context, k)
+            else:
+                draft = ngram_propose(context, request.ngram_min, request.ngram_max, k)
+            t1 = time.perf_counter()
+            # The target scores the last emitted token and every proposal in one pass.
+            logits = model(mx.array([context[-1], *draft])[None], cache=cache)[0]
+            target = sample(logits).tolist()
+            a = 0
+            while a < len(draft) and draft[a] == target[a]:
+                a += 1
+            trim_prompt_cache(cache, len(draft) - a)
+            emitted = draft[:a] + [target[a]]
+            t2 = time.perf_counter()
+
+            rounds.append(Round(drafted=len(draft), accepted=a, draft_seconds=t1 - t0, verify_seconds=t2 - t1))
+            for i in range(len(draft)):
+                drafted_at[i] += 1
+                accepted_at[i] += i < a
+            context += emitted
+            tokens += emitted
+            times += [t2 - start] * len(emitted)
+        return _generation(request, tokens, times, rounds, accepted_at, drafted_at)
+
+    def _reference(self, request: Request) -> Generation:
+        """mlx_lm.stream_generate, with and without its draft model: the library's own path."""
+        s = request.sampler
+        extra = {"draft_model": self._draft, "num_draft_tokens": request.depth} if request.method == "ref-draft" else {}
+        tokenizer = self._tokenizer
+        eos = tokenizer.eos_token_ids
+        tokenizer.eos_token_ids = []  # fixed-length runs, like ours
+        tokens, times = [], []
+        try:
+            start = time.perf_counter()
+            for response in stream_generate(
+                self._model,
+                tokenizer,
+                list(request.prompt_tokens),
+                max_tokens=request.max_new_tokens,
+                sampler=make_sampler(temp=s.temperature, top_p=s.top_p, top_k=s.top_k),
+                **extra,
+            ):
+                tokens.append(response.token)
+                times.append(time.perf_counter() - start)
+        finally:
+            tokenizer.eos_token_ids = eos
+        return _generation(request, tokens, times)
+
+    def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
+        if self._model is None:
+            raise EngineError("no model loaded: call load() first")
+        if context_tokens < 0 or not 1 <= max_rows <= 64 or repeats < 1:
+            raise EngineError("verify_cost needs context_tokens >= 0, 1 <= max_rows <= 64, repeats >= 1")
+        ids = [i % self._vocab_size for i in range(context_tokens + max_rows)]
+        cache = make_prompt_cache(self._model)
+        medians = []
+        with wired_limit(self._model, [generation_stream]), mx.stream(generation_stream):
+            if context_tokens:
+                mx.eval(_prefill(self._model, cache, ids[:context_tokens]))
+            for rows in range(1, max_rows + 1):
+                rows_in = mx.array(ids[context_tokens : context_tokens + rows])[None]
+                seconds = []
+                for repeat in range(repeats + 1):  # the first pass is a warm-up
+                    t0 = time.perf_counter()
+                    mx.eval(self._model(rows_in, cache=cache))
+                    elapsed = time.perf_counter() - t0
+                    trim_prompt_cache(cache, rows)
+                    if repeat:
+                        seconds.append(elapsed)
+                medians.append(statistics.median(seconds))
+        return medians
+
+
+def _generation(
+    request: Request,
+    tokens: list[int],
+    times: list[float],
+    rounds: list[Round] | None = None,
+    accepted_at: list[int] | None = None,
+    drafted_at: list[int] | None = None,
+) -> Generation:
+    return Generation(
+        tokens=tokens,
+        prompt_tokens=len(request.prompt_tokens),
+        prefill_seconds=times[0],
+        decode_seconds=times[-1] - times[0],
+        token_times_seconds=times,
+        peak_memory_bytes=0,
+        rounds=rounds or [],
+        accepted_by_position=accepted_at or [],
+        drafted_by_position=drafted_at or [],
+    )

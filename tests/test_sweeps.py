@@ -1,0 +1,87 @@
+"""Sweep files: every malformed one is refused with the field and the reason."""
+
+import pytest
+
+from coordinator.sweeps import SweepError, agent_matches, parse_sweep
+from tests.fleet import SWEEP_YAML
+
+GOOD = {
+    "name": "s", "engines": ["mlx"], "prompt_sets": ["code"],
+    "models": {"mlx": {"target": "/m/t", "draft": "/m/d"}},
+}
+
+
+def yaml_of(**changes):
+    import yaml
+
+    doc = {**GOOD, **changes}
+    return yaml.safe_dump({k: v for k, v in doc.items() if v is not None})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: [unclosed", "file: not valid YAML"),
+    ("- a\n- b\n", "file: must be a mapping"),
+    (yaml_of(name=None), "name: is required"),
+    (yaml_of(name="has space"), "name: is required"),
+    (yaml_of(colour="blue"), "colour: unknown field"),
+    (yaml_of(engines=["vllm"]), "engines: unknown engine 'vllm'"),
+    (yaml_of(engines=[]), "engines: is required"),
+    (yaml_of(engines=["mlx", "mlx"]), "engines: lists an engine twice"),
+    (yaml_of(models={}), "models.mlx.target: is required"),
+    (yaml_of(models={"mlx": {"target": "/m/t", "weights": "x"}}), "models.mlx.weights: unknown field"),
+    (yaml_of(models={"mlx": {"target": "/m/t"}}, methods={"draft": [2]}), "models.mlx.draft: is required"),
+    (yaml_of(methods={"medusa": [2]}), "methods.medusa: unknown method"),
+    (yaml_of(methods={"draft": [0]}), "methods.draft[0]: must be between 1 and 16"),
+    (yaml_of(methods={"draft": [99]}), "methods.draft[0]: must be between 1 and 16"),
+    (yaml_of(methods={"draft": ["two"]}), "methods.draft[0]: must be an integer"),
+    (yaml_of(methods={"draft": [2, 2]}), "methods: lists a depth twice"),
+    (yaml_of(methods={"draft": []}), "methods.draft: must be a non-empty list"),
+    (yaml_of(samplers=[{"temperature": -1}]), "samplers[0].temperature: must be between 0 and 10"),
+    (yaml_of(samplers=[{"top_p": 0}]), "samplers[0].top_p: must be between"),
+    (yaml_of(samplers=[{"temp": 0.7}]), "samplers[0].temp: unknown field"),
+    (yaml_of(prompt_sets=["poetry"]), "prompt_sets: unknown prompt set 'poetry'"),
+    (yaml_of(max_new_tokens=0), "max_new_tokens: must be between 1 and 16384"),
+    (yaml_of(max_new_tokens=10**9), "max_new_tokens: must be between 1 and 16384"),
+    (yaml_of(repeats=True), "repeats: must be an integer"),
+    (yaml_of(repeats=2.5), "repeats: must be an integer"),
+    (yaml_of(ngram={"n_min": 4, "n_max": 2}), "ngram: n_min (4) must not exceed n_max (2)"),
+    (yaml_of(target={"min_memory_gb": "lots"}), "target.min_memory_gb: must be a number"),
+    (yaml_of(target={"gpu": "big"}), "target.gpu: unknown field"),
+    (".nan", "file: must be a mapping"),
+    ("name: s\n" + "x" * 300_000, "file: larger than"),
+])
+def test_malformed_sweeps_name_the_field(text, message):
+    with pytest.raises(SweepError) as e:
+        parse_sweep(text)
+    assert message in str(e.value)
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(SweepError) as e:
+        parse_sweep(yaml_of(engines=["vllm"], repeats=0, prompt_sets=["poetry"]))
+    assert len(e.value.problems) == 3
+
+
+def test_a_good_sweep_expands_into_cells_with_baseline_first():
+    sweep = parse_sweep(SWEEP_YAML)
+    cells = sweep.cells()
+    assert len(cells) == 1
+    assert cells[0]["arms"] == [{"method": "baseline", "depth": 0}, {"method": "draft", "depth": 2}]
+    assert cells[0]["prompts"] and all(p["text"] for p in cells[0]["prompts"])
+    assert cells[0]["sampler"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+
+
+@pytest.mark.parametrize("target, matches", [
+    ({}, True),
+    ({"chip_families": ["M4 Pro"]}, True),
+    ({"chip_families": ["M4"]}, True),
+    ({"chip_families": ["M1"]}, False),
+    ({"chips": ["Apple M4 Max"]}, False),
+    ({"min_memory_gb": 64}, False),
+    ({"labels": {"room": "lab"}}, True),
+    ({"labels": {"room": "home"}}, False),
+    ({"agents": ["other"]}, False),
+])
+def test_target_selector(target, matches):
+    agent = {"name": "mini", "chip": "Apple M4 Pro", "memory_bytes": 48 * 2**30, "labels": {"room": "lab"}}
+    assert agent_matches(target, agent) is matches
