@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import grpc
@@ -41,9 +42,15 @@ class AgentApi:
                                                         fingerprint=fingerprint),
                                     metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS)
 
-    def acquire_job(self, wait_seconds: float) -> pb.AcquireJobResponse:
-        return self._stub.AcquireJob(pb.AcquireJobRequest(wait_seconds=wait_seconds),
-                                     metadata=self._metadata, timeout=wait_seconds + CALL_TIMEOUT_SECONDS)
+    def acquire_job(self, wait_seconds: float, stop: threading.Event | None = None) -> pb.AcquireJobResponse:
+        """Long-poll for a job; `stop` cancels the wait (raising InterruptedError)."""
+        future = self._stub.AcquireJob.future(pb.AcquireJobRequest(wait_seconds=wait_seconds),
+                                              metadata=self._metadata, timeout=wait_seconds + CALL_TIMEOUT_SECONDS)
+        while stop is not None and not future.done():
+            if stop.wait(0.2):
+                future.cancel()
+                raise InterruptedError("acquire cancelled: agent stopping")
+        return future.result()
 
     def report_result(self, job_id: str, lease_id: str, run: pb.Run) -> pb.ReportResultResponse:
         return self._stub.ReportResult(pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, run=run),

@@ -204,7 +204,7 @@ class Agent:
                 with self._lock:
                     self.state.status = "waiting for a job"
                 try:
-                    resp = retry.call(lambda: self.api.acquire_job(POLL_WAIT_SECONDS), retry.JOB_STATE,
+                    resp = retry.call(lambda: self.api.acquire_job(POLL_WAIT_SECONDS, self.stop), retry.JOB_STATE,
                                       "acquire", self.stop)
                 except InterruptedError:
                     break

@@ -175,11 +175,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                           f"unknown table {request.table!r} (known: {', '.join(EXPORT_COLUMNS)})")
         limit = min(request.limit or MAX_EXPORT_ROWS, MAX_EXPORT_ROWS)
         with self.store.tx() as con:
-            table = con.execute(
+            table = con.sql(
                 # Table and column names come from EXPORT_COLUMNS, never from the request.
                 f"SELECT {columns} FROM {request.table} WHERE seq > ? ORDER BY seq LIMIT ?",
-                [request.after_seq, limit],
-            ).fetch_arrow_table()
+                params=[request.after_seq, limit],
+            ).to_arrow_table()
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)

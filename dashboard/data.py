@@ -13,30 +13,39 @@ from dashboard.mirror import Mirror
 REFRESH_SECONDS = 5
 
 
+def coordinator() -> tuple[str, str]:
+    return os.environ.get("SPECFLEET_COORDINATOR", "127.0.0.1:50551"), os.environ.get("SPECFLEET_ADMIN_TOKEN", "")
+
+
 @st.cache_resource
-def mirror() -> Mirror:
-    address = os.environ.get("SPECFLEET_COORDINATOR", "127.0.0.1:50551")
-    token = os.environ.get("SPECFLEET_ADMIN_TOKEN", "")
+def mirror(address: str, token: str) -> Mirror:
     return Mirror(AdminApi(channel(address), token))
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
-def synced() -> int:
-    """Sync at most every REFRESH_SECONDS; the returned count keys the queries' caches."""
-    return mirror().sync()
+def synced(address: str, token: str) -> int:
+    """Sync at most every REFRESH_SECONDS. The result (the mirror's sequence) and the
+    coordinator key every query's cache, so a query reruns exactly when the data changed."""
+    return mirror(address, token).sync()
+
+
+def version() -> tuple[str, str, int]:
+    """What the queries below take as their first argument."""
+    address, token = coordinator()
+    return address, token, synced(address, token)
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
-def agents(_sync: int) -> pd.DataFrame:
-    return mirror().query(
+def agents(v: tuple[str, str, int]) -> pd.DataFrame:
+    return mirror(*v[:2]).query(
         "SELECT name, chip, round(memory_bytes / 2^30, 1) AS memory_gib, state, status, current_job_id,"
         " to_timestamp(last_seen) AS last_seen FROM agents ORDER BY name"
     )
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
-def runs(_sync: int) -> pd.DataFrame:
-    return mirror().query(
+def runs(v: tuple[str, str, int]) -> pd.DataFrame:
+    return mirror(*v[:2]).query(
         "SELECT chip, engine, method, depth, prompt_id, repeat, position, prompt_tokens, generated_tokens,"
         " decode_tokens_per_second, prefill_tokens_per_second, ttft_seconds, peak_memory_bytes, lossless,"
         " try_cast(metrics->>'acceptance_rate' AS DOUBLE) AS acceptance_rate,"
@@ -46,9 +55,9 @@ def runs(_sync: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
-def arm_summary(_sync: int) -> pd.DataFrame:
+def arm_summary(v: tuple[str, str, int]) -> pd.DataFrame:
     """Median decode tokens/s per chip, engine and arm, and its ratio to the same job's baseline."""
-    return mirror().query(
+    return mirror(*v[:2]).query(
         """
         WITH arms AS (
             SELECT job_id, chip, engine, method, depth, median(decode_tokens_per_second) AS tps, count(*) AS n

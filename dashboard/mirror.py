@@ -25,15 +25,14 @@ class Mirror:
         self._lock = threading.Lock()
 
     def sync(self) -> int:
-        """Pull what changed since the last sync; return the number of rows received."""
-        received = 0
+        """Pull what changed since the last sync; return the highest sequence mirrored, which
+        changes exactly when the data does."""
         with self._lock:
             for table, key in TABLES.items():
                 row = self.con.execute("SELECT last_seq FROM _mirror WHERE tbl = ?", [table]).fetchone()
                 batch, last = fetch_table(self.admin, table, row[0] if row else 0)
                 if batch is None:
                     continue
-                received += batch.num_rows
                 self.con.register("_batch", batch)
                 try:
                     self.con.execute("BEGIN")
@@ -44,7 +43,7 @@ class Mirror:
                     self.con.execute("COMMIT")
                 finally:
                     self.con.unregister("_batch")
-        return received
+            return self.con.execute("SELECT coalesce(max(last_seq), 0) FROM _mirror").fetchone()[0]
 
     def query(self, sql: str, params: list | None = None):
         """A pandas DataFrame; an empty one when the table has not arrived yet."""

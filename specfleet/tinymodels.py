@@ -14,7 +14,8 @@ unrelated random models) or 1 (identical models). The draft costs about half the
 layer compute.
 
 Everything is seeded, so a build writes the same bytes every time; a manifest records the
-builder version and file hashes so that a second call on a complete directory returns at once.
+builder (a digest of this file) and file hashes so that a second call on a complete directory
+returns at once, and models written by an older builder are rebuilt.
 """
 
 from __future__ import annotations
@@ -28,22 +29,24 @@ from pathlib import Path
 
 import numpy as np
 
-BUILDER_VERSION = 1
+# Any edit of this file makes a new builder, so models from an older one never survive a change
+# (a rebuild takes under a second).
+BUILDER_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 MANIFEST = "manifest.json"
 
 VOCAB_SIZE = 512  # 256 byte tokens + learned merges + BOS + EOS
-BOS_TOKEN = "<|bos|>"
-EOS_TOKEN = "<|eos|>"
+BOS_TOKEN = "<|begin_of_text|>"
+EOS_TOKEN = "<|end_of_text|>"  # a name llama.cpp recognises as end-of-generation
 
 ROPE_THETA = 10000.0
 RMS_NORM_EPS = 1e-5
 CONTEXT_LENGTH = 4096
 
 DRAFT_LAYERS = 2
-# Scale of the deep layers' output projections. Chosen so that the layer-skip draft matches
-# the target's greedy token roughly two times in three on the tiny models (measured in
-# tests/test_engines.py); larger values make the draft disagree more often.
-DEEP_LAYER_SCALE = 0.35
+# Scale of the deep layers' output projections. At 0.2 the layer-skip draft's first proposal
+# matches the target's greedy token about 70% of the time (0.1: 90%, 0.35: 55%; measured over
+# four prompts and 48 tokens), about what a good real draft model achieves.
+DEEP_LAYER_SCALE = 0.2
 TARGET_SEED = 1234
 
 
@@ -319,7 +322,11 @@ def write_mlx(directory: Path, shape: LlamaShape, weights: dict[str, np.ndarray]
             "torch_dtype": "float32",
         },
     )
-    save_file({name: weights[name] for name in sorted(weights)}, str(directory / "model.safetensors"), metadata={"format": "mlx"})
+    save_file(
+        {name: weights[name] for name in sorted(weights)},
+        str(directory / "model.safetensors"),
+        metadata={"format": "mlx"},
+    )
     _write_json(directory / "tokenizer.json", _tokenizer_json(vocab))
     _write_json(
         directory / "tokenizer_config.json",
@@ -381,7 +388,10 @@ def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vo
     writer.add_tokenizer_pre("gpt-2")  # the same split regex as the ByteLevel pre-tokenizer
     writer.add_token_list(list(vocab.tokens))
     writer.add_token_types(
-        [gguf.TokenType.CONTROL if i in (vocab.bos_id, vocab.eos_id) else gguf.TokenType.NORMAL for i in range(vocab.size)]
+        [
+            gguf.TokenType.CONTROL if i in (vocab.bos_id, vocab.eos_id) else gguf.TokenType.NORMAL
+            for i in range(vocab.size)
+        ]
     )
     writer.add_token_merges([f"{a} {b}" for a, b in vocab.merges])
     writer.add_bos_token_id(vocab.bos_id)
@@ -408,7 +418,9 @@ def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vo
     return path
 
 
-def write_model(directory: Path, name: str, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab) -> tuple[Path, Path]:
+def write_model(
+    directory: Path, name: str, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab
+) -> tuple[Path, Path]:
     """Write one model in both formats: `directory/mlx/<name>/` and `directory/gguf/<name>.gguf`."""
     return (
         write_mlx(directory / "mlx" / name, shape, weights, vocab),

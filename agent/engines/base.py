@@ -1,6 +1,6 @@
 """The engine interface: load once, generate many times, report raw measurements.
 
-Engines measure; they do not summarise. `agent/metrics.py` turns a `Generation` into the
+Engines measure; they do not summarise. `agent/summary.py` turns a `Generation` into the
 figures a run reports (tokens/s, latency percentiles, acceptance), so both engines are
 summarised by the same code.
 """
@@ -15,7 +15,8 @@ from typing import Protocol
 METHODS = ("baseline", "draft", "ngram", "mtp")
 # The same methods run by the library's own generation path (mlx_lm.stream_generate,
 # llama-cpp-python's Llama.generate): controls that show what our loop costs or saves. They
-# report tokens and times but no rounds. An engine lists the ones it has in `Engine.methods`.
+# report tokens and times but no rounds; their prefill is the time to their first token. An
+# engine lists the ones it has in `Engine.methods`.
 REFERENCE_METHODS = ("ref-baseline", "ref-draft", "ref-ngram")
 SPECULATIVE_METHODS = ("draft", "ngram", "mtp", "ref-draft", "ref-ngram")
 MAX_DEPTH = 16
@@ -68,7 +69,7 @@ class Round:
 class Generation:
     tokens: list[int]  # generated tokens, prompt excluded
     prompt_tokens: int
-    prefill_seconds: float  # prompt forward pass, first token sampled
+    prefill_seconds: float  # prompt forward pass (the draft model's too), first token sampled
     decode_seconds: float  # everything after the first token
     token_times_seconds: list[float]  # time from generation start at which each token was emitted
     peak_memory_bytes: int
@@ -126,14 +127,23 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
 
 def ngram_propose(context: Sequence[int], n_min: int, n_max: int, depth: int) -> list[int]:
     """Prompt lookup: find the last n tokens of `context` earlier in it, longest n first
-    (n_max down to n_min), and return up to `depth` tokens that followed the most recent
-    match; [] when nothing matches. The most recent match is preferred because nearby text
-    is the better predictor (llama-cpp-python's LlamaPromptLookupDecoding takes the first)."""
+    (n_max down to n_min), and propose up to `depth` tokens that followed; [] when nothing
+    matches. The most recent match with `depth` tokens after it wins, because nearby text is
+    the better predictor (llama-cpp-python's LlamaPromptLookupDecoding takes the first match);
+    a match too close to the end for that (in a short loop) gives way to an earlier one, and
+    when no match has `depth` tokens after it, the one with the most does."""
     size = len(context)
     for n in range(min(n_max, size - 1), n_min - 1, -1):
         suffix = list(context[size - n :])
+        best: list[int] = []
         # A match must be followed by at least one token that is not part of the suffix itself.
         for start in range(size - n - 1, -1, -1):
             if context[start] == suffix[0] and list(context[start : start + n]) == suffix:
-                return list(context[start + n : start + n + depth])
+                following = list(context[start + n : start + n + depth])
+                if len(following) == depth:
+                    return following
+                if len(following) > len(best):
+                    best = following
+        if best:
+            return best
     return []

@@ -45,51 +45,51 @@ def _prefill(model, cache, tokens: list[int]) -> mx.array:
     return model(prompt[None], cache=cache)[:, -1, :]
 
 
-def _cache_length(cache) -> int:
-    return cache[0].offset
-
-
 class _DraftModel:
     """A smaller model with the target's vocabulary, proposing greedily or by sampling with
-    the target's sampler. Its cache holds `seq`; tokens the target emitted since are fed
-    before the next proposal."""
+    the target's sampler. Its cache holds the first `cached` tokens of the context, then the
+    last round's proposals but the last, which the target may not have kept."""
 
     def __init__(self, model, sample: SampleFn):
         self.model, self.sample = model, sample
         self.cache = make_prompt_cache(model)
-        self.seq: list[int] = []
+        self.cached = 0
+        self.proposed: mx.array | None = None
 
     def prefill(self, prompt: list[int]) -> None:
         mx.eval(_prefill(self.model, self.cache, prompt))
-        self.seq = list(prompt)
+        self.cached, self.proposed = len(prompt), None
 
-    def propose(self, context: list[int], k: int) -> list[int]:
+    def propose(self, context: list[int], k: int) -> mx.array:
+        """Queue k proposals after `context`; return them unevaluated, shape (k,)."""
         self._sync(context)
-        if k == 0:
-            return []
-        feed = mx.array(context[len(self.seq) :])
+        feed = mx.array(context[self.cached :])
         proposed = []
         for _ in range(k):
             y = self.sample(self.model(feed[None], cache=self.cache)[:, -1, :])
             mx.async_eval(y)
             proposed.append(y)
             feed = y
-        tokens = mx.concatenate(proposed).tolist()
-        # The cache now holds the context and every proposal but the last, which is fed next
-        # round if the target keeps it.
-        self.seq = context + tokens[:-1]
-        return tokens
+        self.cached = len(context)
+        self.proposed = mx.concatenate(proposed)
+        return self.proposed
 
     def _sync(self, context: list[int]) -> None:
-        """Drop cached positions that the target did not keep."""
-        keep = 0
-        for a, b in zip(self.seq, context):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(context) - 1)  # the newest token is always fed, never cached
-        trim_prompt_cache(self.cache, len(self.seq) - keep)
-        del self.seq[keep:]
+        """Keep the cached proposals that the context now holds; trim the others."""
+        if self.proposed is None:
+            return
+        pending = self.proposed.tolist()[:-1]  # read by the engine already: no new work
+        kept = 0
+        # The newest context token is always fed, never kept from the cache.
+        while (
+            kept < len(pending)
+            and self.cached + kept < len(context) - 1
+            and context[self.cached + kept] == pending[kept]
+        ):
+            kept += 1
+        trim_prompt_cache(self.cache, len(pending) - kept)
+        self.cached += kept
+        self.proposed = None
 
 
 class MlxEngine:
@@ -113,19 +113,21 @@ class MlxEngine:
                     f"({len(draft_tokenizer.get_vocab())} vs {self._vocab_size} tokens or different token texts)"
                 )
             self._draft = draft_model
-        if not can_trim_prompt_cache(make_prompt_cache(self._model)):
-            raise EngineError(f"{target}: its KV cache cannot be trimmed, so speculative rounds cannot roll back")
         return time.perf_counter() - started
 
+    def _require_loaded(self) -> None:
+        if self._model is None:
+            raise EngineError("no model loaded: call load() first")
+
     def tokenize(self, text: str) -> tuple[int, ...]:
+        self._require_loaded()
         return tuple(self._tokenizer.encode(text))
 
     def versions(self) -> dict[str, str]:
         return {"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__, "mlx.device": str(mx.default_device())}
 
     def generate(self, request: Request) -> Generation:
-        if self._model is None:
-            raise EngineError("no model loaded: call load() first")
+        self._require_loaded()
         validate(request, self.name, self.methods, self._vocab_size, self._draft is not None)
         mx.random.seed(request.sampler.seed)
         mx.reset_peak_memory()
@@ -162,28 +164,40 @@ class MlxEngine:
         model, n, depth = self._model, request.max_new_tokens, request.depth
         prompt = list(request.prompt_tokens)
         cache = make_prompt_cache(model)
+        if not can_trim_prompt_cache(cache):
+            # Recurrent (hybrid) layers cannot drop rejected positions: no rollback, no rounds.
+            raise EngineError(f"method {request.method!r} needs a trimmable KV cache; this model's is not")
         drafter = _DraftModel(self._draft, sample) if request.method == "draft" else None
         rounds: list[Round] = []
         accepted_at, drafted_at = [0] * depth, [0] * depth
 
         start = time.perf_counter()
-        y = sample(_prefill(model, cache, prompt)).item()
+        first = sample(_prefill(model, cache, prompt))
+        mx.async_eval(first)
         if drafter is not None:
-            drafter.prefill(prompt)
+            drafter.prefill(prompt)  # queued behind the target's prompt pass
+        y = first.item()
         context = prompt + [y]
         tokens, times = [y], [time.perf_counter() - start]
 
         while len(tokens) < n:
             t0 = time.perf_counter()
             k = min(depth, n - len(tokens) - 1)  # never draft past the last token wanted
-            if drafter is not None:
-                draft = drafter.propose(context, k)
+            proposed = drafter.propose(context, k) if drafter is not None and k else None
+            if proposed is not None:
+                inputs = mx.concatenate([mx.array(context[-1:]), proposed])
             else:
-                draft = ngram_propose(context, request.ngram_min, request.ngram_max, k)
+                draft = ngram_propose(context, request.ngram_min, request.ngram_max, k) if drafter is None else []
+                inputs = mx.array([context[-1], *draft])
+            # The target scores the last emitted token and every proposal in one pass. It is
+            # queued behind the draft model's steps, as in mlx-lm, so that building it overlaps
+            # the draft's compute; the draft's time ends when its proposals can be read.
+            target = sample(model(inputs[None], cache=cache)[0])
+            mx.async_eval(target)
+            if proposed is not None:
+                draft = proposed.tolist()
             t1 = time.perf_counter()
-            # The target scores the last emitted token and every proposal in one pass.
-            logits = model(mx.array([context[-1], *draft])[None], cache=cache)[0]
-            target = sample(logits).tolist()
+            target = target.tolist()
             a = 0
             while a < len(draft) and draft[a] == target[a]:
                 a += 1
@@ -225,8 +239,7 @@ class MlxEngine:
         return _generation(request, tokens, times)
 
     def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
-        if self._model is None:
-            raise EngineError("no model loaded: call load() first")
+        self._require_loaded()
         if context_tokens < 0 or not 1 <= max_rows <= 64 or repeats < 1:
             raise EngineError("verify_cost needs context_tokens >= 0, 1 <= max_rows <= 64, repeats >= 1")
         ids = [i % self._vocab_size for i in range(context_tokens + max_rows)]

@@ -10,7 +10,7 @@ from dashboard import data
 
 def render() -> None:
     st.title("specfleet")
-    sync = data.synced()
+    sync = data.version()
 
     st.header("Agents")
     agents = data.agents(sync)

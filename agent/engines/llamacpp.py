@@ -1,0 +1,432 @@
+"""llama.cpp engine: llama-cpp-python's low-level API, our own decode loop.
+
+Every forward pass is one `llama_decode` of a batch we fill; tokens come from a llama.cpp
+sampler chain reading `llama_get_logits_ith` rows; speculative rounds put the last emitted
+token and the K proposals in one batch with logits for every row, keep the longest prefix
+that matches the target's own samples, and drop the rest from the KV cache with
+`llama_memory_seq_rm`. llama-cpp-python's high-level `Llama` is used only for the
+reference arms.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import llama_cpp as ll
+from llama_cpp import Llama  # imported before our log callback is set: importing it sets its own
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+from .base import EngineError, Generation, Request, Round, Sampler, ngram_propose, validate
+
+GPU_LAYERS_ALL = 0x7FFFFFFF  # offload every layer (Metal on a Mac); ignored by CPU-only builds
+VOCAB_SIZE_SLACK = 128  # llama.cpp's own draft check allows padded vocabularies to differ this much
+GGML_LOG_LEVEL_ERROR = 3
+
+_log = logging.getLogger(__name__)
+
+
+@ll.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every load and context creation; keep only errors, through logging.
+    if level == GGML_LOG_LEVEL_ERROR:
+        _log.error(text.decode("utf-8", errors="replace").rstrip())
+
+
+ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+ll.llama_backend_init()
+
+
+def _peak_rss_bytes() -> int:
+    """The process's peak resident set size: ru_maxrss is KiB on Linux and bytes on macOS.
+    It never goes down, so it is the peak of the worker process so far, not of one run."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _ggml_build() -> dict[str, str]:
+    """ggml's version and the llama.cpp commit it was built from, read from the bundled library."""
+    for lib in sorted((Path(ll.__file__).parent / "lib").glob("*ggml-base*")):
+        try:
+            ggml = ctypes.CDLL(str(lib))
+            ggml.ggml_commit.restype = ggml.ggml_version.restype = ctypes.c_char_p
+            return {"ggml": ggml.ggml_version().decode(), "llama.cpp.commit": ggml.ggml_commit().decode()}
+        except (OSError, AttributeError):
+            continue
+    return {}
+
+
+class _Context:
+    """One model and its context, batch and KV cache; `n_past` positions are cached."""
+
+    def __init__(self, path: str, n_ctx: int, n_batch: int, n_threads: int, n_threads_batch: int, flash_attn: bool):
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = GPU_LAYERS_ALL
+        self.model = ll.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {path}")
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
+        cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.no_perf = True
+        self.ctx = ll.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            raise EngineError(f"llama.cpp could not create a context for {path}")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.mem = ll.llama_get_memory(self.ctx)
+        self.batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.n_batch, self.n_ctx, self.n_past = n_batch, n_ctx, 0
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> None:
+        """Append `tokens` to the cache; logits for every row, or for the last one only."""
+        batch = self.batch
+        for first in range(0, len(tokens), self.n_batch):
+            chunk = tokens[first : first + self.n_batch]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self.n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = all_logits
+            batch.logits[len(chunk) - 1] = True
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise EngineError(f"llama_decode failed with status {rc} at position {self.n_past}")
+            self.n_past += len(chunk)
+
+    def truncate(self, n: int) -> None:
+        """Forget cached positions from `n` on."""
+        if n < self.n_past:
+            ll.llama_memory_seq_rm(self.mem, 0, n, -1)
+            self.n_past = n
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.mem, False)
+        self.n_past = 0
+
+    def token_texts(self) -> list[bytes]:
+        return [ll.llama_vocab_get_text(self.vocab, i) for i in range(self.n_vocab)]
+
+    def close(self) -> None:
+        ll.llama_batch_free(self.batch)
+        ll.llama_free(self.ctx)
+        ll.llama_model_free(self.model)
+
+
+class _Chain:
+    """A llama.cpp sampler chain: greedy, or top-k, top-p, temperature and a seeded draw, in
+    llama.cpp's usual order. Draft and verify each get one with the same settings."""
+
+    def __init__(self, sampler: Sampler):
+        params = ll.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self.chain = ll.llama_sampler_chain_init(params)
+        if sampler.greedy:
+            ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_greedy())
+        else:
+            if sampler.top_k > 0:
+                ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_top_k(sampler.top_k))
+            if sampler.top_p < 1.0:
+                ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_top_p(sampler.top_p, 1))
+            ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_temp(sampler.temperature))
+            ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_dist(sampler.seed))
+
+    def sample(self, context: _Context, row: int = -1) -> int:
+        return ll.llama_sampler_sample(self.chain, context.ctx, row)
+
+    def free(self) -> None:
+        ll.llama_sampler_free(self.chain)
+
+
+class _DraftModel:
+    """A smaller model with the target's vocabulary. Its cache holds the first `cached`
+    tokens of the context, then the `pending` proposals of the last round (all but its last),
+    which the target may not keep."""
+
+    def __init__(self, context: _Context, chain: _Chain):
+        self.context, self.chain = context, chain
+        self.cached = 0
+        self.pending: list[int] = []
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.context.clear()
+        self.context.decode(prompt)
+        self.cached, self.pending = len(prompt), []
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        kept = 0
+        # The newest context token is always fed, never kept from the cache.
+        while (
+            kept < len(self.pending)
+            and self.cached + kept < len(context) - 1
+            and context[self.cached + kept] == self.pending[kept]
+        ):
+            kept += 1
+        self.cached += kept
+        self.context.truncate(self.cached)
+        self.context.decode(context[self.cached :])
+        tokens = [self.chain.sample(self.context)]
+        while len(tokens) < k:
+            self.context.decode(tokens[-1:])
+            tokens.append(self.chain.sample(self.context))
+        self.cached, self.pending = len(context), tokens[:-1]
+        return tokens
+
+
+class LlamaCppEngine:
+    name = "llama.cpp"
+    methods = ("baseline", "draft", "ngram", "ref-baseline", "ref-ngram")
+
+    def __init__(
+        self,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        flash_attn: bool = True,
+    ):
+        # Thread defaults are llama-cpp-python's, so that the reference arms run alike.
+        self.n_ctx, self.n_batch, self.flash_attn = n_ctx, n_batch, flash_attn
+        self.n_threads = n_threads or max(multiprocessing.cpu_count() // 2, 1)
+        self.n_threads_batch = n_threads_batch or multiprocessing.cpu_count()
+        self._target: _Context | None = None
+        self._draft: _Context | None = None
+        self._target_path = ""
+        self._references: dict[str, object] = {}
+
+    def _open(self, path: str) -> _Context:
+        return _Context(path, self.n_ctx, self.n_batch, self.n_threads, self.n_threads_batch, self.flash_attn)
+
+    def load(self, target: str, draft: str | None = None) -> float:
+        started = time.perf_counter()
+        self.close()
+        self._target, self._target_path = self._open(target), target
+        if draft is not None:
+            self._draft = self._open(draft)
+            problem = self._vocab_problem(self._target, self._draft)
+            if problem:
+                self._draft.close()
+                self._draft = None
+                raise EngineError(f"draft {draft} has another vocabulary than target {target}: {problem}")
+        return time.perf_counter() - started
+
+    @staticmethod
+    def _vocab_problem(target: _Context, draft: _Context) -> str:
+        """What makes the two vocabularies incompatible, as llama.cpp's speculative example
+        checks it: size (within padding), BOS/EOS, and every shared token's text."""
+        if abs(target.n_vocab - draft.n_vocab) > VOCAB_SIZE_SLACK:
+            return f"{draft.n_vocab} tokens vs {target.n_vocab}"
+        for what in ("bos", "eos"):
+            fn = getattr(ll, f"llama_vocab_{what}")
+            if fn(target.vocab) != fn(draft.vocab):
+                return f"{what.upper()} token {fn(draft.vocab)} vs {fn(target.vocab)}"
+        for i, (a, b) in enumerate(zip(target.token_texts(), draft.token_texts())):
+            if a != b:
+                return f"token {i} is {b!r} in the draft and {a!r} in the target"
+        return ""
+
+    def close(self) -> None:
+        for context in (self._target, self._draft):
+            if context is not None:
+                context.close()
+        self._target = self._draft = None
+        self._references.clear()
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        target = self._loaded()
+        data = text.encode("utf-8")
+        add_bos = ll.llama_vocab_get_add_bos(target.vocab)
+        size = len(data) + 2
+        buffer = (ll.llama_token * size)()
+        n = ll.llama_tokenize(target.vocab, data, len(data), buffer, size, add_bos, False)
+        if n < 0:
+            raise EngineError(f"llama_tokenize needs room for {-n} tokens")
+        return tuple(buffer[:n])
+
+    def versions(self) -> dict[str, str]:
+        return {"llama-cpp-python": ll.__version__, "llama.cpp": ll.llama_version().decode(), **_ggml_build()}
+
+    def _loaded(self) -> _Context:
+        if self._target is None:
+            raise EngineError("no model loaded: call load() first")
+        return self._target
+
+    def generate(self, request: Request) -> Generation:
+        target = self._loaded()
+        validate(request, self.name, self.methods, target.n_vocab, self._draft is not None)
+        needed = len(request.prompt_tokens) + request.max_new_tokens + request.depth + 1
+        if needed > self.n_ctx:
+            raise EngineError(f"prompt, generation and draft need {needed} positions; the context has {self.n_ctx}")
+        if request.method == "baseline":
+            gen = self._baseline(request)
+        elif request.method in ("draft", "ngram"):
+            gen = self._speculative(request)
+        else:
+            gen = self._reference(request)
+        gen.peak_memory_bytes = _peak_rss_bytes()
+        return gen
+
+    def _baseline(self, request: Request) -> Generation:
+        target, chain = self._target, _Chain(request.sampler)
+        try:
+            tokens, times = [], []
+            start = time.perf_counter()
+            target.clear()
+            target.decode(list(request.prompt_tokens))
+            while True:
+                tokens.append(chain.sample(target))
+                times.append(time.perf_counter() - start)
+                if len(tokens) == request.max_new_tokens:
+                    break
+                target.decode(tokens[-1:])
+        finally:
+            chain.free()
+        return _generation(request, tokens, times)
+
+    def _speculative(self, request: Request) -> Generation:
+        target, n, depth = self._target, request.max_new_tokens, request.depth
+        prompt = list(request.prompt_tokens)
+        chain = _Chain(request.sampler)
+        draft_chain = _Chain(request.sampler) if request.method == "draft" else None
+        drafter = _DraftModel(self._draft, draft_chain) if draft_chain else None
+        rounds: list[Round] = []
+        accepted_at, drafted_at = [0] * depth, [0] * depth
+        try:
+            start = time.perf_counter()
+            target.clear()
+            target.decode(prompt)
+            y = chain.sample(target)
+            if drafter is not None:
+                drafter.prefill(prompt)
+            context = prompt + [y]
+            tokens, times = [y], [time.perf_counter() - start]
+
+            while len(tokens) < n:
+                t0 = time.perf_counter()
+                k = min(depth, n - len(tokens) - 1)  # never draft past the last token wanted
+                if drafter is None:
+                    draft = ngram_propose(context, request.ngram_min, request.ngram_max, k)
+                else:
+                    draft = drafter.propose(context, k) if k else []
+                t1 = time.perf_counter()
+                # The target scores the last emitted token and every proposal in one batch,
+                # then samples row by row until its token differs from the proposal.
+                kept = target.n_past + 1
+                target.decode([context[-1], *draft], all_logits=True)
+                a = 0
+                token = chain.sample(target, 0)
+                while a < len(draft) and token == draft[a]:
+                    a += 1
+                    token = chain.sample(target, a)
+                target.truncate(kept + a)
+                emitted = draft[:a] + [token]
+                t2 = time.perf_counter()
+
+                rounds.append(Round(drafted=len(draft), accepted=a, draft_seconds=t1 - t0, verify_seconds=t2 - t1))
+                for i in range(len(draft)):
+                    drafted_at[i] += 1
+                    accepted_at[i] += i < a
+                context += emitted
+                tokens += emitted
+                times += [t2 - start] * len(emitted)
+        finally:
+            chain.free()
+            if draft_chain is not None:
+                draft_chain.free()
+        return _generation(request, tokens, times, rounds, accepted_at, drafted_at)
+
+    def _reference_llama(self, method: str):
+        """llama-cpp-python's Llama on the same file and settings, built on first use.
+        Prompt lookup needs logits for every row (logits_all)."""
+        if method not in self._references:
+            self._references[method] = Llama(
+                model_path=self._target_path,
+                n_ctx=self.n_ctx,
+                n_batch=self.n_batch,
+                n_ubatch=self.n_batch,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads_batch,
+                n_gpu_layers=-1,
+                flash_attn=self.flash_attn,
+                logits_all=method == "ref-ngram",
+                verbose=False,
+            )
+        return self._references[method]
+
+    def _reference(self, request: Request) -> Generation:
+        """Llama.generate, plain or with LlamaPromptLookupDecoding: the library's own path.
+        Its lookup takes suffixes from ngram_max down to 1 (it has no minimum)."""
+        llm = self._reference_llama(request.method)
+        llm.draft_model = (
+            LlamaPromptLookupDecoding(max_ngram_size=request.ngram_max, num_pred_tokens=request.depth)
+            if request.method == "ref-ngram"
+            else None
+        )
+        s = request.sampler
+        llm.set_seed(s.seed)
+        llm.reset()
+        tokens, times = [], []
+        start = time.perf_counter()
+        for token in llm.generate(
+            list(request.prompt_tokens), top_k=s.top_k, top_p=s.top_p, min_p=0.0, temp=s.temperature, repeat_penalty=1.0
+        ):
+            tokens.append(token)
+            times.append(time.perf_counter() - start)
+            if len(tokens) == request.max_new_tokens:
+                break
+        return _generation(request, tokens, times)
+
+    def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
+        target = self._loaded()
+        if context_tokens < 0 or not 1 <= max_rows <= self.n_batch or repeats < 1:
+            raise EngineError(f"verify_cost needs context_tokens >= 0, 1 <= max_rows <= {self.n_batch}, repeats >= 1")
+        if context_tokens + max_rows > self.n_ctx:
+            raise EngineError(f"{context_tokens} + {max_rows} positions do not fit the context of {self.n_ctx}")
+        ids = [i % target.n_vocab for i in range(context_tokens + max_rows)]
+        target.clear()
+        target.decode(ids[:context_tokens])
+        medians = []
+        for rows in range(1, max_rows + 1):
+            seconds = []
+            for repeat in range(repeats + 1):  # the first pass is a warm-up
+                t0 = time.perf_counter()
+                target.decode(ids[context_tokens : context_tokens + rows], all_logits=True)
+                ll.llama_synchronize(target.ctx)
+                elapsed = time.perf_counter() - t0
+                target.truncate(context_tokens)
+                if repeat:
+                    seconds.append(elapsed)
+            medians.append(statistics.median(seconds))
+        return medians
+
+
+def _generation(
+    request: Request,
+    tokens: list[int],
+    times: list[float],
+    rounds: list[Round] | None = None,
+    accepted_at: list[int] | None = None,
+    drafted_at: list[int] | None = None,
+) -> Generation:
+    return Generation(
+        tokens=tokens,
+        prompt_tokens=len(request.prompt_tokens),
+        prefill_seconds=times[0],
+        decode_seconds=times[-1] - times[0],
+        token_times_seconds=times,
+        peak_memory_bytes=0,
+        rounds=rounds or [],
+        accepted_by_position=accepted_at or [],
+        drafted_by_position=drafted_at or [],
+    )

@@ -1,0 +1,57 @@
+"""Real processes for end-to-end tests: the `specfleet` CLI run as separate programs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from coordinator.server import ENDPOINTS_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "specfleet.cli", *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=ROOT)
+    if check and result.returncode != 0:
+        raise AssertionError(f"specfleet {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+def spawn(*args: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "specfleet.cli", *args], stdout=open(log, "a"),
+                            stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def start_coordinator(data_dir: Path, *extra: str) -> tuple[subprocess.Popen, dict]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+    proc = spawn("coordinator", "serve", "--data-dir", str(data_dir), "--port", "0", "--metrics-port", "0", *extra,
+                 log=data_dir / "coordinator.log")
+    deadline = time.monotonic() + 60
+    while not (data_dir / ENDPOINTS_FILE).exists():
+        assert proc.poll() is None, (data_dir / "coordinator.log").read_text()
+        assert time.monotonic() < deadline, "coordinator did not start"
+        time.sleep(0.1)
+    return proc, json.loads((data_dir / ENDPOINTS_FILE).read_text())
+
+
+def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout=timeout)
+
+
+def wait_for_sweep(coordinator: str, data_dir: Path, sweep_id: str, timeout: float = 600) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = cli("sweep", "status", sweep_id, "--coordinator", coordinator, "--data-dir", str(data_dir)).stdout
+        if out.split()[2] != "running":  # "<id>  <name> <state> ..."
+            return out
+        time.sleep(1)
+    raise AssertionError(f"sweep {sweep_id} did not finish: {out}")

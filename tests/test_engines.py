@@ -1,0 +1,302 @@
+"""Both engines on the tiny models: speculative methods are lossless under greedy sampling,
+their accounting adds up, sampling is reproducible, bad requests are refused by name."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent.engines import ENGINES, make_engine
+from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler, ngram_propose
+from specfleet import tinymodels
+
+NAMES = list(ENGINES)
+NEW_TOKENS = 32
+PROMPTS = (
+    "def accept(draft_tokens, target_tokens):\n    accepted = 0\n    for draft, target in zip(",
+    "Speculative decoding lets a small draft model propose several tokens that the large",
+    'for chip in ["M1", "M2", "M3", "M4"]:\n    print(chip)\nfor chip in ["M1",',
+)
+SAMPLED = Sampler(temperature=1.0, top_p=0.9, top_k=40, seed=7)
+
+
+def _paths(models, name: str, which: str) -> str:
+    """`which` is target or draft; MLX takes the model directory, llama.cpp the GGUF."""
+    return str(getattr(models, f"{'mlx' if name == 'mlx' else 'gguf'}_{which}"))
+
+
+@pytest.fixture(scope="module")
+def others(tmp_path_factory):
+    """A draft with the vocabulary but unrelated weights, and one with another vocabulary."""
+    root = tmp_path_factory.mktemp("others")
+    vocab = tinymodels.build_vocab()
+    shape = tinymodels.LlamaShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128)
+    unrelated = tinymodels.write_model(
+        root, "unrelated", shape, tinymodels.random_weights(shape, vocab.size, 99), vocab
+    )
+    small = tinymodels.build_vocab(300)
+    foreign = tinymodels.write_model(root, "foreign", shape, tinymodels.random_weights(shape, small.size, 99), small)
+    return {"unrelated": unrelated, "foreign": foreign}
+
+
+def _other(others, kind: str, name: str) -> str:
+    mlx_dir, gguf_path = others[kind]
+    return str(mlx_dir if name == "mlx" else gguf_path)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def engine(request, tiny_models):
+    engine = make_engine(request.param)
+    engine.load(_paths(tiny_models, request.param, "target"), _paths(tiny_models, request.param, "draft"))
+    return engine
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    return [engine.tokenize(text) for text in PROMPTS]
+
+
+def _check_accounting(gen, request: Request) -> None:
+    n = request.max_new_tokens
+    assert len(gen.tokens) == n
+    assert len(gen.token_times_seconds) == n
+    assert gen.token_times_seconds == sorted(gen.token_times_seconds)
+    assert gen.prefill_seconds == gen.token_times_seconds[0] > 0
+    assert gen.decode_seconds == pytest.approx(gen.token_times_seconds[-1] - gen.prefill_seconds)
+    assert gen.prompt_tokens == len(request.prompt_tokens)
+    assert gen.peak_memory_bytes > 1_000_000
+    if request.method not in ("draft", "ngram"):
+        assert gen.rounds == []
+        return
+    # One token from prefill, then accepted + 1 per round.
+    assert 1 + sum(r.accepted for r in gen.rounds) + len(gen.rounds) == n
+    assert all(0 <= r.accepted <= r.drafted <= request.depth for r in gen.rounds)
+    assert all(r.draft_seconds >= 0 and r.verify_seconds > 0 for r in gen.rounds)
+    assert len(gen.drafted_by_position) == len(gen.accepted_by_position) == request.depth
+    assert sum(gen.drafted_by_position) == sum(r.drafted for r in gen.rounds)
+    assert sum(gen.accepted_by_position) == sum(r.accepted for r in gen.rounds)
+    assert all(a <= d for a, d in zip(gen.accepted_by_position, gen.drafted_by_position))
+    # A token can only be accepted at position i+1 if it was at position i.
+    assert gen.accepted_by_position == sorted(gen.accepted_by_position, reverse=True)
+    assert gen.drafted_by_position == sorted(gen.drafted_by_position, reverse=True)
+
+
+def _acceptance(gen) -> float:
+    return sum(r.accepted for r in gen.rounds) / sum(r.drafted for r in gen.rounds)
+
+
+def test_registry_is_cheap_and_names_unknown_engines():
+    with pytest.raises(EngineError, match=r"unknown engine 'vllm'.*mlx, llama\.cpp"):
+        make_engine("vllm")
+
+
+def test_greedy_baseline_agrees_across_engines(tiny_models):
+    """Same weights, same prompt tokens: the same first 16 greedy tokens in MLX and llama.cpp.
+    Exact equality, no tolerance on tokens: the engines' logits differ by at most about 0.004
+    (llama.cpp keeps its KV cache in float16), while on these prompts the gap between the top
+    two logits is 0.67 at the median and 0.012 at the smallest. A near-tie would flip a token
+    and fail here, deterministically; the weights and prompts are fixed."""
+    outputs = {}
+    for name in NAMES:
+        engine = make_engine(name)
+        engine.load(_paths(tiny_models, name, "target"))
+        prompts = [engine.tokenize(text) for text in PROMPTS]
+        outputs[name] = (prompts, [engine.generate(Request(p, 16)).tokens for p in prompts])
+    (mlx_prompts, mlx_tokens), (cpp_prompts, cpp_tokens) = outputs["mlx"], outputs["llama.cpp"]
+    assert mlx_prompts == cpp_prompts
+    assert mlx_tokens == cpp_tokens
+    assert len({tuple(t) for t in mlx_tokens}) == len(PROMPTS)  # not one degenerate output
+
+
+def _check_span_within_wall(engine, request: Request) -> None:
+    """Prefill + decode is the generation's own span: inside the wall time around the call and
+    missing only setup (caches, samplers) and the memory reading, about 0.1 ms here. Allowed:
+    1 ms + 2% of the wall time, in the best of three runs, since a busy machine only ever adds
+    time and the span must not lose any."""
+    excess = []
+    for _ in range(3):
+        started = time.perf_counter()
+        gen = engine.generate(request)
+        wall = time.perf_counter() - started
+        span = gen.prefill_seconds + gen.decode_seconds
+        assert span <= wall
+        excess.append(wall - span - (0.001 + 0.02 * wall))
+        if excess[-1] <= 0:
+            return
+    pytest.fail(f"prefill + decode missed {min(excess) * 1e3:.2f} ms beyond the tolerance")
+
+
+def test_baseline_measures(engine, prompts):
+    request = Request(prompts[0], NEW_TOKENS)
+    _check_accounting(engine.generate(request), request)
+    _check_span_within_wall(engine, request)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_speculative_greedy_is_lossless(engine, prompts, method, depth):
+    for prompt in prompts:
+        baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
+        request = Request(prompt, NEW_TOKENS, method=method, depth=depth, ngram_min=1, ngram_max=3)
+        gen = engine.generate(request)
+        assert gen.tokens == baseline
+        _check_accounting(gen, request)
+    assert sum(gen.drafted_by_position) > 0
+    _check_span_within_wall(engine, request)
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_models):
+    for name in NAMES:
+        engine = make_engine(name)
+        target = _paths(tiny_models, name, "target")
+        engine.load(target, target)
+        gen = engine.generate(Request(engine.tokenize(PROMPTS[0]), NEW_TOKENS, method="draft", depth=4))
+        assert _acceptance(gen) == 1.0
+
+
+def test_other_weights_accept_less(engine, tiny_models, others, prompts):
+    ours = [engine.generate(Request(p, NEW_TOKENS, method="draft", depth=3)) for p in prompts]
+    other_engine = make_engine(engine.name)
+    other_engine.load(_paths(tiny_models, engine.name, "target"), _other(others, "unrelated", engine.name))
+    theirs = [other_engine.generate(Request(p, NEW_TOKENS, method="draft", depth=3)) for p in prompts]
+    assert [g.tokens for g in theirs] == [g.tokens for g in ours]  # still lossless
+    rate = sum(map(_acceptance, ours)) / len(ours)
+    other_rate = sum(map(_acceptance, theirs)) / len(theirs)
+    assert other_rate < 0.5 * rate < 0.5
+
+
+@pytest.mark.parametrize("method,depth", [("baseline", 0), ("draft", 3), ("ngram", 3)])
+def test_sampling_is_reproducible(engine, prompts, method, depth):
+    request = Request(prompts[1], NEW_TOKENS, method=method, depth=depth, sampler=SAMPLED)
+    first, second = engine.generate(request), engine.generate(request)
+    assert first.tokens == second.tokens
+    _check_accounting(first, request)
+    greedy = engine.generate(Request(prompts[1], NEW_TOKENS, method=method, depth=depth))
+    reseeded = engine.generate(
+        Request(prompts[1], NEW_TOKENS, method=method, depth=depth, sampler=Sampler(1.0, 0.9, 40, seed=8))
+    )
+    assert first.tokens != greedy.tokens
+    assert first.tokens != reseeded.tokens
+
+
+def test_sampled_draft_accepts_by_match(engine, prompts):
+    """With a temperature, acceptance is lower than greedy's but the draft still helps."""
+    sampled = engine.generate(Request(prompts[0], 48, method="draft", depth=3, sampler=SAMPLED))
+    greedy = engine.generate(Request(prompts[0], 48, method="draft", depth=3))
+    assert 0 < _acceptance(sampled) < _acceptance(greedy)
+
+
+def test_draft_and_verify_truncate_alike(engine, prompts):
+    """top_k=1 leaves only the argmax: if draft and verify both apply the sampler's truncation,
+    sampling then behaves exactly like greedy decoding, round by round."""
+    greedy = engine.generate(Request(prompts[0], NEW_TOKENS, method="draft", depth=3))
+    truncated = Sampler(temperature=1.0, top_k=1, seed=3)
+    gen = engine.generate(Request(prompts[0], NEW_TOKENS, method="draft", depth=3, sampler=truncated))
+    assert gen.tokens == greedy.tokens
+    assert [r.accepted for r in gen.rounds] == [r.accepted for r in greedy.rounds]
+
+
+def test_reference_arms_are_lossless(engine, prompts):
+    baseline = engine.generate(Request(prompts[0], NEW_TOKENS)).tokens
+    speculative = "ref-draft" if "ref-draft" in engine.methods else "ref-ngram"
+    for method, depth in (("ref-baseline", 0), (speculative, 3)):
+        request = Request(prompts[0], NEW_TOKENS, method=method, depth=depth)
+        gen = engine.generate(request)
+        assert gen.tokens == baseline
+        _check_accounting(gen, request)
+
+
+def test_verify_cost(engine):
+    costs = engine.verify_cost(64, max_rows=4, repeats=3)
+    assert len(costs) == 4
+    assert all(0 < c < 1 for c in costs)
+
+
+def test_versions(engine):
+    versions = engine.versions()
+    expected = {"mlx": {"mlx", "mlx-lm"}, "llama.cpp": {"llama-cpp-python", "llama.cpp", "llama.cpp.commit"}}
+    assert expected[engine.name] <= versions.keys()
+    assert all(versions.values())
+
+
+def test_tokenize_agrees(tiny_models):
+    tokens = set()
+    for name in NAMES:
+        engine = make_engine(name)
+        engine.load(_paths(tiny_models, name, "target"))
+        tokens.add(engine.tokenize(PROMPTS[0]))
+    assert len(tokens) == 1
+
+
+BAD_REQUESTS = [
+    ({"method": "medusa"}, r"unknown method 'medusa'"),
+    ({"method": "mtp", "depth": 1}, r"does not support method 'mtp'"),
+    ({"method": "draft", "depth": 0}, r"depth from 1 to 16, got 0"),
+    ({"method": "ngram", "depth": MAX_DEPTH + 1}, r"depth from 1 to 16, got 17"),
+    ({"method": "baseline", "depth": 2}, r"'baseline' takes depth 0, got 2"),
+    ({"method": "ngram", "depth": 2, "ngram_min": 3, "ngram_max": 2}, r"ngram_min <= ngram_max"),
+    ({"prompt_tokens": ()}, r"prompt is empty"),
+    ({"prompt_tokens": (1, 100_000)}, r"outside the vocabulary of 512: \[100000\]"),
+    ({"max_new_tokens": 0}, r"max_new_tokens must be at least 1"),
+    ({"sampler": Sampler(temperature=-1.0)}, r"bad sampler"),
+    ({"sampler": Sampler(temperature=1.0, top_p=0.0)}, r"bad sampler"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_REQUESTS)
+def test_bad_requests(engine, change, message):
+    request = Request(**{"prompt_tokens": (1, 2, 3), "max_new_tokens": 4, **change})
+    with pytest.raises(EngineError, match=message):
+        engine.generate(request)
+
+
+def test_reference_arm_of_the_other_library_is_refused(engine):
+    missing = "ref-ngram" if engine.name == "mlx" else "ref-draft"
+    with pytest.raises(EngineError, match=f"does not support method '{missing}'"):
+        engine.generate(Request((1, 2, 3), 4, method=missing, depth=2))
+
+
+def test_draft_method_needs_a_draft(tiny_models):
+    for name in NAMES:
+        engine = make_engine(name)
+        engine.load(_paths(tiny_models, name, "target"))
+        with pytest.raises(EngineError, match=r"'draft' needs a draft model"):
+            engine.generate(Request((1, 2, 3), 4, method="draft", depth=2))
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_models, others):
+    for name in NAMES:
+        with pytest.raises(EngineError, match="another vocabulary"):
+            make_engine(name).load(_paths(tiny_models, name, "target"), _other(others, "foreign", name))
+
+
+def test_generate_before_load_is_refused():
+    for name in NAMES:
+        with pytest.raises(EngineError, match="no model loaded"):
+            make_engine(name).generate(Request((1,), 1))
+
+
+def test_llamacpp_context_overflow_is_refused(tiny_models):
+    engine = make_engine("llama.cpp", n_ctx=64)
+    engine.load(str(tiny_models.gguf_target))
+    with pytest.raises(EngineError, match="the context has 64"):
+        engine.generate(Request((1, 2, 3), 100))
+
+
+@pytest.mark.parametrize(
+    "context,n_min,n_max,depth,expected",
+    [
+        ([1, 2, 3, 9, 1, 2, 3], 1, 3, 2, [9, 1]),  # longest suffix first
+        ([1, 2, 5, 1, 2, 6, 1, 2], 1, 2, 2, [6, 1]),  # most recent match wins
+        ([7, 1, 2, 3, 4, 7], 1, 3, 3, [1, 2, 3]),  # falls back to shorter suffixes
+        ([7, 1, 2, 3, 4, 7], 2, 3, 3, []),  # ...but not below n_min
+        ([4, 4, 4], 1, 3, 5, [4]),  # a match overlapping the suffix is followed by one token
+        ([5, 5, 5, 5, 5, 5], 1, 2, 3, [5, 5, 5]),  # in a loop, an earlier match gives a full draft
+        ([1, 8, 9, 1, 8, 1], 1, 1, 3, [8, 9, 1]),  # the most recent match with a full draft
+        ([1, 8, 2, 1, 8, 9, 1], 1, 1, 10, [8, 2, 1, 8, 9, 1]),  # the longest when none is full
+        ([1, 2, 3], 1, 3, 2, []),  # nothing repeats
+    ],
+)
+def test_ngram_propose(context, n_min, n_max, depth, expected):
+    assert ngram_propose(context, n_min, n_max, depth) == expected
