@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.engines.base import Engine, Request, Sampler
+from agent.engines.base import VERIFY_COST, Engine, Request, Sampler
 from agent.summary import relative_spread, summarise
 
 WARMUP_AGREEMENT = 0.10  # two consecutive warm-up runs within 10% of each other count as steady
@@ -95,4 +95,24 @@ def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
                     fields["lossless"] = gen.tokens == reference[pid]
                 emit(fields)
                 emitted += 1
+    if spec.get("verify_cost"):
+        emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted
+
+
+def verify_cost_runs(spec: dict, engine: Engine, params: dict[str, str], emit: Callable[[dict], None]) -> int:
+    """One run per context depth: the target's forward time for 1..M query rows, and T(M)/T(1),
+    the curve that decides whether verifying K drafted tokens can be cheaper than K decodes."""
+    vc = spec["verify_cost"]
+    for context in vc["context_tokens"]:
+        started = time.time()
+        seconds = engine.verify_cost(context, vc["max_rows"], vc["repeats"])
+        metrics = {f"rows_{m}_seconds": t for m, t in enumerate(seconds, start=1)}
+        metrics.update({f"rows_{m}_ratio": t / seconds[0] for m, t in enumerate(seconds, start=1)})
+        emit(dict(engine=spec["engine"], method=VERIFY_COST, depth=0, prompt_id=f"context-{context}", repeat=0,
+                  position=0, prompt_tokens=context, generated_tokens=0, prefill_seconds=0.0, ttft_seconds=0.0,
+                  decode_seconds=0.0, wall_seconds=time.time() - started, decode_tokens_per_second=0.0,
+                  prefill_tokens_per_second=0.0, peak_memory_bytes=0, output_sha256="",
+                  started_at_unix_seconds=started, metrics=metrics,
+                  params={**params, "verify_cost.repeats": str(vc["repeats"])}))
+    return len(vc["context_tokens"])

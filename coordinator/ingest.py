@@ -6,9 +6,10 @@ import json
 import math
 import time
 
+from agent.engines import ENGINES
+from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, VERIFY_COST
 from coordinator.scheduler import Scheduler
 from coordinator.store import next_seq
-from coordinator.sweeps import ENGINES, MAX_DEPTH, SPECULATIVE_METHODS
 
 MAX_MAP_ENTRIES = 256
 MAX_STRING_CHARS = 4096
@@ -34,7 +35,7 @@ def validate(run) -> None:
         problems.append("run_id must be 1-128 characters")
     if run.engine not in ENGINES:
         problems.append(f"engine {run.engine!r} is not one of {', '.join(ENGINES)}")
-    if run.method not in ("baseline", *SPECULATIVE_METHODS):
+    if run.method not in (*METHODS, *REFERENCE_METHODS, VERIFY_COST):
         problems.append(f"method {run.method!r} is unknown")
     bounded("depth", run.depth, 0, MAX_DEPTH)
     for name in ("prompt_tokens", "generated_tokens"):

@@ -17,14 +17,16 @@ from typing import Any
 
 import yaml
 
-ENGINES = ("mlx", "llama.cpp")
-SPECULATIVE_METHODS = ("draft", "ngram", "mtp")
-MAX_DEPTH = 16
+from agent.engines import ENGINE_METHODS, ENGINES
+from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIVE_METHODS
+
+ARM_METHODS = tuple(m for m in METHODS + REFERENCE_METHODS if m != "baseline")  # baseline is always an arm
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 TOP_KEYS = {
-    "name", "target", "models", "engines", "samplers", "prompt_sets", "methods", "ngram",
+    "name", "target", "models", "engines", "samplers", "prompt_sets", "methods", "ngram", "verify_cost",
     "max_new_tokens", "warmup", "repeats", "max_attempts", "deadline_seconds",
 }
+VERIFY_COST_KEYS = {"context_tokens", "max_rows", "repeats"}
 TARGET_KEYS = {"chips", "chip_families", "min_memory_gb", "labels", "agents"}
 SAMPLER_KEYS = {"temperature", "top_p", "top_k", "seed"}
 MAX_YAML_BYTES = 256 * 1024
@@ -50,6 +52,7 @@ class Sweep:
     prompt_sets: list[str]
     arms: list[dict[str, Any]]
     ngram: dict[str, int]
+    verify_cost: dict[str, Any] | None
     max_new_tokens: int
     warmup: int
     repeats: int
@@ -66,8 +69,9 @@ class Sweep:
                 "sampler": sampler,
                 "prompt_set": ps,
                 "prompts": sets[ps],
-                "arms": self.arms,
+                "arms": [a for a in self.arms if a["method"] in ENGINE_METHODS[engine]],
                 "ngram": self.ngram,
+                "verify_cost": self.verify_cost,
                 "max_new_tokens": self.max_new_tokens,
                 "warmup": self.warmup,
                 "repeats": self.repeats,
@@ -151,6 +155,7 @@ def parse_sweep(text: str) -> Sweep:
             c.fail("engines", f"unknown engine {e!r} (known: {', '.join(ENGINES)})")
     if len(set(engines)) != len(engines):
         c.fail("engines", "lists an engine twice")
+    known_engines = [e for e in engines if e in ENGINES]
 
     methods = doc.get("methods") or {}
     arms = [{"method": "baseline", "depth": 0}]
@@ -160,14 +165,19 @@ def parse_sweep(text: str) -> Sweep:
     for method, depths in methods.items():
         if method == "baseline":
             continue
-        if method not in SPECULATIVE_METHODS:
-            c.fail(f"methods.{method}", f"unknown method (known: baseline, {', '.join(SPECULATIVE_METHODS)})")
+        if method not in ARM_METHODS:
+            c.fail(f"methods.{method}", f"unknown method (known: baseline, {', '.join(ARM_METHODS)})")
+            continue
+        if known_engines and not any(method in ENGINE_METHODS[e] for e in known_engines):
+            c.fail(f"methods.{method}", f"not supported by {', '.join(known_engines)} (supported: "
+                   + "; ".join(f"{e}: {', '.join(ENGINE_METHODS[e])}" for e in known_engines) + ")")
             continue
         if not isinstance(depths, list) or not depths:
-            c.fail(f"methods.{method}", "must be a non-empty list of draft depths")
+            c.fail(f"methods.{method}", "must be a non-empty list of draft depths ([0] for ref-baseline)")
             continue
+        lo, hi = (1, MAX_DEPTH) if method in SPECULATIVE_METHODS else (0, 0)
         for i, d in enumerate(depths):
-            if c.number(f"methods.{method}[{i}]", d, 1, MAX_DEPTH, integer=True) is not None:
+            if c.number(f"methods.{method}[{i}]", d, lo, hi, integer=True) is not None:
                 arms.append({"method": method, "depth": d})
     if len({(a["method"], a["depth"]) for a in arms}) != len(arms):
         c.fail("methods", "lists a depth twice for one method")
@@ -178,13 +188,13 @@ def parse_sweep(text: str) -> Sweep:
         models = {}
     c.unknown_keys("models.", models, set(ENGINES))
     clean_models = {}
-    for e in (e for e in engines if e in ENGINES):  # unknown engines were reported above
+    for e in known_engines:
         m = models.get(e)
         if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
             c.fail(f"models.{e}.target", "is required for every engine in engines")
             continue
         c.unknown_keys(f"models.{e}.", m, {"target", "draft"})
-        if "draft" in methods and not isinstance(m.get("draft"), str):
+        if {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
             c.fail(f"models.{e}.draft", "is required when methods include draft")
         clean_models[e] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
 
@@ -223,6 +233,24 @@ def parse_sweep(text: str) -> Sweep:
     if n_min > n_max:
         c.fail("ngram", f"n_min ({n_min}) must not exceed n_max ({n_max})")
 
+    verify_cost = doc.get("verify_cost")
+    if verify_cost is not None:
+        if not isinstance(verify_cost, dict):
+            c.fail("verify_cost", "must be a mapping {context_tokens, max_rows, repeats}")
+            verify_cost = {}
+        c.unknown_keys("verify_cost.", verify_cost, VERIFY_COST_KEYS)
+        depths = verify_cost.get("context_tokens", [256])
+        if not isinstance(depths, list) or not depths:
+            c.fail("verify_cost.context_tokens", "must be a non-empty list of context depths")
+            depths = []
+        verify_cost = {
+            "context_tokens": [c.number(f"verify_cost.context_tokens[{i}]", d, 0, 131072, integer=True, default=0)
+                               for i, d in enumerate(depths)],
+            "max_rows": c.number("verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True,
+                                 default=16),
+            "repeats": c.number("verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=5),
+        }
+
     sweep = Sweep(
         name=name if isinstance(name, str) else "",
         target={k: v for k, v in target.items() if k in TARGET_KEYS},
@@ -232,6 +260,7 @@ def parse_sweep(text: str) -> Sweep:
         prompt_sets=sets,
         arms=arms,
         ngram={"n_min": n_min, "n_max": n_max},
+        verify_cost=verify_cost,
         max_new_tokens=c.number("max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=128),
         warmup=c.number("warmup", doc.get("warmup"), 0, 20, integer=True, default=1),
         repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=3),

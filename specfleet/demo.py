@@ -19,6 +19,7 @@ import yaml
 
 from agent.api import AdminApi, AgentApi, channel
 from agent.credentials import CREDENTIAL_FILE, AgentIdentity
+from agent.engines.base import VERIFY_COST
 from agent.fingerprint import available_engines, fingerprint
 from coordinator.export import fetch_table
 from coordinator.server import ENDPOINTS_FILE, admin_credential
@@ -42,9 +43,11 @@ def demo_sweep(models) -> dict:
         },
         "engines": ["mlx", "llama.cpp"],
         "samplers": [{"temperature": 0.0}],
-        "prompt_sets": ["code"],
-        "methods": {"baseline": [0]},
-        "max_new_tokens": 48,
+        "prompt_sets": ["chat"],
+        # Our loops, and the libraries' own paths beside them (each engine runs the arms it has).
+        "methods": {"draft": [2, 4], "ngram": [3], "ref-baseline": [0], "ref-draft": [2], "ref-ngram": [3]},
+        "verify_cost": {"context_tokens": [128], "max_rows": 8, "repeats": 3},
+        "max_new_tokens": 64,
         "warmup": 2,
         "repeats": 3,
     }
@@ -75,8 +78,11 @@ def _enrol(address: str, admin: AdminApi, config_dir: Path) -> None:
 
 
 def summary_table(runs) -> str:
-    """Median decode tokens/s per engine and arm, paired speedup to baseline, acceptance, lossless."""
+    """Median decode tokens/s per engine and arm, paired speedup to baseline, acceptance, lossless;
+    then the verify-cost curve per engine."""
     df = runs.to_pandas()
+    curves = df[df.method == VERIFY_COST]
+    df = df[df.method != VERIFY_COST]
     df["acceptance"] = [json.loads(m).get("acceptance_rate") for m in df["metrics"]]
     per_job = df.groupby(["job_id", "engine", "method", "depth"]).agg(
         tps=("decode_tokens_per_second", "median"), acceptance=("acceptance", "mean"),
@@ -86,12 +92,18 @@ def summary_table(runs) -> str:
     rows = per_job.groupby(["engine", "method", "depth"]).agg(
         tps=("tps", "median"), speedup=("speedup", "median"), acceptance=("acceptance", "mean"),
         lossless=("lossless", "all"), runs=("runs", "sum")).reset_index()
-    lines = [f"{'engine':10} {'method':9} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
+    lines = [f"{'engine':10} {'method':12} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
              f"{'lossless':>8} {'runs':>5}"]
     for r in rows.itertuples():
         acceptance = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.2f}"  # NaN for baseline
-        lines.append(f"{r.engine:10} {r.method:9} {r.depth:>2} {r.tps:13.1f} {r.speedup:8.2f} {acceptance:>10} "
+        lines.append(f"{r.engine:10} {r.method:12} {r.depth:>2} {r.tps:13.1f} {r.speedup:8.2f} {acceptance:>10} "
                      f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}")
+    lines += [""] if len(curves) else []
+    for c in curves.itertuples():
+        metrics = json.loads(c.metrics)
+        ratios = [metrics[f"rows_{m}_ratio"] for m in range(1, 1 + sum(k.endswith("_ratio") for k in metrics))]
+        lines.append(f"verify cost, {c.engine}, {c.prompt_tokens} tokens of context: T(M)/T(1) for M = 1.."
+                     f"{len(ratios)}: " + " ".join(f"{r:.2f}" for r in ratios))
     return "\n".join(lines)
 
 

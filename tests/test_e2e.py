@@ -13,7 +13,7 @@ from tests.processes import cli, spawn, start_coordinator, stop, wait_for_sweep
 
 pytestmark = pytest.mark.slow
 
-METHODS = {"baseline": [0]}
+METHODS = {"draft": [2], "ngram": [3]}
 PROMPTS_IN_CODE_SET = 2
 REPEATS = 2
 
@@ -73,10 +73,16 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
                        " lossless, params, metrics FROM runs").fetchall()
     jobs = con.execute("SELECT state, attempt FROM jobs").fetchall()
     con.close()
-    arms = sum(len(d) for d in METHODS.values())
+    arms = 1 + sum(len(d) for d in METHODS.values())
     assert len(runs) == 2 * arms * PROMPTS_IN_CODE_SET * REPEATS
-    assert {r[0] for r in runs} == {"mlx", "llama.cpp"}
+    assert {(r[0], r[1], r[2]) for r in runs} == {(e, m, d) for e in ("mlx", "llama.cpp")
+                                                  for m, d in [("baseline", 0), ("draft", 2), ("ngram", 3)]}
     assert all(r[4] > 0 and r[5] == 24 and r[6] is True for r in runs)
+    for r in runs:
+        metrics = json.loads(r[8])
+        if r[1] != "baseline":
+            assert 0 <= metrics["tokens_accepted"] <= metrics["tokens_drafted"]
+            assert metrics["rounds"] + metrics["tokens_accepted"] + 1 == r[5]
     params = json.loads(runs[0][7])
     assert float(params["load_seconds"]) > 0 and params["prompt_set"] == "code"
     assert jobs == [("done", 1), ("done", 1)]

@@ -31,6 +31,13 @@ def yaml_of(**changes):
     (yaml_of(models={"mlx": {"target": "/m/t", "weights": "x"}}), "models.mlx.weights: unknown field"),
     (yaml_of(models={"mlx": {"target": "/m/t"}}, methods={"draft": [2]}), "models.mlx.draft: is required"),
     (yaml_of(methods={"medusa": [2]}), "methods.medusa: unknown method"),
+    (yaml_of(methods={"mtp": [1]}), "methods.mtp: not supported by mlx"),
+    (yaml_of(methods={"ref-ngram": [3]}), "methods.ref-ngram: not supported by mlx"),
+    (yaml_of(methods={"ref-baseline": [2]}), "methods.ref-baseline[0]: must be between 0 and 0"),
+    (yaml_of(verify_cost={"context_tokens": [-1]}), "verify_cost.context_tokens[0]: must be between 0"),
+    (yaml_of(verify_cost={"max_rows": 100}), "verify_cost.max_rows: must be between 1 and 64"),
+    (yaml_of(verify_cost={"rows": 8}), "verify_cost.rows: unknown field"),
+    (yaml_of(verify_cost=[128]), "verify_cost: must be a mapping"),
     (yaml_of(methods={"draft": [0]}), "methods.draft[0]: must be between 1 and 16"),
     (yaml_of(methods={"draft": [99]}), "methods.draft[0]: must be between 1 and 16"),
     (yaml_of(methods={"draft": ["two"]}), "methods.draft[0]: must be an integer"),
@@ -69,6 +76,18 @@ def test_a_good_sweep_expands_into_cells_with_baseline_first():
     assert cells[0]["arms"] == [{"method": "baseline", "depth": 0}, {"method": "draft", "depth": 2}]
     assert cells[0]["prompts"] and all(p["text"] for p in cells[0]["prompts"])
     assert cells[0]["sampler"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+
+
+def test_each_engine_gets_only_the_arms_it_has():
+    sweep = parse_sweep(yaml_of(engines=["mlx", "llama.cpp"],
+                                models={"mlx": {"target": "/t", "draft": "/d"},
+                                        "llama.cpp": {"target": "/t.gguf", "draft": "/d.gguf"}},
+                                methods={"ref-draft": [2], "ref-ngram": [3], "ngram": [3]},
+                                verify_cost={"context_tokens": [64, 256]}))
+    arms = {c["engine"]: [(a["method"], a["depth"]) for a in c["arms"]] for c in sweep.cells()}
+    assert arms["mlx"] == [("baseline", 0), ("ngram", 3), ("ref-draft", 2)]
+    assert arms["llama.cpp"] == [("baseline", 0), ("ngram", 3), ("ref-ngram", 3)]
+    assert sweep.cells()[0]["verify_cost"] == {"context_tokens": [64, 256], "max_rows": 16, "repeats": 5}
 
 
 @pytest.mark.parametrize("target, matches", [

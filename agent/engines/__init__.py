@@ -12,6 +12,12 @@ ENGINES = {
     "mlx": "mlx:MlxEngine",
     "llama.cpp": "llamacpp:LlamaCppEngine",
 }
+# What each engine's generate() accepts. Kept here, not only on the classes, so that the
+# coordinator can check a sweep without importing mlx or llama.cpp.
+ENGINE_METHODS = {
+    "mlx": ("baseline", "draft", "ngram", "ref-baseline", "ref-draft"),
+    "llama.cpp": ("baseline", "draft", "ngram", "ref-baseline", "ref-ngram"),
+}
 
 
 def make_engine(name: str, **options) -> Engine:

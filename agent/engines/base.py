@@ -19,6 +19,9 @@ METHODS = ("baseline", "draft", "ngram", "mtp")
 # engine lists the ones it has in `Engine.methods`.
 REFERENCE_METHODS = ("ref-baseline", "ref-draft", "ref-ngram")
 SPECULATIVE_METHODS = ("draft", "ngram", "mtp", "ref-draft", "ref-ngram")
+# Not a generation method: the job step that times target forward passes of 1..M query rows
+# (Engine.verify_cost); its runs carry this method name.
+VERIFY_COST = "verify-cost"
 MAX_DEPTH = 16
 
 

@@ -23,6 +23,7 @@ import llama_cpp as ll
 from llama_cpp import Llama  # imported before our log callback is set: importing it sets its own
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+from . import ENGINE_METHODS
 from .base import EngineError, Generation, Request, Round, Sampler, ngram_propose, validate
 
 GPU_LAYERS_ALL = 0x7FFFFFFF  # offload every layer (Metal on a Mac); ignored by CPU-only builds
@@ -186,7 +187,7 @@ class _DraftModel:
 
 class LlamaCppEngine:
     name = "llama.cpp"
-    methods = ("baseline", "draft", "ngram", "ref-baseline", "ref-ngram")
+    methods = ENGINE_METHODS["llama.cpp"]
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from mlx_lm.generate import generation_stream, stream_generate, wired_limit
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from . import ENGINE_METHODS
 from .base import EngineError, Generation, Request, Round, Sampler, ngram_propose, validate
 
 PREFILL_STEP_TOKENS = 2048  # mlx_lm.generate_step's default: bounds prefill memory on long prompts
@@ -94,7 +95,7 @@ class _DraftModel:
 
 class MlxEngine:
     name = "mlx"
-    methods = ("baseline", "draft", "ngram", "ref-baseline", "ref-draft")
+    methods = ENGINE_METHODS["mlx"]
 
     def __init__(self) -> None:
         self._model = self._tokenizer = self._draft = None
