@@ -46,3 +46,47 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
     assert db.execute("SELECT count(*) FROM agents").fetchone()[0] == 1
     assert db.execute("SELECT count(*) FROM sweeps WHERE state = 'done'").fetchone()[0] == 2
     db.close()
+
+
+def test_demo_serves_the_dashboard_and_stops_everything_on_ctrl_c(tmp_path):
+    import json
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:  # a free port for the dashboard
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "specfleet.cli", "demo", "--data-dir", str(tmp_path),
+                             "--dashboard-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("dashboard: "):
+            break
+    assert lines and lines[-1].startswith("dashboard: "), "".join(lines)
+    endpoints = json.loads((tmp_path / "coordinator" / "coordinator.json").read_text())
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            health = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5).read()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the dashboard did not come up"
+            time.sleep(0.5)
+    assert health == b"ok"
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read().decode()
+    assert "<title>" in page
+
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[0]
+    assert "demo stopped" in rest
+    with pytest.raises(ProcessLookupError):  # the coordinator process is gone too
+        for _ in range(50):
+            os.kill(endpoints["pid"], 0)
+            time.sleep(0.1)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
