@@ -9,6 +9,7 @@ demo: setup
 
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest $(ARGS)
 
 protos: setup

@@ -31,21 +31,30 @@ class AgentApi:
         self._stub = pb_grpc.AgentServiceStub(chan)
         self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
 
-    def enrol(self, token: str, name: str, fingerprint: pb.Fingerprint, labels: dict[str, str],
-              engines: list[str]) -> pb.EnrolResponse:
-        return self._stub.Enrol(pb.EnrolRequest(token=token, name=name, fingerprint=fingerprint,
-                                                labels=labels, engines=engines), timeout=CALL_TIMEOUT_SECONDS)
+    def enrol(
+        self, token: str, name: str, fingerprint: pb.Fingerprint, labels: dict[str, str], engines: list[str]
+    ) -> pb.EnrolResponse:
+        return self._stub.Enrol(
+            pb.EnrolRequest(token=token, name=name, fingerprint=fingerprint, labels=labels, engines=engines),
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
 
-    def heartbeat(self, job_id: str = "", lease_id: str = "", status: str = "",
-                  fingerprint: pb.Fingerprint | None = None) -> pb.HeartbeatResponse:
-        return self._stub.Heartbeat(pb.HeartbeatRequest(job_id=job_id, lease_id=lease_id, status=status,
-                                                        fingerprint=fingerprint),
-                                    metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS)
+    def heartbeat(
+        self, job_id: str = "", lease_id: str = "", status: str = "", fingerprint: pb.Fingerprint | None = None
+    ) -> pb.HeartbeatResponse:
+        return self._stub.Heartbeat(
+            pb.HeartbeatRequest(job_id=job_id, lease_id=lease_id, status=status, fingerprint=fingerprint),
+            metadata=self._metadata,
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
 
     def acquire_job(self, wait_seconds: float, stop: threading.Event | None = None) -> pb.AcquireJobResponse:
         """Long-poll for a job; `stop` cancels the wait (raising InterruptedError)."""
-        future = self._stub.AcquireJob.future(pb.AcquireJobRequest(wait_seconds=wait_seconds),
-                                              metadata=self._metadata, timeout=wait_seconds + CALL_TIMEOUT_SECONDS)
+        future = self._stub.AcquireJob.future(
+            pb.AcquireJobRequest(wait_seconds=wait_seconds),
+            metadata=self._metadata,
+            timeout=wait_seconds + CALL_TIMEOUT_SECONDS,
+        )
         while stop is not None and not future.done():
             if stop.wait(0.2):
                 future.cancel()
@@ -53,16 +62,25 @@ class AgentApi:
         return future.result()
 
     def report_result(self, job_id: str, lease_id: str, run: pb.Run) -> pb.ReportResultResponse:
-        return self._stub.ReportResult(pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, run=run),
-                                       metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS)
+        return self._stub.ReportResult(
+            pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, run=run),
+            metadata=self._metadata,
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
 
     def complete_job(self, job_id: str, lease_id: str, run_count: int) -> pb.CompleteJobResponse:
-        return self._stub.CompleteJob(pb.CompleteJobRequest(job_id=job_id, lease_id=lease_id, run_count=run_count),
-                                      metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS)
+        return self._stub.CompleteJob(
+            pb.CompleteJobRequest(job_id=job_id, lease_id=lease_id, run_count=run_count),
+            metadata=self._metadata,
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
 
     def fail_job(self, job_id: str, lease_id: str, reason: str, refused: bool = False) -> pb.FailJobResponse:
-        return self._stub.FailJob(pb.FailJobRequest(job_id=job_id, lease_id=lease_id, reason=reason, refused=refused),
-                                  metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS)
+        return self._stub.FailJob(
+            pb.FailJobRequest(job_id=job_id, lease_id=lease_id, reason=reason, refused=refused),
+            metadata=self._metadata,
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
 
 
 class AdminApi:

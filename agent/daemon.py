@@ -62,8 +62,9 @@ class Agent:
             with self._lock:
                 job_id, lease_id, status = self.state.job_id, self.state.lease_id, self.state.status
             try:
-                resp = retry.call(lambda: self.api.heartbeat(job_id, lease_id, status, fp),
-                                  retry.HEARTBEAT, "heartbeat", self.stop)
+                resp = retry.call(
+                    lambda: self.api.heartbeat(job_id, lease_id, status, fp), retry.HEARTBEAT, "heartbeat", self.stop
+                )
                 fp = None
                 with self._lock:
                     self.state.last_contact = time.time()
@@ -101,8 +102,12 @@ class Agent:
         done = 0
         for item in self.spool.items():
             try:
-                retry.call(lambda: self.api.report_result(item.job_id, item.lease_id, item.run),
-                           retry.UPLOAD, f"upload {item.run.run_id}", self.stop)
+                retry.call(
+                    lambda: self.api.report_result(item.job_id, item.lease_id, item.run),
+                    retry.UPLOAD,
+                    f"upload {item.run.run_id}",
+                    self.stop,
+                )
                 self.spool.ack(item)
                 done += 1
             except grpc.RpcError as e:
@@ -126,16 +131,20 @@ class Agent:
         workdir = self.config_dir / "jobs" / job.job_id
         workdir.mkdir(parents=True, exist_ok=True)
         job_file = workdir / "job.json"
-        job_file.write_text(json.dumps({"job_id": job.job_id, "lease_id": job.lease_id, "attempt": job.attempt,
-                                        "spec": spec}))
+        job_file.write_text(
+            json.dumps({"job_id": job.job_id, "lease_id": job.lease_id, "attempt": job.attempt, "spec": spec})
+        )
         with self._lock:
             self.state.job_id, self.state.lease_id, self.state.lease_lost = job.job_id, job.lease_id, False
             self.state.status = f"running {job.job_id} ({spec['engine']})"
         log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec["engine"], spec["model"]["target"])
         out_path, err_path = workdir / "worker.out", workdir / "worker.err"
         with open(out_path, "w") as out, open(err_path, "w") as err:
-            self._worker = subprocess.Popen([sys.executable, "-m", "agent.worker", str(job_file),
-                                             str(self.spool.pending.parent)], stdout=out, stderr=err)
+            self._worker = subprocess.Popen(
+                [sys.executable, "-m", "agent.worker", str(job_file), str(self.spool.pending.parent)],
+                stdout=out,
+                stderr=err,
+            )
             deadline = time.monotonic() + spec.get("deadline_seconds", 3600)
             while self._worker.poll() is None:
                 self._spooled.set()  # let the uploader take runs as they are measured
@@ -160,8 +169,12 @@ class Agent:
             return
         if code == 0:
             runs = json.loads(out_path.read_text().strip().splitlines()[-1])["runs"]
-            retry.call(lambda: self.api.complete_job(job.job_id, job.lease_id, runs), retry.JOB_STATE,
-                       f"complete {job.job_id}", self.stop)
+            retry.call(
+                lambda: self.api.complete_job(job.job_id, job.lease_id, runs),
+                retry.JOB_STATE,
+                f"complete {job.job_id}",
+                self.stop,
+            )
             log.info("job %s done: %d runs", job.job_id, runs)
             return
         if self.stop.is_set():
@@ -174,14 +187,20 @@ class Agent:
             reason = f"worker exited with status {code}"
         tail = err_path.read_text()[-WORKER_OUTPUT_TAIL_CHARS:].strip()
         reason = f"{reason}: {tail}" if tail else reason
-        resp = retry.call(lambda: self.api.fail_job(job.job_id, job.lease_id, reason), retry.JOB_STATE,
-                          f"fail {job.job_id}", None)
+        resp = retry.call(
+            lambda: self.api.fail_job(job.job_id, job.lease_id, reason), retry.JOB_STATE, f"fail {job.job_id}", None
+        )
         log.error("job %s failed (%s): %s", job.job_id, "will retry" if resp.will_retry else "final", reason)
 
     def _write_status(self) -> None:
         with self._lock:
-            status = {"agent": self.identity.name, "job_id": self.state.job_id, "status": self.state.status,
-                      "spool_depth": self.spool.depth(), "last_contact_unix_seconds": self.state.last_contact}
+            status = {
+                "agent": self.identity.name,
+                "job_id": self.state.job_id,
+                "status": self.state.status,
+                "spool_depth": self.spool.depth(),
+                "last_contact_unix_seconds": self.state.last_contact,
+            }
         tmp = self.config_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status))
         tmp.replace(self.config_dir / "status.json")
@@ -189,8 +208,10 @@ class Agent:
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> int:
-        threads = [threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
-                   threading.Thread(target=self._upload_loop, name="uploader", daemon=True)]
+        threads = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._upload_loop, name="uploader", daemon=True),
+        ]
         for t in threads:
             t.start()
         log.info("agent %s polling %s", self.identity.name, self.identity.coordinator)
@@ -204,8 +225,12 @@ class Agent:
                 with self._lock:
                     self.state.status = "waiting for a job"
                 try:
-                    resp = retry.call(lambda: self.api.acquire_job(POLL_WAIT_SECONDS, self.stop), retry.JOB_STATE,
-                                      "acquire", self.stop)
+                    resp = retry.call(
+                        lambda: self.api.acquire_job(POLL_WAIT_SECONDS, self.stop),
+                        retry.JOB_STATE,
+                        "acquire",
+                        self.stop,
+                    )
                 except InterruptedError:
                     break
                 if resp.has_job:

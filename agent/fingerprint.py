@@ -19,21 +19,36 @@ from protos.specfleet.v1 import fleet_pb2 as pb
 
 # Memory bandwidth in GB/s by chip and GPU-core bin, from Apple's published specifications.
 BANDWIDTH_GBPS = {
-    ("Apple M1", 7): 68.25, ("Apple M1", 8): 68.25,
-    ("Apple M1 Pro", 14): 200, ("Apple M1 Pro", 16): 200,
-    ("Apple M1 Max", 24): 400, ("Apple M1 Max", 32): 400,
-    ("Apple M1 Ultra", 48): 800, ("Apple M1 Ultra", 64): 800,
-    ("Apple M2", 8): 100, ("Apple M2", 10): 100,
-    ("Apple M2 Pro", 16): 200, ("Apple M2 Pro", 19): 200,
-    ("Apple M2 Max", 30): 400, ("Apple M2 Max", 38): 400,
-    ("Apple M2 Ultra", 60): 800, ("Apple M2 Ultra", 76): 800,
-    ("Apple M3", 8): 100, ("Apple M3", 10): 100,
-    ("Apple M3 Pro", 14): 150, ("Apple M3 Pro", 18): 150,
-    ("Apple M3 Max", 30): 300, ("Apple M3 Max", 40): 400,
-    ("Apple M3 Ultra", 60): 819, ("Apple M3 Ultra", 80): 819,
-    ("Apple M4", 8): 120, ("Apple M4", 10): 120,
-    ("Apple M4 Pro", 16): 273, ("Apple M4 Pro", 20): 273,
-    ("Apple M4 Max", 32): 410, ("Apple M4 Max", 40): 546,
+    ("Apple M1", 7): 68.25,
+    ("Apple M1", 8): 68.25,
+    ("Apple M1 Pro", 14): 200,
+    ("Apple M1 Pro", 16): 200,
+    ("Apple M1 Max", 24): 400,
+    ("Apple M1 Max", 32): 400,
+    ("Apple M1 Ultra", 48): 800,
+    ("Apple M1 Ultra", 64): 800,
+    ("Apple M2", 8): 100,
+    ("Apple M2", 10): 100,
+    ("Apple M2 Pro", 16): 200,
+    ("Apple M2 Pro", 19): 200,
+    ("Apple M2 Max", 30): 400,
+    ("Apple M2 Max", 38): 400,
+    ("Apple M2 Ultra", 60): 800,
+    ("Apple M2 Ultra", 76): 800,
+    ("Apple M3", 8): 100,
+    ("Apple M3", 10): 100,
+    ("Apple M3 Pro", 14): 150,
+    ("Apple M3 Pro", 18): 150,
+    ("Apple M3 Max", 30): 300,
+    ("Apple M3 Max", 40): 400,
+    ("Apple M3 Ultra", 60): 819,
+    ("Apple M3 Ultra", 80): 819,
+    ("Apple M4", 8): 120,
+    ("Apple M4", 10): 120,
+    ("Apple M4 Pro", 16): 273,
+    ("Apple M4 Pro", 20): 273,
+    ("Apple M4 Max", 32): 410,
+    ("Apple M4 Max", 40): 546,
     ("Apple M5", 10): 153,
 }
 
@@ -102,8 +117,7 @@ def available_engines() -> list[str]:
 
 
 def fingerprint() -> pb.Fingerprint:
-    fp = pb.Fingerprint(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0,
-                        engine_versions=engine_versions())
+    fp = pb.Fingerprint(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, engine_versions=engine_versions())
     if sys.platform == "darwin":
         _macos(fp)
     else:
@@ -114,8 +128,13 @@ def fingerprint() -> pb.Fingerprint:
 def _macos(fp: pb.Fingerprint) -> None:
     fp.os = "macos"
     fp.os_version = (_run(["sw_vers", "-productVersion"]) or "").strip()
-    keys = ["machdep.cpu.brand_string", "hw.memsize", "hw.model", "hw.perflevel0.physicalcpu",
-            "hw.perflevel1.physicalcpu"]
+    keys = [
+        "machdep.cpu.brand_string",
+        "hw.memsize",
+        "hw.model",
+        "hw.perflevel0.physicalcpu",
+        "hw.perflevel1.physicalcpu",
+    ]
     values = parse_sysctl(_run(["sysctl", *keys]) or "")
     fp.chip = values.get("machdep.cpu.brand_string", "")
     fp.memory_bytes = int(values.get("hw.memsize", 0) or 0)
@@ -126,9 +145,14 @@ def _macos(fp: pb.Fingerprint) -> None:
     bandwidth = BANDWIDTH_GBPS.get((fp.chip, fp.gpu_cores))
     if bandwidth:
         fp.memory_bandwidth_bytes_per_second = bandwidth * 1e9
-    for name, missing in [("os_version", not fp.os_version), ("chip", not fp.chip), ("memory", not fp.memory_bytes),
-                          ("model_identifier", not fp.model_identifier), ("gpu_cores", not fp.gpu_cores),
-                          ("memory_bandwidth", not bandwidth)]:
+    for name, missing in [
+        ("os_version", not fp.os_version),
+        ("chip", not fp.chip),
+        ("memory", not fp.memory_bytes),
+        ("model_identifier", not fp.model_identifier),
+        ("gpu_cores", not fp.gpu_cores),
+        ("memory_bandwidth", not bandwidth),
+    ]:
         if missing:
             fp.unavailable.append(name)
 
@@ -143,8 +167,9 @@ def _linux(fp: pb.Fingerprint) -> None:
     smi = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
     fp.gpus.extend(parse_nvidia_smi(smi or ""))
     # Apple-only readings do not exist here: say so instead of reporting zeros as facts.
-    fp.unavailable.extend(["gpu_cores", "performance_cores", "efficiency_cores", "model_identifier",
-                           "memory_bandwidth"])
+    fp.unavailable.extend(
+        ["gpu_cores", "performance_cores", "efficiency_cores", "model_identifier", "memory_bandwidth"]
+    )
     if not fp.chip:
         fp.unavailable.append("chip")
     if not fp.memory_bytes:

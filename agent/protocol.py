@@ -51,8 +51,15 @@ def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
     ngram = spec.get("ngram", {})
 
     def request(arm: Arm, tokens) -> Request:
-        return Request(prompt_tokens=tokens, max_new_tokens=max_new, method=arm.method, depth=arm.depth,
-                       sampler=sampler, ngram_min=ngram.get("n_min", 1), ngram_max=ngram.get("n_max", 3))
+        return Request(
+            prompt_tokens=tokens,
+            max_new_tokens=max_new,
+            method=arm.method,
+            depth=arm.depth,
+            sampler=sampler,
+            ngram_min=ngram.get("n_min", 1),
+            ngram_max=ngram.get("n_max", 3),
+        )
 
     # Warm-up: per arm, on the first prompt, until steady or the cap.
     warmup_runs = {}
@@ -86,10 +93,18 @@ def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
                 gen = engine.generate(request(arm, tokens))
                 fields = summarise(gen)
                 fields.update(
-                    engine=spec["engine"], method=arm.method, depth=arm.depth, prompt_id=pid, repeat=repeat,
-                    position=position, started_at_unix_seconds=started,
-                    params={**common, **{f"env.before.{k}": v for k, v in env_before.items()},
-                            **{f"env.after.{k}": v for k, v in environment().items()}},
+                    engine=spec["engine"],
+                    method=arm.method,
+                    depth=arm.depth,
+                    prompt_id=pid,
+                    repeat=repeat,
+                    position=position,
+                    started_at_unix_seconds=started,
+                    params={
+                        **common,
+                        **{f"env.before.{k}": v for k, v in env_before.items()},
+                        **{f"env.after.{k}": v for k, v in environment().items()},
+                    },
                 )
                 if sampler.greedy:
                     fields["lossless"] = gen.tokens == reference[pid]
@@ -109,10 +124,27 @@ def verify_cost_runs(spec: dict, engine: Engine, params: dict[str, str], emit: C
         seconds = engine.verify_cost(context, vc["max_rows"], vc["repeats"])
         metrics = {f"rows_{m}_seconds": t for m, t in enumerate(seconds, start=1)}
         metrics.update({f"rows_{m}_ratio": t / seconds[0] for m, t in enumerate(seconds, start=1)})
-        emit(dict(engine=spec["engine"], method=VERIFY_COST, depth=0, prompt_id=f"context-{context}", repeat=0,
-                  position=0, prompt_tokens=context, generated_tokens=0, prefill_seconds=0.0, ttft_seconds=0.0,
-                  decode_seconds=0.0, wall_seconds=time.time() - started, decode_tokens_per_second=0.0,
-                  prefill_tokens_per_second=0.0, peak_memory_bytes=0, output_sha256="",
-                  started_at_unix_seconds=started, metrics=metrics,
-                  params={**params, "verify_cost.repeats": str(vc["repeats"])}))
+        emit(
+            dict(
+                engine=spec["engine"],
+                method=VERIFY_COST,
+                depth=0,
+                prompt_id=f"context-{context}",
+                repeat=0,
+                position=0,
+                prompt_tokens=context,
+                generated_tokens=0,
+                prefill_seconds=0.0,
+                ttft_seconds=0.0,
+                decode_seconds=0.0,
+                wall_seconds=time.time() - started,
+                decode_tokens_per_second=0.0,
+                prefill_tokens_per_second=0.0,
+                peak_memory_bytes=0,
+                output_sha256="",
+                started_at_unix_seconds=started,
+                metrics=metrics,
+                params={**params, "verify_cost.repeats": str(vc["repeats"])},
+            )
+        )
     return len(vc["context_tokens"])

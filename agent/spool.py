@@ -44,8 +44,12 @@ class Spool:
         self.refused.mkdir(parents=True, exist_ok=True)
 
     def put(self, job_id: str, lease_id: str, run: pb.Run) -> Path:
-        record = {"schema": SCHEMA_VERSION, "job_id": job_id, "lease_id": lease_id,
-                  "run": json_format.MessageToDict(run)}
+        record = {
+            "schema": SCHEMA_VERSION,
+            "job_id": job_id,
+            "lease_id": lease_id,
+            "run": json_format.MessageToDict(run),
+        }
         path = self.pending / f"{run.run_id}.json"
         tmp = self.pending / f".{run.run_id}.tmp"
         with open(tmp, "w") as f:
@@ -63,8 +67,9 @@ class Spool:
             record = json.loads(path.read_text())
             if record.get("schema") != SCHEMA_VERSION:
                 raise ValueError(f"{path}: spool schema {record.get('schema')} is not {SCHEMA_VERSION}")
-            out.append(Spooled(path, record["job_id"], record["lease_id"],
-                               json_format.ParseDict(record["run"], pb.Run())))
+            out.append(
+                Spooled(path, record["job_id"], record["lease_id"], json_format.ParseDict(record["run"], pb.Run()))
+            )
         return out
 
     def depth(self) -> int:

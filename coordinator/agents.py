@@ -15,8 +15,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_LABELS = 32
 
 
-def enrol(store: Store, token: str, name: str, fingerprint: dict, labels: dict, engines: list[str],
-          now: float | None = None) -> tuple[str, str]:
+def enrol(
+    store: Store, token: str, name: str, fingerprint: dict, labels: dict, engines: list[str], now: float | None = None
+) -> tuple[str, str]:
     """Create an agent from an enrolment token; return (agent_id, credential)."""
     if not NAME_RE.match(name):
         raise ValueError(f"agent name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
@@ -34,8 +35,19 @@ def enrol(store: Store, token: str, name: str, fingerprint: dict, labels: dict, 
             raise ValueError(f"an agent named {name!r} is already enrolled: revoke it first or pick another name")
         con.execute(
             "INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'idle', '', NULL, ?, ?, ?)",
-            [agent_id, name, credential_hash, json.dumps(fingerprint), json.dumps(labels), json.dumps(engines),
-             fingerprint.get("chip", ""), int(fingerprint.get("memoryBytes", 0)), now, now, next_seq(con)],
+            [
+                agent_id,
+                name,
+                credential_hash,
+                json.dumps(fingerprint),
+                json.dumps(labels),
+                json.dumps(engines),
+                fingerprint.get("chip", ""),
+                int(fingerprint.get("memoryBytes", 0)),
+                now,
+                now,
+                next_seq(con),
+            ],
         )
     return agent_id, credential
 
@@ -46,8 +58,12 @@ def touch(store: Store, agent_id: str, status: str, fingerprint: dict | None = N
         if fingerprint:
             con.execute(
                 "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
-                [json.dumps(fingerprint), fingerprint.get("chip", ""), int(fingerprint.get("memoryBytes", 0)),
-                 agent_id],
+                [
+                    json.dumps(fingerprint),
+                    fingerprint.get("chip", ""),
+                    int(fingerprint.get("memoryBytes", 0)),
+                    agent_id,
+                ],
             )
         con.execute(
             "UPDATE agents SET last_seen = ?, status = ?, seq = ? WHERE agent_id = ?",

@@ -87,7 +87,7 @@ def _bearer(metadata) -> str:
         if key == "authorization":
             if not value.startswith("Bearer "):
                 raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer <credential>'")
-            return value[len("Bearer "):]
+            return value[len("Bearer ") :]
     raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "missing credential (authorization metadata)")
 
 

@@ -38,17 +38,22 @@ class FleetCollector:
         for state in ("queued", "leased", "done", "failed", "cancelled"):
             g.add_metric([state], dict(jobs).get(state, 0))
         yield g
-        g = GaugeMetricFamily("specfleet_sweep_progress_ratio", "Finished share of each running sweep's jobs",
-                              labels=["sweep"])
+        g = GaugeMetricFamily(
+            "specfleet_sweep_progress_ratio", "Finished share of each running sweep's jobs", labels=["sweep"]
+        )
         for name, ratio in sweeps:
             g.add_metric([name], ratio)
         yield g
-        tps = GaugeMetricFamily("specfleet_latest_decode_tokens_per_second",
-                                "Median decode tokens/s of the latest job per chip, engine, method and depth",
-                                labels=["chip", "engine", "method", "depth"])
-        speedup = GaugeMetricFamily("specfleet_latest_speedup_ratio",
-                                    "Median decode tokens/s over the same job's baseline, latest job",
-                                    labels=["chip", "engine", "method", "depth"])
+        tps = GaugeMetricFamily(
+            "specfleet_latest_decode_tokens_per_second",
+            "Median decode tokens/s of the latest job per chip, engine, method and depth",
+            labels=["chip", "engine", "method", "depth"],
+        )
+        speedup = GaugeMetricFamily(
+            "specfleet_latest_speedup_ratio",
+            "Median decode tokens/s over the same job's baseline, latest job",
+            labels=["chip", "engine", "method", "depth"],
+        )
         for chip, engine, method, depth, median_tps, ratio in latest:
             labels = [chip, engine, method, str(depth)]
             tps.add_metric(labels, median_tps)
@@ -77,12 +82,19 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
         self.runs_ingested = Counter("specfleet_runs_ingested_total", "Runs stored", registry=self.registry)
-        self.runs_duplicate = Counter("specfleet_runs_duplicate_total", "Run uploads acknowledged as duplicates",
-                                      registry=self.registry)
-        self.lease_expiries = Counter("specfleet_lease_expiries_total", "Leases that expired without a heartbeat",
-                                      registry=self.registry)
-        self.rpc_seconds = Histogram("specfleet_rpc_duration_seconds", "gRPC handling time", ["method", "code"],
-                                     buckets=RPC_BUCKETS_SECONDS, registry=self.registry)
+        self.runs_duplicate = Counter(
+            "specfleet_runs_duplicate_total", "Run uploads acknowledged as duplicates", registry=self.registry
+        )
+        self.lease_expiries = Counter(
+            "specfleet_lease_expiries_total", "Leases that expired without a heartbeat", registry=self.registry
+        )
+        self.rpc_seconds = Histogram(
+            "specfleet_rpc_duration_seconds",
+            "gRPC handling time",
+            ["method", "code"],
+            buckets=RPC_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
 
     def serve(self, host: str, port: int):
         """Start the /metrics HTTP server; returns (server, thread)."""

@@ -83,8 +83,7 @@ class Scheduler:
         sweep_id = "sw-" + uuid.uuid4().hex[:12]
         with self.store.tx() as con:
             agents = con.execute(
-                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents"
-                " WHERE state IN ('idle', 'busy')"
+                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents WHERE state IN ('idle', 'busy')"
             ).fetchall()
             jobs = []
             for agent_id, name, chip, memory_bytes, labels, engines in agents:
@@ -107,8 +106,16 @@ class Scheduler:
                 con.execute(
                     "INSERT INTO jobs (job_id, sweep_id, agent_id, spec, state, max_attempts, created_at,"
                     " updated_at, seq) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-                    ["job-" + uuid.uuid4().hex[:12], sweep_id, agent_id, json.dumps(cell), sweep.max_attempts,
-                     now, now, next_seq(con)],
+                    [
+                        "job-" + uuid.uuid4().hex[:12],
+                        sweep_id,
+                        agent_id,
+                        json.dumps(cell),
+                        sweep.max_attempts,
+                        now,
+                        now,
+                        next_seq(con),
+                    ],
                 )
         self._wake()
         return sweep_id, len(jobs)
@@ -164,8 +171,15 @@ class Scheduler:
                 return None
             job_id, sweep_id, attempt, spec = row
             lease_id = "lease-" + uuid.uuid4().hex[:12]
-            transition(con, job_id, JobState.LEASED, now, lease_id=lease_id,
-                       lease_expires_at=now + self.lease_seconds, attempt=attempt + 1)
+            transition(
+                con,
+                job_id,
+                JobState.LEASED,
+                now,
+                lease_id=lease_id,
+                lease_expires_at=now + self.lease_seconds,
+                attempt=attempt + 1,
+            )
             con.execute(
                 "UPDATE agents SET state = 'busy', current_job_id = ?, seq = ? WHERE agent_id = ?",
                 [job_id, next_seq(con), agent_id],
@@ -200,7 +214,8 @@ class Scheduler:
             stored = con.execute("SELECT count(*) FROM runs WHERE lease_id = ?", [lease_id]).fetchone()[0]
             if stored != run_count:
                 raise SchedulerError(
-                    f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first")
+                    f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first"
+                )
             transition(con, job_id, JobState.DONE, now)
             self._release_agent(con, agent_id)
             self._close_sweep_if_done(con, job_id)
@@ -237,11 +252,25 @@ class Scheduler:
             "SELECT attempt, max_attempts FROM jobs WHERE job_id = ?", [job_id]
         ).fetchone()
         if retry and attempt < max_attempts:
-            transition(con, job_id, JobState.QUEUED, now, lease_id=None, lease_expires_at=None,
-                       reason=f"attempt {attempt}: {reason}")
+            transition(
+                con,
+                job_id,
+                JobState.QUEUED,
+                now,
+                lease_id=None,
+                lease_expires_at=None,
+                reason=f"attempt {attempt}: {reason}",
+            )
             return True
-        transition(con, job_id, JobState.FAILED, now, lease_id=None, lease_expires_at=None,
-                   reason=f"attempt {attempt} of {max_attempts}: {reason}")
+        transition(
+            con,
+            job_id,
+            JobState.FAILED,
+            now,
+            lease_id=None,
+            lease_expires_at=None,
+            reason=f"attempt {attempt} of {max_attempts}: {reason}",
+        )
         self._close_sweep_if_done(con, job_id)
         return False
 

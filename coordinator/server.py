@@ -67,8 +67,10 @@ class Coordinator:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
             interceptors=[MetricsInterceptor(self.metrics), auth.AuthInterceptor(self.store)],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", 64 * 1024 * 1024)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
         )
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.scheduler, self.metrics), self.server)
         pb_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.scheduler), self.server)
@@ -100,11 +102,18 @@ class Coordinator:
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()
-        endpoints = {"grpc": f"{self.config.host}:{self.port}", "pid": os.getpid(),
-                     "metrics": f"{self.config.host}:{self.metrics_port}" if self.metrics_port else None}
+        endpoints = {
+            "grpc": f"{self.config.host}:{self.port}",
+            "pid": os.getpid(),
+            "metrics": f"{self.config.host}:{self.metrics_port}" if self.metrics_port else None,
+        }
         _write_private(self.config.data_dir / ENDPOINTS_FILE, json.dumps(endpoints))
-        log.info("coordinator serving gRPC on %s, metrics on %s, data in %s",
-                 endpoints["grpc"], endpoints["metrics"], self.store.path)
+        log.info(
+            "coordinator serving gRPC on %s, metrics on %s, data in %s",
+            endpoints["grpc"],
+            endpoints["metrics"],
+            self.store.path,
+        )
         return self
 
     def _reap(self) -> None:

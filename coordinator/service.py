@@ -23,7 +23,7 @@ EXPORT_COLUMNS = {
     "jobs": "job_id, sweep_id, agent_id, state, attempt, max_attempts, reason, created_at, updated_at, spec, seq",
     "sweeps": "sweep_id, name, state, created_at, yaml, seq",
     "agents": "agent_id, name, chip, memory_bytes, state, status, current_job_id, labels, engines, fingerprint,"
-              " enrolled_at, last_seen, seq",
+    " enrolled_at, last_seen, seq",
 }
 
 
@@ -40,16 +40,22 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     def Enrol(self, request, context):
         try:
             agent_id, credential = agents.enrol(
-                self.store, request.token, request.name, _fingerprint_dict(request.fingerprint),
-                dict(request.labels), list(request.engines),
+                self.store,
+                request.token,
+                request.name,
+                _fingerprint_dict(request.fingerprint),
+                dict(request.labels),
+                list(request.engines),
             )
         except auth.AuthError as e:
             context.abort(e.code, str(e))
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.EnrolResponse(
-            agent_id=agent_id, credential=credential,
-            heartbeat_interval_seconds=HEARTBEAT_INTERVAL_SECONDS, lease_seconds=self.scheduler.lease_seconds,
+            agent_id=agent_id,
+            credential=credential,
+            heartbeat_interval_seconds=HEARTBEAT_INTERVAL_SECONDS,
+            lease_seconds=self.scheduler.lease_seconds,
         )
 
     def Heartbeat(self, request, context):
@@ -72,10 +78,17 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         job = self.scheduler.acquire(agent_id, wait)
         if job is None:
             return pb.AcquireJobResponse(has_job=False)
-        return pb.AcquireJobResponse(has_job=True, job=pb.Job(
-            job_id=job.job_id, lease_id=job.lease_id, sweep_id=job.sweep_id, attempt=job.attempt,
-            lease_seconds=self.scheduler.lease_seconds, spec_json=json.dumps(job.spec),
-        ))
+        return pb.AcquireJobResponse(
+            has_job=True,
+            job=pb.Job(
+                job_id=job.job_id,
+                lease_id=job.lease_id,
+                sweep_id=job.sweep_id,
+                attempt=job.attempt,
+                lease_seconds=self.scheduler.lease_seconds,
+                spec_json=json.dumps(job.spec),
+            ),
+        )
 
     def ReportResult(self, request, context):
         agent_id = auth.current_agent.get()
@@ -98,8 +111,13 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     def FailJob(self, request, context):
         reason = request.reason[:2000] or "no reason given"
         try:
-            retry = self.scheduler.fail(auth.current_agent.get(), request.job_id, request.lease_id,
-                                        ("refused: " if request.refused else "") + reason, retry=not request.refused)
+            retry = self.scheduler.fail(
+                auth.current_agent.get(),
+                request.job_id,
+                request.lease_id,
+                ("refused: " if request.refused else "") + reason,
+                retry=not request.refused,
+            )
         except SchedulerError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.FailJobResponse(will_retry=retry)
@@ -127,12 +145,19 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             ).fetchall()
         out = pb.ListAgentsResponse()
         for agent_id, name, state, fp, labels, engines, last_seen, job, status in rows:
-            out.agents.append(pb.Agent(
-                agent_id=agent_id, name=name, state=state,
-                fingerprint=json_format.ParseDict(json.loads(fp), pb.Fingerprint()),
-                labels=json.loads(labels), engines=json.loads(engines), last_seen_unix_seconds=last_seen,
-                current_job_id=job or "", status=status,
-            ))
+            out.agents.append(
+                pb.Agent(
+                    agent_id=agent_id,
+                    name=name,
+                    state=state,
+                    fingerprint=json_format.ParseDict(json.loads(fp), pb.Fingerprint()),
+                    labels=json.loads(labels),
+                    engines=json.loads(engines),
+                    last_seen_unix_seconds=last_seen,
+                    current_job_id=job or "",
+                    status=status,
+                )
+            )
         return out
 
     def SubmitSweep(self, request, context):
@@ -171,8 +196,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def Export(self, request, context):
         columns = EXPORT_COLUMNS.get(request.table)
         if columns is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"unknown table {request.table!r} (known: {', '.join(EXPORT_COLUMNS)})")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown table {request.table!r} (known: {', '.join(EXPORT_COLUMNS)})",
+            )
         limit = min(request.limit or MAX_EXPORT_ROWS, MAX_EXPORT_ROWS)
         with self.store.tx() as con:
             table = con.sql(
@@ -203,8 +230,18 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 args,
             ).fetchall()
         return [
-            pb.SweepStatus(sweep_id=r[0], name=r[1], state=r[2], created_at_unix_seconds=r[3], jobs_total=r[4],
-                           jobs_queued=r[5], jobs_running=r[6], jobs_done=r[7], jobs_failed=r[8], runs=r[9],
-                           failures=r[10] or [])
+            pb.SweepStatus(
+                sweep_id=r[0],
+                name=r[1],
+                state=r[2],
+                created_at_unix_seconds=r[3],
+                jobs_total=r[4],
+                jobs_queued=r[5],
+                jobs_running=r[6],
+                jobs_done=r[7],
+                jobs_failed=r[8],
+                runs=r[9],
+                failures=r[10] or [],
+            )
             for r in rows
         ]

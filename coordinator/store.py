@@ -43,9 +43,7 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Apply the migrations the file has not seen; return the resulting version."""
-    con.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE)"
-    )
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE)")
     current = schema_version(con)
     known = migrations()
     if current > len(known):

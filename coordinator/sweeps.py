@@ -23,8 +23,20 @@ from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIV
 ARM_METHODS = tuple(m for m in METHODS + REFERENCE_METHODS if m != "baseline")  # baseline is always an arm
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 TOP_KEYS = {
-    "name", "target", "models", "engines", "samplers", "prompt_sets", "methods", "ngram", "verify_cost",
-    "max_new_tokens", "warmup", "repeats", "max_attempts", "deadline_seconds",
+    "name",
+    "target",
+    "models",
+    "engines",
+    "samplers",
+    "prompt_sets",
+    "methods",
+    "ngram",
+    "verify_cost",
+    "max_new_tokens",
+    "warmup",
+    "repeats",
+    "max_attempts",
+    "deadline_seconds",
 }
 VERIFY_COST_KEYS = {"context_tokens", "max_rows", "repeats"}
 TARGET_KEYS = {"chips", "chip_families", "min_memory_gb", "labels", "agents"}
@@ -169,8 +181,12 @@ def parse_sweep(text: str) -> Sweep:
             c.fail(f"methods.{method}", f"unknown method (known: baseline, {', '.join(ARM_METHODS)})")
             continue
         if known_engines and not any(method in ENGINE_METHODS[e] for e in known_engines):
-            c.fail(f"methods.{method}", f"not supported by {', '.join(known_engines)} (supported: "
-                   + "; ".join(f"{e}: {', '.join(ENGINE_METHODS[e])}" for e in known_engines) + ")")
+            c.fail(
+                f"methods.{method}",
+                f"not supported by {', '.join(known_engines)} (supported: "
+                + "; ".join(f"{e}: {', '.join(ENGINE_METHODS[e])}" for e in known_engines)
+                + ")",
+            )
             continue
         if not isinstance(depths, list) or not depths:
             c.fail(f"methods.{method}", "must be a non-empty list of draft depths ([0] for ref-baseline)")
@@ -208,12 +224,14 @@ def parse_sweep(text: str) -> Sweep:
             c.fail(f"samplers[{i}]", "must be a mapping")
             continue
         c.unknown_keys(f"samplers[{i}].", s, SAMPLER_KEYS)
-        clean_samplers.append({
-            "temperature": float(c.number(f"samplers[{i}].temperature", s.get("temperature"), 0, 10, default=0.0)),
-            "top_p": float(c.number(f"samplers[{i}].top_p", s.get("top_p"), 0.0001, 1, default=1.0)),
-            "top_k": c.number(f"samplers[{i}].top_k", s.get("top_k"), 0, 1_000_000, integer=True, default=0),
-            "seed": c.number(f"samplers[{i}].seed", s.get("seed"), 0, 2**31 - 1, integer=True, default=0),
-        })
+        clean_samplers.append(
+            {
+                "temperature": float(c.number(f"samplers[{i}].temperature", s.get("temperature"), 0, 10, default=0.0)),
+                "top_p": float(c.number(f"samplers[{i}].top_p", s.get("top_p"), 0.0001, 1, default=1.0)),
+                "top_k": c.number(f"samplers[{i}].top_k", s.get("top_k"), 0, 1_000_000, integer=True, default=0),
+                "seed": c.number(f"samplers[{i}].seed", s.get("seed"), 0, 2**31 - 1, integer=True, default=0),
+            }
+        )
 
     known_sets = prompt_sets()
     sets = c.str_list("prompt_sets", doc.get("prompt_sets"))
@@ -244,10 +262,11 @@ def parse_sweep(text: str) -> Sweep:
             c.fail("verify_cost.context_tokens", "must be a non-empty list of context depths")
             depths = []
         verify_cost = {
-            "context_tokens": [c.number(f"verify_cost.context_tokens[{i}]", d, 0, 131072, integer=True, default=0)
-                               for i, d in enumerate(depths)],
-            "max_rows": c.number("verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True,
-                                 default=16),
+            "context_tokens": [
+                c.number(f"verify_cost.context_tokens[{i}]", d, 0, 131072, integer=True, default=0)
+                for i, d in enumerate(depths)
+            ],
+            "max_rows": c.number("verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True, default=16),
             "repeats": c.number("verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=5),
         }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -61,7 +62,7 @@ def arm_summary(v: tuple[str, str, int]) -> pd.DataFrame:
         """
         WITH arms AS (
             SELECT job_id, chip, engine, method, depth, median(decode_tokens_per_second) AS tps, count(*) AS n
-            FROM runs GROUP BY ALL
+            FROM runs WHERE method != 'verify-cost' GROUP BY ALL
         )
         SELECT a.chip, a.engine, a.method, a.depth, round(median(a.tps), 2) AS decode_tokens_per_second,
                round(median(a.tps / b.tps), 3) AS speedup, sum(a.n) AS runs
@@ -69,3 +70,26 @@ def arm_summary(v: tuple[str, str, int]) -> pd.DataFrame:
         GROUP BY ALL ORDER BY ALL
         """
     )
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def verify_cost(v: tuple[str, str, int]) -> pd.DataFrame:
+    """T(M)/T(1) per chip, engine and context depth, from the latest verify-cost run of each."""
+    curves = mirror(*v[:2]).query(
+        "SELECT chip, engine, prompt_tokens AS context_tokens, arg_max(metrics, seq) AS metrics"
+        " FROM runs WHERE method = 'verify-cost' GROUP BY ALL ORDER BY ALL"
+    )
+    rows = []
+    for c in curves.itertuples():
+        for key, value in json.loads(c.metrics).items():
+            if key.endswith("_ratio"):
+                rows.append(
+                    {
+                        "chip": c.chip,
+                        "engine": c.engine,
+                        "context_tokens": c.context_tokens,
+                        "rows": int(key.split("_")[1]),
+                        "ratio": value,
+                    }
+                )
+    return pd.DataFrame(rows)

@@ -29,8 +29,9 @@ class Mirror:
         changes exactly when the data does."""
         with self._lock:
             for table, key in TABLES.items():
-                row = self.con.execute("SELECT last_seq FROM _mirror WHERE tbl = ?", [table]).fetchone()
-                batch, last = fetch_table(self.admin, table, row[0] if row else 0)
+                # fetchall: a half-read result would block register() below
+                rows = self.con.execute("SELECT last_seq FROM _mirror WHERE tbl = ?", [table]).fetchall()
+                batch, last = fetch_table(self.admin, table, rows[0][0] if rows else 0)
                 if batch is None:
                     continue
                 self.con.register("_batch", batch)

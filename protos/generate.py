@@ -30,8 +30,11 @@ def generate(out_dir: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed for {PROTO_FILES}")
-    return sorted(out_dir / Path(p).parent / f"{Path(p).stem}{suffix}"
-                  for p in PROTO_FILES for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
+    return sorted(
+        out_dir / Path(p).parent / f"{Path(p).stem}{suffix}"
+        for p in PROTO_FILES
+        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+    )
 
 
 def main() -> int:

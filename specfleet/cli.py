@@ -30,8 +30,10 @@ def _admin(args):
 
     token = args.admin_token or admin_credential(Path(args.data_dir))
     if not token:
-        sys.exit(f"error: no admin credential: pass --admin-token, set SPECFLEET_ADMIN_TOKEN, or point --data-dir "
-                 f"at the coordinator's data directory (looked in {args.data_dir})")
+        sys.exit(
+            f"error: no admin credential: pass --admin-token, set SPECFLEET_ADMIN_TOKEN, or point --data-dir "
+            f"at the coordinator's data directory (looked in {args.data_dir})"
+        )
     return AdminApi(channel(args.coordinator, ca=Path(args.tls_ca) if args.tls_ca else None), token)
 
 
@@ -50,13 +52,21 @@ def cmd_coordinator_serve(args) -> int:
 
     opt = lambda v: Path(v) if v else None  # noqa: E731
     config = CoordinatorConfig(
-        data_dir=Path(args.data_dir), host=args.host, port=args.port, metrics_port=args.metrics_port,
-        lease_seconds=args.lease_seconds, tls_cert=opt(args.tls_cert), tls_key=opt(args.tls_key),
+        data_dir=Path(args.data_dir),
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        lease_seconds=args.lease_seconds,
+        tls_cert=opt(args.tls_cert),
+        tls_key=opt(args.tls_key),
         tls_client_ca=opt(args.tls_client_ca),
     )
     coordinator = Coordinator(config).start()
-    print(f"coordinator: gRPC on {config.host}:{coordinator.port}, metrics on {coordinator.metrics_port}, "
-          f"data in {config.data_dir}", flush=True)
+    print(
+        f"coordinator: gRPC on {config.host}:{coordinator.port}, metrics on {coordinator.metrics_port}, "
+        f"data in {config.data_dir}",
+        flush=True,
+    )
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
@@ -68,11 +78,13 @@ def cmd_coordinator_serve(args) -> int:
 def cmd_token_create(args) -> int:
     from protos.specfleet.v1 import fleet_pb2 as pb
 
-    resp = _admin(args).CreateToken(pb.CreateTokenRequest(ttl_seconds=args.ttl, max_uses=args.max_uses,
-                                                          note=args.note))
+    resp = _admin(args).CreateToken(pb.CreateTokenRequest(ttl_seconds=args.ttl, max_uses=args.max_uses, note=args.note))
     print(resp.token)
-    print(f"expires {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(resp.expires_at_unix_seconds))}, "
-          f"{args.max_uses} use(s)", file=sys.stderr)
+    print(
+        f"expires {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(resp.expires_at_unix_seconds))}, "
+        f"{args.max_uses} use(s)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -83,8 +95,10 @@ def cmd_agents_list(args) -> int:
     print(f"{'NAME':20} {'STATE':9} {'CHIP':34} {'MEMORY':>8}  LAST SEEN  STATUS")
     for a in agents:
         ago = time.time() - a.last_seen_unix_seconds
-        print(f"{a.name:20} {a.state:9} {a.fingerprint.chip[:34]:34} {a.fingerprint.memory_bytes / 2**30:7.1f}G"
-              f"  {ago:7.0f}s  {a.status}")
+        print(
+            f"{a.name:20} {a.state:9} {a.fingerprint.chip[:34]:34} {a.fingerprint.memory_bytes / 2**30:7.1f}G"
+            f"  {ago:7.0f}s  {a.status}"
+        )
     return 0
 
 
@@ -110,9 +124,11 @@ def cmd_sweep_submit(args) -> int:
 
 def print_sweep(s) -> None:
     finished = s.jobs_done + s.jobs_failed
-    print(f"{s.sweep_id}  {s.name:24} {s.state:9} {finished}/{s.jobs_total} jobs finished "
-          f"(queued {s.jobs_queued}, running {s.jobs_running}, done {s.jobs_done}, failed {s.jobs_failed}), "
-          f"{s.runs} runs")
+    print(
+        f"{s.sweep_id}  {s.name:24} {s.state:9} {finished}/{s.jobs_total} jobs finished "
+        f"(queued {s.jobs_queued}, running {s.jobs_running}, done {s.jobs_done}, failed {s.jobs_failed}), "
+        f"{s.runs} runs"
+    )
     for failure in s.failures:
         print(f"    failed {failure}")
 
@@ -121,8 +137,11 @@ def cmd_sweep_status(args) -> int:
     from protos.specfleet.v1 import fleet_pb2 as pb
 
     admin = _admin(args)
-    sweeps = [admin.GetSweep(pb.GetSweepRequest(sweep_id=args.sweep_id))] if args.sweep_id else \
-        admin.ListSweeps(pb.ListSweepsRequest()).sweeps
+    sweeps = (
+        [admin.GetSweep(pb.GetSweepRequest(sweep_id=args.sweep_id))]
+        if args.sweep_id
+        else admin.ListSweeps(pb.ListSweepsRequest()).sweeps
+    )
     for s in sweeps:
         print_sweep(s)
     return 0
@@ -154,9 +173,14 @@ def cmd_agent_enrol(args) -> int:
     name = args.name or fp.hostname.split(".")[0]
     client = api.AgentApi(api.channel(args.coordinator, ca=Path(args.tls_ca) if args.tls_ca else None))
     resp = retry.call(lambda: client.enrol(args.token, name, fp, labels, available_engines()), retry.ENROL, "enrol")
-    path = AgentIdentity(coordinator=args.coordinator, agent_id=resp.agent_id, name=name, credential=resp.credential,
-                         heartbeat_interval_seconds=resp.heartbeat_interval_seconds,
-                         tls_ca=args.tls_ca).save(Path(args.config_dir))
+    path = AgentIdentity(
+        coordinator=args.coordinator,
+        agent_id=resp.agent_id,
+        name=name,
+        credential=resp.credential,
+        heartbeat_interval_seconds=resp.heartbeat_interval_seconds,
+        tls_ca=args.tls_ca,
+    ).save(Path(args.config_dir))
     print(f"enrolled {name} as {resp.agent_id} ({fp.chip}); credential stored in {path}")
     return 0
 
@@ -328,8 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     logging.getLogger("gguf").setLevel(logging.WARNING)
     import grpc
 

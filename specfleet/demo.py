@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -46,7 +48,7 @@ def demo_sweep(models) -> dict:
         "prompt_sets": ["chat"],
         # Our loops, and the libraries' own paths beside them (each engine runs the arms it has).
         "methods": {"draft": [2, 4], "ngram": [3], "ref-baseline": [0], "ref-draft": [2], "ref-ngram": [3]},
-        "verify_cost": {"context_tokens": [128], "max_rows": 8, "repeats": 3},
+        "verify_cost": {"context_tokens": [128], "max_rows": 8, "repeats": 5},
         "max_new_tokens": 64,
         "warmup": 2,
         "repeats": 3,
@@ -57,11 +59,15 @@ def _specfleet(*args: str) -> list[str]:
     return [sys.executable, "-m", "specfleet.cli", *args]
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, what: str) -> dict:
+def _wait_for(path: Path, proc: subprocess.Popen, what: str, log: Path) -> dict:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode} before it was ready")
+            last = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+            raise RuntimeError(
+                f"{what} exited with status {proc.returncode} before it was ready: "
+                f"{last[0] if last else 'no output'} (full log: {log})"
+            )
         if path.exists():
             return json.loads(path.read_text())
         time.sleep(0.1)
@@ -73,8 +79,13 @@ def _enrol(address: str, admin: AdminApi, config_dir: Path) -> None:
         return  # enrolled by an earlier demo run in this data dir
     token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=600, max_uses=1, note="demo")).token
     resp = AgentApi(channel(address)).enrol(token, DEMO_AGENT, fingerprint(), {"demo": "true"}, available_engines())
-    AgentIdentity(coordinator=address, agent_id=resp.agent_id, name=DEMO_AGENT, credential=resp.credential,
-                  heartbeat_interval_seconds=resp.heartbeat_interval_seconds).save(config_dir)
+    AgentIdentity(
+        coordinator=address,
+        agent_id=resp.agent_id,
+        name=DEMO_AGENT,
+        credential=resp.credential,
+        heartbeat_interval_seconds=resp.heartbeat_interval_seconds,
+    ).save(config_dir)
 
 
 def summary_table(runs) -> str:
@@ -84,31 +95,55 @@ def summary_table(runs) -> str:
     curves = df[df.method == VERIFY_COST]
     df = df[df.method != VERIFY_COST]
     df["acceptance"] = [json.loads(m).get("acceptance_rate") for m in df["metrics"]]
-    per_job = df.groupby(["job_id", "engine", "method", "depth"]).agg(
-        tps=("decode_tokens_per_second", "median"), acceptance=("acceptance", "mean"),
-        lossless=("lossless", "all"), runs=("run_id", "count")).reset_index()
+    per_job = (
+        df.groupby(["job_id", "engine", "method", "depth"])
+        .agg(
+            tps=("decode_tokens_per_second", "median"),
+            acceptance=("acceptance", "mean"),
+            lossless=("lossless", "all"),
+            runs=("run_id", "count"),
+        )
+        .reset_index()
+    )
     base = per_job[per_job.method == "baseline"].set_index("job_id")["tps"]
     per_job["speedup"] = per_job["tps"] / per_job["job_id"].map(base)
-    rows = per_job.groupby(["engine", "method", "depth"]).agg(
-        tps=("tps", "median"), speedup=("speedup", "median"), acceptance=("acceptance", "mean"),
-        lossless=("lossless", "all"), runs=("runs", "sum")).reset_index()
-    lines = [f"{'engine':10} {'method':12} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
-             f"{'lossless':>8} {'runs':>5}"]
+    rows = (
+        per_job.groupby(["engine", "method", "depth"])
+        .agg(
+            tps=("tps", "median"),
+            speedup=("speedup", "median"),
+            acceptance=("acceptance", "mean"),
+            lossless=("lossless", "all"),
+            runs=("runs", "sum"),
+        )
+        .reset_index()
+    )
+    lines = [
+        f"{'engine':10} {'method':12} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
+        f"{'lossless':>8} {'runs':>5}"
+    ]
     for r in rows.itertuples():
         acceptance = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.2f}"  # NaN for baseline
-        lines.append(f"{r.engine:10} {r.method:12} {r.depth:>2} {r.tps:13.1f} {r.speedup:8.2f} {acceptance:>10} "
-                     f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}")
+        lines.append(
+            f"{r.engine:10} {r.method:12} {r.depth:>2} {r.tps:13.1f} {r.speedup:8.2f} {acceptance:>10} "
+            f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
+        )
     lines += [""] if len(curves) else []
     for c in curves.itertuples():
         metrics = json.loads(c.metrics)
         ratios = [metrics[f"rows_{m}_ratio"] for m in range(1, 1 + sum(k.endswith("_ratio") for k in metrics))]
-        lines.append(f"verify cost, {c.engine}, {c.prompt_tokens} tokens of context: T(M)/T(1) for M = 1.."
-                     f"{len(ratios)}: " + " ".join(f"{r:.2f}" for r in ratios))
+        lines.append(
+            f"verify cost, {c.engine}, {c.prompt_tokens} tokens of context: T(M)/T(1) for M = 1.."
+            f"{len(ratios)}: " + " ".join(f"{r:.2f}" for r in ratios)
+        )
     return "\n".join(lines)
 
 
 def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501) -> int:
     data_dir = data_dir.resolve()
+    if dashboard and not _port_free(dashboard_port):
+        print(f"demo failed: dashboard port {dashboard_port} is in use; pass --dashboard-port", file=sys.stderr)
+        return 1
     print(f"specfleet demo: everything goes in {data_dir}", flush=True)
     models = make_tiny(data_dir / "models")
     coordinator_dir, agent_dir = data_dir / "coordinator", data_dir / "agent"
@@ -117,19 +152,26 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
     procs: list[subprocess.Popen] = []
-    # SIGTERM stops the demo the way Ctrl-C does: through the finally below.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C and SIGTERM stop the demo through the finally below, even when started from a shell
+    # that set SIGINT to be ignored (a background job).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
 
     def start(name: str, cmd: list[str], env=None) -> subprocess.Popen:
-        log = open(logs / f"{name}.log", "a")
+        log = open(logs / f"{name}.log", "a")  # noqa: SIM115 - the child process owns it
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         procs.append(proc)
         return proc
 
     try:
-        coordinator = start("coordinator", _specfleet("coordinator", "serve", "--data-dir", str(coordinator_dir),
-                                                      "--port", "0", "--metrics-port", "0"))
-        endpoints = _wait_for(coordinator_dir / ENDPOINTS_FILE, coordinator, "coordinator")
+        (logs / "coordinator.log").unlink(missing_ok=True)
+        coordinator = start(
+            "coordinator",
+            _specfleet(
+                "coordinator", "serve", "--data-dir", str(coordinator_dir), "--port", "0", "--metrics-port", "0"
+            ),
+        )
+        endpoints = _wait_for(coordinator_dir / ENDPOINTS_FILE, coordinator, "coordinator", logs / "coordinator.log")
         address = endpoints["grpc"]
         print(f"coordinator: gRPC {address}, metrics http://{endpoints['metrics']}/metrics", flush=True)
         admin = AdminApi(channel(address), admin_credential(coordinator_dir))
@@ -145,8 +187,9 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         status = _wait_for_sweep(admin, sweep.sweep_id, procs)
         runs, _ = fetch_table(admin, "runs")
         runs = runs.filter(pc.equal(runs["sweep_id"], sweep.sweep_id)) if runs is not None else None
-        print(f"\nsweep {status.state}: {status.jobs_done} job(s) done, {status.jobs_failed} failed, "
-              f"{status.runs} runs")
+        print(
+            f"\nsweep {status.state}: {status.jobs_done} job(s) done, {status.jobs_failed} failed, {status.runs} runs"
+        )
         for failure in status.failures:
             print(f"  failed {failure}")
         if runs is None or status.jobs_failed:
@@ -154,13 +197,19 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         print("\n" + summary_table(runs), flush=True)
         if dashboard:
             token = admin_credential(coordinator_dir)
-            start("dashboard", dashboard_command(dashboard_port), env=dashboard_environment(address, token))
+            dash = start("dashboard", dashboard_command(dashboard_port), env=dashboard_environment(address, token))
+            _wait_for_http(
+                f"http://127.0.0.1:{dashboard_port}/_stcore/health", dash, "dashboard", logs / "dashboard.log"
+            )
             print(f"\ndashboard: http://127.0.0.1:{dashboard_port}  (Ctrl-C stops everything)", flush=True)
             while True:
                 time.sleep(3600)
         return 0
     except KeyboardInterrupt:
         return 130
+    except RuntimeError as e:
+        print(f"demo failed: {e}", file=sys.stderr)
+        return 1
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -173,6 +222,29 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         print("demo stopped", flush=True)
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _wait_for_http(url: str, proc: subprocess.Popen, what: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
+            raise RuntimeError(f"{what} exited with status {proc.returncode}: {' / '.join(tail)} (full log: {log})")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{what} did not answer at {url} within {START_TIMEOUT_SECONDS}s (log: {log})")
+
+
 def _wait_for_sweep(admin: AdminApi, sweep_id: str, procs) -> pb.SweepStatus:
     deadline = time.monotonic() + SWEEP_TIMEOUT_SECONDS
     last = None
@@ -180,8 +252,11 @@ def _wait_for_sweep(admin: AdminApi, sweep_id: str, procs) -> pb.SweepStatus:
         status = admin.GetSweep(pb.GetSweepRequest(sweep_id=sweep_id))
         progress = (status.jobs_done, status.jobs_failed, status.runs)
         if progress != last:
-            print(f"  {status.jobs_done + status.jobs_failed}/{status.jobs_total} jobs finished, "
-                  f"{status.runs} runs stored", flush=True)
+            print(
+                f"  {status.jobs_done + status.jobs_failed}/{status.jobs_total} jobs finished, "
+                f"{status.runs} runs stored",
+                flush=True,
+            )
             last = progress
         if status.state != "running":
             return status
@@ -190,4 +265,3 @@ def _wait_for_sweep(admin: AdminApi, sweep_id: str, procs) -> pb.SweepStatus:
             raise RuntimeError(f"{dead[0].args[3:5]} exited with status {dead[0].returncode}; see the logs")
         time.sleep(1.0)
     raise RuntimeError(f"sweep {sweep_id} did not finish within {SWEEP_TIMEOUT_SECONDS}s")
-

@@ -19,8 +19,9 @@ def admin_for(coordinator: Coordinator) -> AdminApi:
     return AdminApi(channel(f"127.0.0.1:{coordinator.port}"), admin_credential(coordinator.config.data_dir))
 
 
-def enrol(coordinator: Coordinator, name: str = "mac-1", fingerprint=LINUX_BOX, engines=("mlx", "llama.cpp"),
-          labels=None) -> AgentApi:
+def enrol(
+    coordinator: Coordinator, name: str = "mac-1", fingerprint=LINUX_BOX, engines=("mlx", "llama.cpp"), labels=None
+) -> AgentApi:
     admin = admin_for(coordinator)
     token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=1)).token
     address = f"127.0.0.1:{coordinator.port}"
@@ -31,11 +32,27 @@ def enrol(coordinator: Coordinator, name: str = "mac-1", fingerprint=LINUX_BOX, 
 
 
 def make_run(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **overrides) -> pb.Run:
-    fields = dict(run_id=str(uuid.uuid4()), job_id=job_id, engine="mlx", method=method, depth=depth,
-                  prompt_id="code-1", repeat=0, position=0, prompt_tokens=20, generated_tokens=32,
-                  prefill_seconds=0.01, ttft_seconds=0.01, decode_seconds=31 / tps, wall_seconds=0.01 + 31 / tps,
-                  decode_tokens_per_second=tps, prefill_tokens_per_second=2000.0, peak_memory_bytes=10**8,
-                  output_sha256="ab" * 32, started_at_unix_seconds=1.7e9)
+    fields = dict(
+        run_id=str(uuid.uuid4()),
+        job_id=job_id,
+        engine="mlx",
+        method=method,
+        depth=depth,
+        prompt_id="code-1",
+        repeat=0,
+        position=0,
+        prompt_tokens=20,
+        generated_tokens=32,
+        prefill_seconds=0.01,
+        ttft_seconds=0.01,
+        decode_seconds=31 / tps if tps else 0.0,
+        wall_seconds=0.01 + (31 / tps if tps else 0.0),
+        decode_tokens_per_second=tps,
+        prefill_tokens_per_second=2000.0,
+        peak_memory_bytes=10**8,
+        output_sha256="ab" * 32,
+        started_at_unix_seconds=1.7e9,
+    )
     fields.update(overrides)
     return pb.Run(**fields)
 

@@ -16,23 +16,39 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "specfleet.cli", *args], capture_output=True, text=True,
-                            timeout=timeout, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "specfleet.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"specfleet {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
 
 
 def spawn(*args: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specfleet.cli", *args], stdout=open(log, "a"),
-                            stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "specfleet.cli", *args],
+        stdout=open(log, "a"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def start_coordinator(data_dir: Path, *extra: str) -> tuple[subprocess.Popen, dict]:
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
-    proc = spawn("coordinator", "serve", "--data-dir", str(data_dir), "--port", "0", "--metrics-port", "0", *extra,
-                 log=data_dir / "coordinator.log")
+    proc = spawn(
+        "coordinator",
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        *extra,
+        log=data_dir / "coordinator.log",
+    )
     deadline = time.monotonic() + 60
     while not (data_dir / ENDPOINTS_FILE).exists():
         assert proc.poll() is None, (data_dir / "coordinator.log").read_text()

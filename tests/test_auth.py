@@ -48,15 +48,15 @@ def test_enrolment_tokens_expire_and_run_out(coordinator):
     token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=1)).token
     client.enrol(token, "first", LINUX_BOX, {}, ["mlx"])
     assert code_of(lambda: client.enrol(token, "second", LINUX_BOX, {}, ["mlx"])) == grpc.StatusCode.PERMISSION_DENIED
-    assert code_of(lambda: client.enrol("sft.unknown", "third", LINUX_BOX, {}, ["mlx"])) == \
-        grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        code_of(lambda: client.enrol("sft.unknown", "third", LINUX_BOX, {}, ["mlx"])) == grpc.StatusCode.UNAUTHENTICATED
+    )
     short = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=0.01, max_uses=5)).token
     import time
 
     time.sleep(0.05)
     assert code_of(lambda: client.enrol(short, "fourth", LINUX_BOX, {}, ["mlx"])) == grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(lambda: admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=-5))) == \
-        grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(lambda: admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=-5))) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_admin_calls_need_the_admin_credential(coordinator):
@@ -73,8 +73,10 @@ def test_agent_cannot_report_for_another_agents_lease(coordinator):
     mine, other = enrol(coordinator, "mine"), enrol(coordinator, "other")
     admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML + "target: {agents: [mine]}\n"))
     job = mine.acquire_job(1).job
-    assert code_of(lambda: other.report_result(job.job_id, job.lease_id, make_run(job.job_id))) == \
-        grpc.StatusCode.FAILED_PRECONDITION
+    assert (
+        code_of(lambda: other.report_result(job.job_id, job.lease_id, make_run(job.job_id)))
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
     assert not mine.report_result(job.job_id, job.lease_id, make_run(job.job_id)).duplicate
 
 
@@ -82,10 +84,12 @@ def test_bad_figures_are_refused_with_the_field_named(coordinator):
     agent = enrol(coordinator)
     admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
     job = agent.acquire_job(1).job
-    for bad, field in [(dict(decode_tokens_per_second=float("nan")), "decode_tokens_per_second"),
-                       (dict(prefill_seconds=-1.0), "prefill_seconds"),
-                       (dict(engine="vllm"), "engine"),
-                       (dict(metrics={"acceptance_rate": float("inf")}), "acceptance_rate")]:
+    for bad, field in [
+        (dict(decode_tokens_per_second=float("nan")), "decode_tokens_per_second"),
+        (dict(prefill_seconds=-1.0), "prefill_seconds"),
+        (dict(engine="vllm"), "engine"),
+        (dict(metrics={"acceptance_rate": float("inf")}), "acceptance_rate"),
+    ]:
         with pytest.raises(grpc.RpcError) as e:
             agent.report_result(job.job_id, job.lease_id, make_run(job.job_id, **bad))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()

@@ -19,8 +19,23 @@ def seeded(tmp_path, monkeypatch):
         admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML + f"target: {{agents: [{name}]}}\n"))
         job = agent.acquire_job(1).job
         runs = [make_run(job.job_id, "baseline", 0, base + r, repeat=r) for r in range(3)]
-        runs += [make_run(job.job_id, "draft", 2, spec + r, repeat=r, metrics={"acceptance_rate": 0.6})
-                 for r in range(3)]
+        runs += [
+            make_run(job.job_id, "draft", 2, spec + r, repeat=r, metrics={"acceptance_rate": 0.6}) for r in range(3)
+        ]
+        runs.append(
+            make_run(
+                job.job_id,
+                "verify-cost",
+                0,
+                0.0,
+                prompt_tokens=256,
+                generated_tokens=0,
+                decode_seconds=0.0,
+                wall_seconds=0.1,
+                prompt_id="context-256",
+                metrics={"rows_1_seconds": 0.01, "rows_1_ratio": 1.0, "rows_2_seconds": 0.011, "rows_2_ratio": 1.1},
+            )
+        )
         for run in runs:
             agent.report_result(job.job_id, job.lease_id, run)
         agent.complete_job(job.job_id, job.lease_id, len(runs))
@@ -40,9 +55,10 @@ def test_overview_lists_agents_and_results(seeded):
     assert summary.loc[("Apple M4 Pro", "draft"), "speedup"] == pytest.approx(81 / 51, rel=1e-3)
     assert summary.loc[("Apple M1 Max", "draft"), "speedup"] == pytest.approx(21 / 26, rel=1e-3)
     assert summary.loc[("Apple M1 Max", "baseline"), "decode_tokens_per_second"] == pytest.approx(26.0)
+    assert "verify-cost" not in summary.index.get_level_values("method")
     runs = at.dataframe[2].value
-    assert len(runs) == 12
-    assert len(at.get("vega_lite_chart")) == 1
+    assert len(runs) == 14  # 12 generations and one verify-cost run per machine
+    assert len(at.get("vega_lite_chart")) == 2  # decode speed per arm, and the verify-cost curve
 
 
 def test_empty_coordinator_says_what_to_do(tmp_path, monkeypatch):

@@ -15,8 +15,13 @@ ROW = re.compile(r"^(mlx|llama\.cpp)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S
 
 
 def run_demo(data_dir):
-    return subprocess.run([sys.executable, "-m", "specfleet.cli", "demo", "--no-dashboard", "--data-dir",
-                           str(data_dir)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "specfleet.cli", "demo", "--no-dashboard", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
 
 
 def test_demo_measures_every_arm_on_both_engines(tmp_path):
@@ -59,9 +64,13 @@ def test_demo_serves_the_dashboard_and_stops_everything_on_ctrl_c(tmp_path):
     with socket.socket() as s:  # a free port for the dashboard
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "specfleet.cli", "demo", "--data-dir", str(tmp_path),
-                             "--dashboard-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specfleet.cli", "demo", "--data-dir", str(tmp_path), "--dashboard-port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -21,8 +21,10 @@ REPEATS = 2
 def sweep_file(tmp_path, tiny_models):
     doc = {
         "name": "e2e",
-        "models": {"mlx": {"target": str(tiny_models.mlx_target), "draft": str(tiny_models.mlx_draft)},
-                   "llama.cpp": {"target": str(tiny_models.gguf_target), "draft": str(tiny_models.gguf_draft)}},
+        "models": {
+            "mlx": {"target": str(tiny_models.mlx_target), "draft": str(tiny_models.mlx_draft)},
+            "llama.cpp": {"target": str(tiny_models.gguf_target), "draft": str(tiny_models.gguf_draft)},
+        },
         "engines": ["mlx", "llama.cpp"],
         "prompt_sets": ["code"],
         "methods": METHODS,
@@ -43,13 +45,36 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
     agent = None
     try:
         token = cli("token", "create", "--ttl", "60", *admin).stdout.strip()
-        out = cli("agent", "enrol", "--coordinator", address, "--token", token, "--name", "e2e-agent",
-                  "--label", "room=ci", "--config-dir", str(agent_dir)).stdout
+        out = cli(
+            "agent",
+            "enrol",
+            "--coordinator",
+            address,
+            "--token",
+            token,
+            "--name",
+            "e2e-agent",
+            "--label",
+            "room=ci",
+            "--config-dir",
+            str(agent_dir),
+        ).stdout
         assert "enrolled e2e-agent" in out
         assert stat.S_IMODE((agent_dir / "agent.json").stat().st_mode) == 0o600
         # The token was for one use only.
-        again = cli("agent", "enrol", "--coordinator", address, "--token", token, "--name", "other",
-                    "--config-dir", str(tmp_path / "other"), check=False)
+        again = cli(
+            "agent",
+            "enrol",
+            "--coordinator",
+            address,
+            "--token",
+            token,
+            "--name",
+            "other",
+            "--config-dir",
+            str(tmp_path / "other"),
+            check=False,
+        )
         assert again.returncode != 0 and "already used" in again.stderr
 
         agent = spawn("agent", "run", "--config-dir", str(agent_dir), log=tmp_path / "agent.log")
@@ -69,14 +94,17 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
         assert stop(coordinator) == 0
 
     con = open_readonly(data)
-    runs = con.execute("SELECT engine, method, depth, prompt_id, decode_tokens_per_second, generated_tokens,"
-                       " lossless, params, metrics FROM runs").fetchall()
+    runs = con.execute(
+        "SELECT engine, method, depth, prompt_id, decode_tokens_per_second, generated_tokens,"
+        " lossless, params, metrics FROM runs"
+    ).fetchall()
     jobs = con.execute("SELECT state, attempt FROM jobs").fetchall()
     con.close()
     arms = 1 + sum(len(d) for d in METHODS.values())
     assert len(runs) == 2 * arms * PROMPTS_IN_CODE_SET * REPEATS
-    assert {(r[0], r[1], r[2]) for r in runs} == {(e, m, d) for e in ("mlx", "llama.cpp")
-                                                  for m, d in [("baseline", 0), ("draft", 2), ("ngram", 3)]}
+    assert {(r[0], r[1], r[2]) for r in runs} == {
+        (e, m, d) for e in ("mlx", "llama.cpp") for m, d in [("baseline", 0), ("draft", 2), ("ngram", 3)]
+    }
     assert all(r[4] > 0 and r[5] == 24 and r[6] is True for r in runs)
     for r in runs:
         metrics = json.loads(r[8])
@@ -93,8 +121,17 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
         status = cli("sweep", "status", sweep_id, "--coordinator", endpoints["grpc"], "--data-dir", str(data)).stdout
         assert f"{len(runs)} runs" in status and "2/2 jobs finished" in status
         out = tmp_path / "runs.parquet"
-        cli("export", "--format", "parquet", "--output", str(out), "--coordinator", endpoints["grpc"],
-            "--data-dir", str(data))
+        cli(
+            "export",
+            "--format",
+            "parquet",
+            "--output",
+            str(out),
+            "--coordinator",
+            endpoints["grpc"],
+            "--data-dir",
+            str(data),
+        )
         import pandas as pd
 
         exported = pd.read_parquet(out)

@@ -6,7 +6,9 @@ from coordinator.sweeps import SweepError, agent_matches, parse_sweep
 from tests.fleet import SWEEP_YAML
 
 GOOD = {
-    "name": "s", "engines": ["mlx"], "prompt_sets": ["code"],
+    "name": "s",
+    "engines": ["mlx"],
+    "prompt_sets": ["code"],
     "models": {"mlx": {"target": "/m/t", "draft": "/m/d"}},
 }
 
@@ -18,45 +20,48 @@ def yaml_of(**changes):
     return yaml.safe_dump({k: v for k, v in doc.items() if v is not None})
 
 
-@pytest.mark.parametrize("text, message", [
-    ("name: [unclosed", "file: not valid YAML"),
-    ("- a\n- b\n", "file: must be a mapping"),
-    (yaml_of(name=None), "name: is required"),
-    (yaml_of(name="has space"), "name: is required"),
-    (yaml_of(colour="blue"), "colour: unknown field"),
-    (yaml_of(engines=["vllm"]), "engines: unknown engine 'vllm'"),
-    (yaml_of(engines=[]), "engines: is required"),
-    (yaml_of(engines=["mlx", "mlx"]), "engines: lists an engine twice"),
-    (yaml_of(models={}), "models.mlx.target: is required"),
-    (yaml_of(models={"mlx": {"target": "/m/t", "weights": "x"}}), "models.mlx.weights: unknown field"),
-    (yaml_of(models={"mlx": {"target": "/m/t"}}, methods={"draft": [2]}), "models.mlx.draft: is required"),
-    (yaml_of(methods={"medusa": [2]}), "methods.medusa: unknown method"),
-    (yaml_of(methods={"mtp": [1]}), "methods.mtp: not supported by mlx"),
-    (yaml_of(methods={"ref-ngram": [3]}), "methods.ref-ngram: not supported by mlx"),
-    (yaml_of(methods={"ref-baseline": [2]}), "methods.ref-baseline[0]: must be between 0 and 0"),
-    (yaml_of(verify_cost={"context_tokens": [-1]}), "verify_cost.context_tokens[0]: must be between 0"),
-    (yaml_of(verify_cost={"max_rows": 100}), "verify_cost.max_rows: must be between 1 and 64"),
-    (yaml_of(verify_cost={"rows": 8}), "verify_cost.rows: unknown field"),
-    (yaml_of(verify_cost=[128]), "verify_cost: must be a mapping"),
-    (yaml_of(methods={"draft": [0]}), "methods.draft[0]: must be between 1 and 16"),
-    (yaml_of(methods={"draft": [99]}), "methods.draft[0]: must be between 1 and 16"),
-    (yaml_of(methods={"draft": ["two"]}), "methods.draft[0]: must be an integer"),
-    (yaml_of(methods={"draft": [2, 2]}), "methods: lists a depth twice"),
-    (yaml_of(methods={"draft": []}), "methods.draft: must be a non-empty list"),
-    (yaml_of(samplers=[{"temperature": -1}]), "samplers[0].temperature: must be between 0 and 10"),
-    (yaml_of(samplers=[{"top_p": 0}]), "samplers[0].top_p: must be between"),
-    (yaml_of(samplers=[{"temp": 0.7}]), "samplers[0].temp: unknown field"),
-    (yaml_of(prompt_sets=["poetry"]), "prompt_sets: unknown prompt set 'poetry'"),
-    (yaml_of(max_new_tokens=0), "max_new_tokens: must be between 1 and 16384"),
-    (yaml_of(max_new_tokens=10**9), "max_new_tokens: must be between 1 and 16384"),
-    (yaml_of(repeats=True), "repeats: must be an integer"),
-    (yaml_of(repeats=2.5), "repeats: must be an integer"),
-    (yaml_of(ngram={"n_min": 4, "n_max": 2}), "ngram: n_min (4) must not exceed n_max (2)"),
-    (yaml_of(target={"min_memory_gb": "lots"}), "target.min_memory_gb: must be a number"),
-    (yaml_of(target={"gpu": "big"}), "target.gpu: unknown field"),
-    (".nan", "file: must be a mapping"),
-    ("name: s\n" + "x" * 300_000, "file: larger than"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: [unclosed", "file: not valid YAML"),
+        ("- a\n- b\n", "file: must be a mapping"),
+        (yaml_of(name=None), "name: is required"),
+        (yaml_of(name="has space"), "name: is required"),
+        (yaml_of(colour="blue"), "colour: unknown field"),
+        (yaml_of(engines=["vllm"]), "engines: unknown engine 'vllm'"),
+        (yaml_of(engines=[]), "engines: is required"),
+        (yaml_of(engines=["mlx", "mlx"]), "engines: lists an engine twice"),
+        (yaml_of(models={}), "models.mlx.target: is required"),
+        (yaml_of(models={"mlx": {"target": "/m/t", "weights": "x"}}), "models.mlx.weights: unknown field"),
+        (yaml_of(models={"mlx": {"target": "/m/t"}}, methods={"draft": [2]}), "models.mlx.draft: is required"),
+        (yaml_of(methods={"medusa": [2]}), "methods.medusa: unknown method"),
+        (yaml_of(methods={"mtp": [1]}), "methods.mtp: not supported by mlx"),
+        (yaml_of(methods={"ref-ngram": [3]}), "methods.ref-ngram: not supported by mlx"),
+        (yaml_of(methods={"ref-baseline": [2]}), "methods.ref-baseline[0]: must be between 0 and 0"),
+        (yaml_of(verify_cost={"context_tokens": [-1]}), "verify_cost.context_tokens[0]: must be between 0"),
+        (yaml_of(verify_cost={"max_rows": 100}), "verify_cost.max_rows: must be between 1 and 64"),
+        (yaml_of(verify_cost={"rows": 8}), "verify_cost.rows: unknown field"),
+        (yaml_of(verify_cost=[128]), "verify_cost: must be a mapping"),
+        (yaml_of(methods={"draft": [0]}), "methods.draft[0]: must be between 1 and 16"),
+        (yaml_of(methods={"draft": [99]}), "methods.draft[0]: must be between 1 and 16"),
+        (yaml_of(methods={"draft": ["two"]}), "methods.draft[0]: must be an integer"),
+        (yaml_of(methods={"draft": [2, 2]}), "methods: lists a depth twice"),
+        (yaml_of(methods={"draft": []}), "methods.draft: must be a non-empty list"),
+        (yaml_of(samplers=[{"temperature": -1}]), "samplers[0].temperature: must be between 0 and 10"),
+        (yaml_of(samplers=[{"top_p": 0}]), "samplers[0].top_p: must be between"),
+        (yaml_of(samplers=[{"temp": 0.7}]), "samplers[0].temp: unknown field"),
+        (yaml_of(prompt_sets=["poetry"]), "prompt_sets: unknown prompt set 'poetry'"),
+        (yaml_of(max_new_tokens=0), "max_new_tokens: must be between 1 and 16384"),
+        (yaml_of(max_new_tokens=10**9), "max_new_tokens: must be between 1 and 16384"),
+        (yaml_of(repeats=True), "repeats: must be an integer"),
+        (yaml_of(repeats=2.5), "repeats: must be an integer"),
+        (yaml_of(ngram={"n_min": 4, "n_max": 2}), "ngram: n_min (4) must not exceed n_max (2)"),
+        (yaml_of(target={"min_memory_gb": "lots"}), "target.min_memory_gb: must be a number"),
+        (yaml_of(target={"gpu": "big"}), "target.gpu: unknown field"),
+        (".nan", "file: must be a mapping"),
+        ("name: s\n" + "x" * 300_000, "file: larger than"),
+    ],
+)
 def test_malformed_sweeps_name_the_field(text, message):
     with pytest.raises(SweepError) as e:
         parse_sweep(text)
@@ -79,28 +84,34 @@ def test_a_good_sweep_expands_into_cells_with_baseline_first():
 
 
 def test_each_engine_gets_only_the_arms_it_has():
-    sweep = parse_sweep(yaml_of(engines=["mlx", "llama.cpp"],
-                                models={"mlx": {"target": "/t", "draft": "/d"},
-                                        "llama.cpp": {"target": "/t.gguf", "draft": "/d.gguf"}},
-                                methods={"ref-draft": [2], "ref-ngram": [3], "ngram": [3]},
-                                verify_cost={"context_tokens": [64, 256]}))
+    sweep = parse_sweep(
+        yaml_of(
+            engines=["mlx", "llama.cpp"],
+            models={"mlx": {"target": "/t", "draft": "/d"}, "llama.cpp": {"target": "/t.gguf", "draft": "/d.gguf"}},
+            methods={"ref-draft": [2], "ref-ngram": [3], "ngram": [3]},
+            verify_cost={"context_tokens": [64, 256]},
+        )
+    )
     arms = {c["engine"]: [(a["method"], a["depth"]) for a in c["arms"]] for c in sweep.cells()}
     assert arms["mlx"] == [("baseline", 0), ("ngram", 3), ("ref-draft", 2)]
     assert arms["llama.cpp"] == [("baseline", 0), ("ngram", 3), ("ref-ngram", 3)]
     assert sweep.cells()[0]["verify_cost"] == {"context_tokens": [64, 256], "max_rows": 16, "repeats": 5}
 
 
-@pytest.mark.parametrize("target, matches", [
-    ({}, True),
-    ({"chip_families": ["M4 Pro"]}, True),
-    ({"chip_families": ["M4"]}, True),
-    ({"chip_families": ["M1"]}, False),
-    ({"chips": ["Apple M4 Max"]}, False),
-    ({"min_memory_gb": 64}, False),
-    ({"labels": {"room": "lab"}}, True),
-    ({"labels": {"room": "home"}}, False),
-    ({"agents": ["other"]}, False),
-])
+@pytest.mark.parametrize(
+    "target, matches",
+    [
+        ({}, True),
+        ({"chip_families": ["M4 Pro"]}, True),
+        ({"chip_families": ["M4"]}, True),
+        ({"chip_families": ["M1"]}, False),
+        ({"chips": ["Apple M4 Max"]}, False),
+        ({"min_memory_gb": 64}, False),
+        ({"labels": {"room": "lab"}}, True),
+        ({"labels": {"room": "home"}}, False),
+        ({"agents": ["other"]}, False),
+    ],
+)
 def test_target_selector(target, matches):
     agent = {"name": "mini", "chip": "Apple M4 Pro", "memory_bytes": 48 * 2**30, "labels": {"room": "lab"}}
     assert agent_matches(target, agent) is matches

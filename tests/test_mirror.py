@@ -1,0 +1,37 @@
+"""The dashboard's mirror follows the coordinator incrementally: new rows arrive, changed rows
+replace their old versions, nothing is counted twice."""
+
+from dashboard.mirror import Mirror
+from protos.specfleet.v1 import fleet_pb2 as pb
+from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
+
+
+def test_incremental_sync(tmp_path):
+    coordinator = start_coordinator(tmp_path / "c")
+    try:
+        admin = admin_for(coordinator)
+        agent = enrol(coordinator, "mini")
+        mirror = Mirror(admin, tmp_path / "mirror.duckdb")
+        first = mirror.sync()
+        assert mirror.query("SELECT name, state FROM agents").values.tolist() == [["mini", "idle"]]
+        assert mirror.query("SELECT * FROM runs").empty  # not arrived yet: empty, not an error
+
+        admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
+        job = agent.acquire_job(1).job
+        for repeat in range(3):
+            agent.report_result(job.job_id, job.lease_id, make_run(job.job_id, repeat=repeat))
+        second = mirror.sync()
+        assert second > first
+        assert mirror.query("SELECT count(*) AS n FROM runs")["n"][0] == 3
+        assert mirror.query("SELECT state FROM agents")["state"].tolist() == ["busy"]
+
+        agent.complete_job(job.job_id, job.lease_id, 3)
+        third = mirror.sync()
+        assert third > second and mirror.sync() == third  # nothing new: same sequence
+        assert mirror.query("SELECT count(*) AS n FROM runs")["n"][0] == 3
+        assert mirror.query("SELECT state FROM agents")["state"].tolist() == ["idle"]
+        assert mirror.query("SELECT state FROM jobs")["state"].tolist() == ["done"]
+        assert mirror.query("SELECT state FROM sweeps")["state"].tolist() == ["done"]
+        assert "credential_hash" not in mirror.query("SELECT * FROM agents").columns
+    finally:
+        coordinator.stop()
