@@ -300,3 +300,57 @@ def test_llamacpp_context_overflow_is_refused(tiny_models):
 )
 def test_ngram_propose(context, n_min, n_max, depth, expected):
     assert ngram_propose(context, n_min, n_max, depth) == expected
+
+
+def _mamba_model_dir(root, tiny_models):
+    """A tiny MLX Mamba model: its cache is recurrent state, which cannot drop rejected tokens."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import mamba
+
+    config = {
+        "model_type": "mamba",
+        "vocab_size": tinymodels.VOCAB_SIZE,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "state_size": 4,
+        "num_hidden_layers": 1,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 4,
+        "tie_word_embeddings": True,
+    }
+    mx.random.seed(0)
+    model = mamba.Model(mamba.ModelArgs.from_dict(config))
+    root.mkdir()
+    mx.save_safetensors(str(root / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (root / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_models.mlx_target / name, root / name)
+    return root
+
+
+def test_mlx_refuses_speculation_on_a_cache_it_cannot_roll_back(tiny_models, tmp_path):
+    engine = make_engine("mlx")
+    engine.load(str(_mamba_model_dir(tmp_path / "mamba", tiny_models)))
+    prompt = engine.tokenize(PROMPTS[0])
+    assert len(engine.generate(Request(prompt, 8)).tokens) == 8  # baseline needs no rollback
+    with pytest.raises(EngineError, match="trimmable KV cache"):
+        engine.generate(Request(prompt, 8, method="ngram", depth=2))
+
+
+def test_llamacpp_refuses_to_continue_when_rollback_fails(tiny_models, monkeypatch):
+    """llama_memory_seq_rm returns false on memories that cannot drop a suffix (recurrent
+    models); the engine must stop, not decode on top of rejected tokens."""
+    import llama_cpp
+
+    engine = make_engine("llama.cpp")
+    engine.load(str(tiny_models.gguf_target), str(tiny_models.gguf_draft))
+    prompt = engine.tokenize(PROMPTS[1])
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *args: False)
+    with pytest.raises(EngineError, match="cannot roll back"):
+        engine.generate(Request(prompt, NEW_TOKENS, method="draft", depth=4))

@@ -109,7 +109,13 @@ class _Context:
     def truncate(self, n: int) -> None:
         """Forget cached positions from `n` on."""
         if n < self.n_past:
-            ll.llama_memory_seq_rm(self.mem, 0, n, -1)
+            # Recurrent (hybrid) memories cannot drop a suffix of positions: llama.cpp says so by
+            # returning false, and continuing would decode on top of rejected draft tokens.
+            if not ll.llama_memory_seq_rm(self.mem, 0, n, -1):
+                raise EngineError(
+                    f"this model's memory cannot roll back to position {n} (llama_memory_seq_rm refused): "
+                    "speculative methods need a cache that can drop rejected tokens"
+                )
             self.n_past = n
 
     def clear(self) -> None:
