@@ -81,6 +81,29 @@ class Generation:
     drafted_by_position: list[int] = field(default_factory=list)
 
 
+def make_generation(
+    request: Request,
+    tokens: list[int],
+    times: list[float],
+    rounds: list[Round] | None = None,
+    accepted_at: list[int] | None = None,
+    drafted_at: list[int] | None = None,
+) -> Generation:
+    """A Generation from emission times measured from the start: the first token ends prefill.
+    The engine fills in peak memory, which it measures its own way."""
+    return Generation(
+        tokens=tokens,
+        prompt_tokens=len(request.prompt_tokens),
+        prefill_seconds=times[0],
+        decode_seconds=times[-1] - times[0],
+        token_times_seconds=times,
+        peak_memory_bytes=0,
+        rounds=rounds or [],
+        accepted_by_position=accepted_at or [],
+        drafted_by_position=drafted_at or [],
+    )
+
+
 class Engine(Protocol):
     name: str
     methods: tuple[str, ...]  # what generate() accepts, from METHODS and REFERENCE_METHODS

@@ -24,7 +24,7 @@ from llama_cpp import Llama  # imported before our log callback is set: importin
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from . import ENGINE_METHODS
-from .base import EngineError, Generation, Request, Round, Sampler, ngram_propose, validate
+from .base import EngineError, Generation, Request, Round, Sampler, make_generation, ngram_propose, validate
 
 GPU_LAYERS_ALL = 0x7FFFFFFF  # offload every layer (Metal on a Mac); ignored by CPU-only builds
 VOCAB_SIZE_SLACK = 128  # llama.cpp's own draft check allows padded vocabularies to differ this much
@@ -299,7 +299,7 @@ class LlamaCppEngine:
                 target.decode(tokens[-1:])
         finally:
             chain.free()
-        return _generation(request, tokens, times)
+        return make_generation(request, tokens, times)
 
     def _speculative(self, request: Request) -> Generation:
         target, n, depth = self._target, request.max_new_tokens, request.depth
@@ -351,7 +351,7 @@ class LlamaCppEngine:
             chain.free()
             if draft_chain is not None:
                 draft_chain.free()
-        return _generation(request, tokens, times, rounds, accepted_at, drafted_at)
+        return make_generation(request, tokens, times, rounds, accepted_at, drafted_at)
 
     def _reference_llama(self, method: str):
         """llama-cpp-python's Llama on the same file and settings, built on first use.
@@ -392,7 +392,7 @@ class LlamaCppEngine:
             times.append(time.perf_counter() - start)
             if len(tokens) == request.max_new_tokens:
                 break
-        return _generation(request, tokens, times)
+        return make_generation(request, tokens, times)
 
     def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
         target = self._loaded()
@@ -416,24 +416,3 @@ class LlamaCppEngine:
                     seconds.append(elapsed)
             medians.append(statistics.median(seconds))
         return medians
-
-
-def _generation(
-    request: Request,
-    tokens: list[int],
-    times: list[float],
-    rounds: list[Round] | None = None,
-    accepted_at: list[int] | None = None,
-    drafted_at: list[int] | None = None,
-) -> Generation:
-    return Generation(
-        tokens=tokens,
-        prompt_tokens=len(request.prompt_tokens),
-        prefill_seconds=times[0],
-        decode_seconds=times[-1] - times[0],
-        token_times_seconds=times,
-        peak_memory_bytes=0,
-        rounds=rounds or [],
-        accepted_by_position=accepted_at or [],
-        drafted_by_position=drafted_at or [],
-    )

@@ -20,7 +20,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from mlx_lm.sample_utils import make_sampler
 
 from . import ENGINE_METHODS
-from .base import EngineError, Generation, Request, Round, Sampler, ngram_propose, validate
+from .base import EngineError, Generation, Request, Round, Sampler, make_generation, ngram_propose, validate
 
 PREFILL_STEP_TOKENS = 2048  # mlx_lm.generate_step's default: bounds prefill memory on long prompts
 
@@ -158,7 +158,7 @@ class MlxEngine:
             times.append(time.perf_counter() - start)
             if i + 1 < n:
                 y = next_y
-        return _generation(request, tokens, times)
+        return make_generation(request, tokens, times)
 
     def _speculative(self, request: Request) -> Generation:
         sample = _sample_fn(request.sampler)
@@ -213,7 +213,7 @@ class MlxEngine:
             context += emitted
             tokens += emitted
             times += [t2 - start] * len(emitted)
-        return _generation(request, tokens, times, rounds, accepted_at, drafted_at)
+        return make_generation(request, tokens, times, rounds, accepted_at, drafted_at)
 
     def _reference(self, request: Request) -> Generation:
         """mlx_lm.stream_generate, with and without its draft model: the library's own path."""
@@ -237,7 +237,7 @@ class MlxEngine:
                 times.append(time.perf_counter() - start)
         finally:
             tokenizer.eos_token_ids = eos
-        return _generation(request, tokens, times)
+        return make_generation(request, tokens, times)
 
     def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
         self._require_loaded()
@@ -261,24 +261,3 @@ class MlxEngine:
                         seconds.append(elapsed)
                 medians.append(statistics.median(seconds))
         return medians
-
-
-def _generation(
-    request: Request,
-    tokens: list[int],
-    times: list[float],
-    rounds: list[Round] | None = None,
-    accepted_at: list[int] | None = None,
-    drafted_at: list[int] | None = None,
-) -> Generation:
-    return Generation(
-        tokens=tokens,
-        prompt_tokens=len(request.prompt_tokens),
-        prefill_seconds=times[0],
-        decode_seconds=times[-1] - times[0],
-        token_times_seconds=times,
-        peak_memory_bytes=0,
-        rounds=rounds or [],
-        accepted_by_position=accepted_at or [],
-        drafted_by_position=drafted_at or [],
-    )
