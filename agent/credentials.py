@@ -27,6 +27,14 @@ class AgentIdentity:
     credential: str
     heartbeat_interval_seconds: float
     tls_ca: str | None = None
+    tls_cert: str | None = None  # client certificate and key, for a coordinator that requires mTLS
+    tls_key: str | None = None
+
+    def tls_files(self) -> dict[str, Path | None]:
+        """The ca/cert/key keyword arguments of agent.api.channel."""
+        return {
+            k: Path(v) if v else None for k, v in (("ca", self.tls_ca), ("cert", self.tls_cert), ("key", self.tls_key))
+        }
 
     def save(self, config_dir: Path) -> Path:
         config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -3,6 +3,12 @@
 Three threads: the main loop (acquire -> worker -> complete/fail), a heartbeat that extends
 the lease and notices a lost lease or a drain order, and an uploader that empties the spool
 whenever it holds anything, with retries that outlast a coordinator outage.
+
+Before a job reaches a worker the agent checks it (preflight): an engine and methods it knows,
+model paths inside its model directories, models that fit in memory; a job that fails the
+check is refused (FailJob refused=True, never retried) with the reason. While the machine is
+on battery or in low-power mode the agent does not ask for jobs at all and says why in its
+status, which every heartbeat carries to the coordinator.
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ from pathlib import Path
 
 import grpc
 
-from agent import api, retry
+from agent import api, environment, retry
 from agent.credentials import AgentIdentity
-from agent.fingerprint import fingerprint
+from agent.engines import ENGINE_METHODS, ENGINES
+from agent.fingerprint import available_engines, fingerprint
+from agent.metrics import AgentMetrics
+from agent.models import HashCache, ModelRefused, check_fits, resolve
 from agent.spool import Spool
 
 log = logging.getLogger("specfleet.agent")
 
 POLL_WAIT_SECONDS = 20.0
+POWER_RECHECK_SECONDS = 15.0  # how often an agent holding back (on battery) looks again
 WORKER_OUTPUT_TAIL_CHARS = 2000
 
 
@@ -38,14 +48,26 @@ class AgentState:
     last_contact: float = 0.0
     lease_lost: bool = False
     draining: bool = False
+    not_starting: str = ""  # why no job is started now (battery, low-power mode); "" when none
 
 
 class Agent:
-    def __init__(self, config_dir: Path, identity: AgentIdentity | None = None):
+    def __init__(
+        self,
+        config_dir: Path,
+        identity: AgentIdentity | None = None,
+        *,
+        model_dirs: list[Path] | tuple[Path, ...] = (),
+        allow_battery: bool = False,
+        metrics_port: int | None = None,
+        sample_environment=environment.sample,
+        hf_cache: Path | None = None,
+        allow_downloads: bool = False,
+    ):
         self.config_dir = config_dir
         self.identity = identity or AgentIdentity.load(config_dir)
-        ca = Path(self.identity.tls_ca) if self.identity.tls_ca else None
-        self.api = api.AgentApi(api.channel(self.identity.coordinator, ca=ca), self.identity.credential)
+        chan = api.channel(self.identity.coordinator, **self.identity.tls_files())
+        self.api = api.AgentApi(chan, self.identity.credential)
         self.spool = Spool(config_dir / "spool")
         self.state = AgentState()
         self.stop = threading.Event()
@@ -53,11 +75,30 @@ class Agent:
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()  # the uploader thread and the main loop both flush
         self._worker: subprocess.Popen | None = None
+        self._beat = threading.Event()  # set to send a heartbeat now (the status changed)
+        self.model_dirs = [Path(d).expanduser().resolve() for d in model_dirs]
+        self.allow_battery = allow_battery
+        self.sample_environment = sample_environment
+        self.hf_cache, self.allow_downloads = hf_cache, allow_downloads
+        self.fingerprint = fingerprint()  # taken at start: sent once, and the memory that models must fit
+        self.engines = available_engines()
+        self.hashes = HashCache(config_dir / "model-hashes.json")
+        self.metrics = AgentMetrics(self.spool.depth)
+        self.metrics_port = metrics_port
+        self.last_upload = 0.0
+        if not self.model_dirs:
+            log.warning("no --model-dir configured: jobs may name model files anywhere on this machine")
 
     # ------------------------------------------------------------------ threads
 
+    def _wait_for_beat(self) -> None:
+        deadline = time.monotonic() + self.identity.heartbeat_interval_seconds
+        while not self.stop.is_set() and not self._beat.is_set() and time.monotonic() < deadline:
+            self._beat.wait(0.2)
+        self._beat.clear()
+
     def _heartbeat_loop(self) -> None:
-        fp = fingerprint()  # refreshed once at start, then only the lease and status travel
+        fp = self.fingerprint  # refreshed once at start, then only the lease and status travel
         while not self.stop.is_set():
             with self._lock:
                 job_id, lease_id, status = self.state.job_id, self.state.lease_id, self.state.status
@@ -79,7 +120,7 @@ class Agent:
             except (grpc.RpcError, InterruptedError) as e:
                 log.warning("heartbeat failed: %s", e)
             self._write_status()
-            self.stop.wait(self.identity.heartbeat_interval_seconds)
+            self._wait_for_beat()
 
     def _upload_loop(self) -> None:
         while not self.stop.is_set():
@@ -110,6 +151,9 @@ class Agent:
                 )
                 self.spool.ack(item)
                 done += 1
+                self.last_upload = time.time()
+                self.metrics.runs_uploaded.inc()
+                self.metrics.last_upload.set(self.last_upload)
             except grpc.RpcError as e:
                 if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                     log.error("coordinator refused run %s: %s", item.run.run_id, e.details())
@@ -126,17 +170,75 @@ class Agent:
         if self._worker is not None and self._worker.poll() is None:
             self._worker.kill()
 
+    def preflight(self, spec: dict) -> tuple[dict, dict[str, str]]:
+        """Check a job before any worker starts: (spec with resolved model paths, run params).
+        Raises ModelRefused with the reason this agent will not run it."""
+        engine = spec.get("engine")
+        if engine not in ENGINES or engine not in self.engines:
+            raise ModelRefused(
+                f"engine {engine!r} is not one this agent runs (it runs: {', '.join(self.engines) or 'none'})"
+            )
+        unknown = sorted({a.get("method") for a in spec.get("arms", [])} - set(ENGINE_METHODS[engine]), key=str)
+        if unknown:
+            raise ModelRefused(
+                f"method(s) {', '.join(map(repr, unknown))} unknown to engine {engine} on this agent "
+                f"(it knows: {', '.join(ENGINE_METHODS[engine])})"
+            )
+        model = spec.get("model") or {}
+        roles = [r for r in ("target", "draft") if model.get(r)]
+        if "target" not in roles:
+            raise ModelRefused("the job names no target model")
+        resolved = {r: resolve(model[r], self.model_dirs, self.allow_downloads, self.hf_cache) for r in roles}
+        check_fits(list(resolved.values()), self.fingerprint.memory_bytes, model.get("memory_gb"))
+        params = {}
+        for role, m in resolved.items():
+            params.update(self.hashes.model_params(role, m))
+            params[f"model.{role}.reference"] = m.reference
+        spec = {**spec, "model": {**model, **{r: str(m.path) for r, m in resolved.items()}}}
+        return spec, params
+
+    def _refuse(self, job, reason: str) -> None:
+        log.error("job %s refused: %s", job.job_id, reason)
+        retry.call(
+            lambda: self.api.fail_job(job.job_id, job.lease_id, reason, refused=True),
+            retry.JOB_STATE,
+            f"refuse {job.job_id}",
+            None,
+        )
+        self.metrics.jobs.labels("refused").inc()
+
     def run_job(self, job) -> None:
-        spec = json.loads(job.spec_json)
+        try:
+            spec, params = self.preflight(json.loads(job.spec_json))
+        except ModelRefused as e:
+            self._refuse(job, str(e))
+            return
+        except (ValueError, TypeError, AttributeError) as e:
+            self._refuse(job, f"the job's spec is malformed: {type(e).__name__}: {e}")
+            return
+        except OSError as e:  # a model file this agent may not read, a disk error while hashing
+            self._refuse(job, f"could not read the job's model files: {e}")
+            return
         workdir = self.config_dir / "jobs" / job.job_id
         workdir.mkdir(parents=True, exist_ok=True)
         job_file = workdir / "job.json"
         job_file.write_text(
-            json.dumps({"job_id": job.job_id, "lease_id": job.lease_id, "attempt": job.attempt, "spec": spec})
+            json.dumps(
+                {
+                    "job_id": job.job_id,
+                    "lease_id": job.lease_id,
+                    "attempt": job.attempt,
+                    "spec": spec,
+                    "params": params,
+                    "memory_bytes": self.fingerprint.memory_bytes,
+                }
+            )
         )
         with self._lock:
             self.state.job_id, self.state.lease_id, self.state.lease_lost = job.job_id, job.lease_id, False
             self.state.status = f"running {job.job_id} ({spec['engine']})"
+        self._beat.set()
+        self.metrics.job_began(spec["engine"], time.time())
         log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec["engine"], spec["model"]["target"])
         out_path, err_path = workdir / "worker.out", workdir / "worker.err"
         with open(out_path, "w") as out, open(err_path, "w") as err:
@@ -145,6 +247,7 @@ class Agent:
                 stdout=out,
                 stderr=err,
             )
+            (workdir / "worker.pid").write_text(str(self._worker.pid))
             deadline = time.monotonic() + spec.get("deadline_seconds", 3600)
             while self._worker.poll() is None:
                 self._spooled.set()  # let the uploader take runs as they are measured
@@ -166,6 +269,7 @@ class Agent:
     def _finish(self, job, code: int, timed_out: bool, out_path: Path, err_path: Path) -> None:
         if self.state.lease_lost:
             log.warning("job %s: lease lost; its runs stay refused in the spool", job.job_id)
+            self.metrics.job_ended("failed")
             return
         if code == 0:
             runs = json.loads(out_path.read_text().strip().splitlines()[-1])["runs"]
@@ -176,11 +280,14 @@ class Agent:
                 self.stop,
             )
             log.info("job %s done: %d runs", job.job_id, runs)
+            self.metrics.job_ended("done")
             return
         if self.stop.is_set():
             reason = "agent stopped during the job"
         elif timed_out:
             reason = "worker exceeded the job's deadline and was killed"
+        elif code == -signal.SIGKILL:
+            reason = "worker killed by SIGKILL (out of memory, or killed by another process)"
         elif code < 0:
             reason = f"worker killed by {signal.Signals(-code).name}"
         else:
@@ -191,6 +298,7 @@ class Agent:
             lambda: self.api.fail_job(job.job_id, job.lease_id, reason), retry.JOB_STATE, f"fail {job.job_id}", None
         )
         log.error("job %s failed (%s): %s", job.job_id, "will retry" if resp.will_retry else "final", reason)
+        self.metrics.job_ended("failed")
 
     def _write_status(self) -> None:
         with self._lock:
@@ -200,6 +308,10 @@ class Agent:
                 "status": self.state.status,
                 "spool_depth": self.spool.depth(),
                 "last_contact_unix_seconds": self.state.last_contact,
+                "not_starting_jobs": self.state.not_starting,
+                "model_dirs": [str(d) for d in self.model_dirs],
+                "last_upload_unix_seconds": self.last_upload,
+                "metrics_port": self.metrics_port,
             }
         tmp = self.config_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status))
@@ -212,6 +324,9 @@ class Agent:
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._upload_loop, name="uploader", daemon=True),
         ]
+        if self.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.metrics_port)
+            log.info("agent metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
         for t in threads:
             t.start()
         log.info("agent %s polling %s", self.identity.name, self.identity.coordinator)
@@ -222,6 +337,9 @@ class Agent:
                 if self.state.draining:
                     log.info("coordinator asked this agent to drain; exiting")
                     break
+                if self._holding_back():
+                    self.stop.wait(POWER_RECHECK_SECONDS)
+                    continue
                 with self._lock:
                     self.state.status = "waiting for a job"
                 try:
@@ -244,4 +362,24 @@ class Agent:
             self.stop.set()
             for t in threads:
                 t.join(timeout=5)
+            self._write_status()
+            self.metrics.close()
         return 0
+
+    def _holding_back(self) -> bool:
+        """Whether the machine is in no state to start a job (battery, low-power mode); the
+        reason goes into the status, and at once to the coordinator with a heartbeat."""
+        reason = None if self.allow_battery else environment.refusal_reason(self.sample_environment())
+        with self._lock:
+            changed = (reason or "") != self.state.not_starting
+            self.state.not_starting = reason or ""
+            if reason:
+                self.state.status = f"not starting jobs: {reason}"
+        self.metrics.not_starting.set(1 if reason else 0)
+        if changed:
+            if reason:
+                log.warning("not starting jobs: %s", reason)
+            else:
+                log.info("power is back to normal: taking jobs again")
+            self._beat.set()
+        return reason is not None

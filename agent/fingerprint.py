@@ -5,7 +5,9 @@ captured text."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import re
@@ -96,6 +98,23 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
+def llama_cpp_commit() -> str | None:
+    """The llama.cpp commit llama-cpp-python was built from, read from its bundled ggml library
+    (without importing llama_cpp, which would load the whole backend)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        for lib in sorted((Path(location) / "lib").glob("*ggml-base*")):
+            try:
+                ggml = ctypes.CDLL(str(lib))
+                ggml.ggml_commit.restype = ctypes.c_char_p
+                return ggml.ggml_commit().decode()
+            except (OSError, AttributeError):
+                continue
+    return None
+
+
 def engine_versions() -> dict[str, str]:
     out = {}
     for dist in ("mlx", "mlx-lm", "llama-cpp-python"):
@@ -103,6 +122,8 @@ def engine_versions() -> dict[str, str]:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             pass
+    if "llama-cpp-python" in out and (commit := llama_cpp_commit()):
+        out["llama.cpp.commit"] = commit
     return out
 
 
@@ -116,18 +137,20 @@ def available_engines() -> list[str]:
     return engines
 
 
-def fingerprint() -> pb.Fingerprint:
+def fingerprint(platform: str = sys.platform, run=None, root: Path = Path("/")) -> pb.Fingerprint:
+    """This machine's fingerprint; `run` (a command runner) and `root` let tests feed captured output."""
+    run = run or _run
     fp = pb.Fingerprint(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, engine_versions=engine_versions())
-    if sys.platform == "darwin":
-        _macos(fp)
+    if platform == "darwin":
+        _macos(fp, run)
     else:
-        _linux(fp)
+        _linux(fp, run, root)
     return fp
 
 
-def _macos(fp: pb.Fingerprint) -> None:
+def _macos(fp: pb.Fingerprint, run=_run) -> None:
     fp.os = "macos"
-    fp.os_version = (_run(["sw_vers", "-productVersion"]) or "").strip()
+    fp.os_version = (run(["sw_vers", "-productVersion"]) or "").strip()
     keys = [
         "machdep.cpu.brand_string",
         "hw.memsize",
@@ -135,13 +158,13 @@ def _macos(fp: pb.Fingerprint) -> None:
         "hw.perflevel0.physicalcpu",
         "hw.perflevel1.physicalcpu",
     ]
-    values = parse_sysctl(_run(["sysctl", *keys]) or "")
+    values = parse_sysctl(run(["sysctl", *keys]) or "")
     fp.chip = values.get("machdep.cpu.brand_string", "")
-    fp.memory_bytes = int(values.get("hw.memsize", 0) or 0)
+    fp.memory_bytes = _int(values.get("hw.memsize"))
     fp.model_identifier = values.get("hw.model", "")
-    fp.performance_cores = int(values.get("hw.perflevel0.physicalcpu", 0) or 0)
-    fp.efficiency_cores = int(values.get("hw.perflevel1.physicalcpu", 0) or 0)
-    fp.gpu_cores = parse_ioreg_gpu_cores(_run(["ioreg", "-rc", "AGXAccelerator", "-d", "1"]) or "") or 0
+    fp.performance_cores = _int(values.get("hw.perflevel0.physicalcpu"))
+    fp.efficiency_cores = _int(values.get("hw.perflevel1.physicalcpu"))
+    fp.gpu_cores = parse_ioreg_gpu_cores(run(["ioreg", "-rc", "AGXAccelerator", "-d", "1"]) or "") or 0
     bandwidth = BANDWIDTH_GBPS.get((fp.chip, fp.gpu_cores))
     if bandwidth:
         fp.memory_bandwidth_bytes_per_second = bandwidth * 1e9
@@ -151,20 +174,29 @@ def _macos(fp: pb.Fingerprint) -> None:
         ("memory", not fp.memory_bytes),
         ("model_identifier", not fp.model_identifier),
         ("gpu_cores", not fp.gpu_cores),
+        ("performance_cores", not fp.performance_cores),
+        ("efficiency_cores", not fp.efficiency_cores),
         ("memory_bandwidth", not bandwidth),
     ]:
         if missing:
             fp.unavailable.append(name)
 
 
-def _linux(fp: pb.Fingerprint) -> None:
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _linux(fp: pb.Fingerprint, run=_run, root: Path = Path("/")) -> None:
     fp.os = platform.system().lower() or "linux"
     fp.os_version = platform.release()
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    cpuinfo = (root / "proc/cpuinfo").read_text() if (root / "proc/cpuinfo").exists() else ""
+    meminfo = (root / "proc/meminfo").read_text() if (root / "proc/meminfo").exists() else ""
     fp.chip = parse_cpuinfo_model(cpuinfo) or platform.processor() or ""
     fp.memory_bytes = parse_meminfo_bytes(meminfo) or 0
-    smi = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
+    smi = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
     fp.gpus.extend(parse_nvidia_smi(smi or ""))
     # Apple-only readings do not exist here: say so instead of reporting zeros as facts.
     fp.unavailable.extend(

@@ -3,7 +3,10 @@
 Load once; warm up each arm until two consecutive runs agree or a cap is reached; take one
 unmeasured baseline output per prompt as the reference for `lossless`; then for every repeat
 run every prompt with all arms back to back, rotating the arms' order each repeat, so that
-paired ratios come from adjacent runs in the same thermal window.
+paired ratios come from adjacent runs in the same thermal window. With `cooldown_seconds`
+in the spec the machine rests that long before every measured run. Environment readings are
+taken before and after every run; a run whose readings were not nominal is flagged
+(params env.nominal = "false", env.reasons).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent import environment
 from agent.engines.base import VERIFY_COST, Engine, Request, Sampler
 from agent.summary import relative_spread, summarise
 
@@ -30,19 +34,20 @@ def rotated(arms: list[Arm], repeat: int) -> list[Arm]:
     return arms[k:] + arms[:k]
 
 
-def environment() -> dict[str, str]:
-    """Readings that say whether the machine was quiet; more arrive with the agent issue."""
-    try:
-        load1, _, _ = os.getloadavg()
-        return {"loadavg_1m": f"{load1:.2f}"}
-    except OSError:
-        return {"loadavg_1m": "unavailable"}
-
-
-def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
+def run_job(
+    spec: dict,
+    engine: Engine,
+    emit: Callable[[dict], None],
+    sample: Callable[[], dict[str, str]] = environment.sample,
+    sleep: Callable[[float], None] = time.sleep,
+    extra_params: dict[str, str] | None = None,
+    memory_total_bytes: int | None = None,
+) -> int:
     """Run a job spec on a loaded-or-not engine, calling emit(fields) for every measured run.
-    Returns the number of runs emitted."""
+    `sample` reads the environment, `sleep` cools down; `extra_params` (model hashes, ...) go
+    into every run's params. Returns the number of runs emitted."""
     model = spec["model"]
+    cooldown = float(spec.get("cooldown_seconds", 0) or 0)
     load_seconds = engine.load(model["target"], model.get("draft"))
     sampler = Sampler(**spec["sampler"])
     arms = [Arm(a["method"], a["depth"]) for a in spec["arms"]]
@@ -82,15 +87,20 @@ def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
         **{f"version.{k}": v for k, v in engine.versions().items()},
         "model.target": model["target"],
         "model.draft": model.get("draft", ""),
+        "cooldown_seconds": f"{cooldown:g}",
+        **(extra_params or {}),
     }
 
     emitted = 0
     for repeat in range(spec["repeats"]):
         for pid, tokens in prompts:
             for position, arm in enumerate(rotated(arms, repeat)):
-                env_before = environment()
+                if cooldown > 0:
+                    sleep(cooldown)
+                env_before = sample()
                 started = time.time()
                 gen = engine.generate(request(arm, tokens))
+                env_after = sample()
                 fields = summarise(gen)
                 fields.update(
                     engine=spec["engine"],
@@ -102,8 +112,7 @@ def run_job(spec: dict, engine: Engine, emit: Callable[[dict], None]) -> int:
                     started_at_unix_seconds=started,
                     params={
                         **common,
-                        **{f"env.before.{k}": v for k, v in env_before.items()},
-                        **{f"env.after.{k}": v for k, v in environment().items()},
+                        **environment.run_flags(env_before, env_after, os.cpu_count(), memory_total_bytes),
                     },
                 )
                 if sampler.greedy:

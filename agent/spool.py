@@ -3,7 +3,8 @@
 One JSON file per run in `pending/`, written to a temporary name and renamed, so a crash at
 any moment leaves either the whole record or nothing. A record leaves `pending/` only once the
 coordinator has acknowledged it (deleted) or refused it for good (moved to `refused/` with the
-reason, never dropped).
+reason, never dropped). `measured.log` lists the id of every run ever put, so that what was
+measured can be checked against what the coordinator stored.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Spool:
     def __init__(self, root: Path):
         self.pending = root / "pending"
         self.refused = root / "refused"
+        self.journal = root / "measured.log"
         self.pending.mkdir(parents=True, exist_ok=True)
         self.refused.mkdir(parents=True, exist_ok=True)
 
@@ -58,7 +60,15 @@ class Spool:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(self.pending)
+        with open(self.journal, "a") as f:
+            f.write(run.run_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         return path
+
+    def measured(self) -> list[str]:
+        """Ids of every run ever put in this spool, in order."""
+        return self.journal.read_text().split() if self.journal.exists() else []
 
     def items(self) -> list[Spooled]:
         """Pending records, oldest first."""

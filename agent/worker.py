@@ -3,12 +3,17 @@
 `python -m agent.worker JOB.json SPOOL_DIR`: loads the engine, measures, writes every run
 to the spool as soon as it is measured, prints {"runs": N} on its last line and exits 0.
 A crash, an out-of-memory kill or a hang ends only this process; the agent fails the job.
+A worker whose agent has died (kill -9) stops too: benchmarks never share a machine, and a
+restarted agent will run the next attempt.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -17,8 +22,20 @@ from agent.protocol import run_job
 from agent.spool import Spool
 from protos.specfleet.v1 import fleet_pb2 as pb
 
+PARENT_CHECK_SECONDS = 0.5
+ORPHANED_EXIT_STATUS = 3
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while True:
+        time.sleep(PARENT_CHECK_SECONDS)
+        if os.getppid() != parent:
+            print("the agent that started this worker is gone; stopping", file=sys.stderr, flush=True)
+            os._exit(ORPHANED_EXIT_STATUS)
+
 
 def main(argv: list[str]) -> int:
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     job = json.loads(Path(argv[0]).read_text())
     spool = Spool(Path(argv[1]))
     spec = job["spec"]
@@ -31,7 +48,13 @@ def main(argv: list[str]) -> int:
         run.params["attempt"] = str(job["attempt"])
         spool.put(job["job_id"], job["lease_id"], run)
 
-    runs = run_job(spec, make_engine(spec["engine"]), emit)
+    runs = run_job(
+        spec,
+        make_engine(spec["engine"]),
+        emit,
+        extra_params=job.get("params", {}),
+        memory_total_bytes=job.get("memory_bytes") or None,
+    )
     print(json.dumps({"runs": runs}), flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""The fleet's agents: enrolment, last contact, revocation and draining."""
+"""The fleet's agents: enrolment, revocation and draining (last contact: Scheduler.heartbeats)."""
 
 from __future__ import annotations
 
@@ -50,26 +50,6 @@ def enrol(
             ],
         )
     return agent_id, credential
-
-
-def touch(store: Store, agent_id: str, status: str, fingerprint: dict | None = None) -> str:
-    """Record contact from an agent; return its state (the agent learns it is draining)."""
-    with store.tx() as con:
-        if fingerprint:
-            con.execute(
-                "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
-                [
-                    json.dumps(fingerprint),
-                    fingerprint.get("chip", ""),
-                    int(fingerprint.get("memoryBytes", 0)),
-                    agent_id,
-                ],
-            )
-        con.execute(
-            "UPDATE agents SET last_seen = ?, status = ?, seq = ? WHERE agent_id = ?",
-            [time.time(), status[:512], next_seq(con), agent_id],
-        )
-        return con.execute("SELECT state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()[0]
 
 
 def set_state(store: Store, agent_id: str, state: str) -> None:

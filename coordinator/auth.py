@@ -91,14 +91,22 @@ def _bearer(metadata) -> str:
     raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "missing credential (authorization metadata)")
 
 
-def authenticate_agent(store: Store, metadata) -> str:
-    credential = _bearer(metadata)
+def _agent_row(store: Store, agent_id: str):
+    with store.tx() as con:
+        return con.execute("SELECT credential_hash, state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+
+
+def _is_admin(store: Store, credential_hash: str) -> bool:
+    with store.tx() as con:
+        return con.execute("SELECT 1 FROM admin_credentials WHERE credential_hash = ?", [credential_hash]).fetchone()
+
+
+def _check_agent(credential: str, load) -> str:
     parts = credential.split(".")
     if len(parts) != 3 or parts[0] != "sfa":
         raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "malformed agent credential")
     _, agent_id, secret = parts
-    with store.tx() as con:
-        row = con.execute("SELECT credential_hash, state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+    row = load(agent_id)
     if row is None or not hmac.compare_digest(row[0], hash_secret(secret)):
         raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "unknown or wrong agent credential")
     if row[1] == "revoked":
@@ -106,45 +114,86 @@ def authenticate_agent(store: Store, metadata) -> str:
     return agent_id
 
 
+def authenticate_agent(store: Store, metadata) -> str:
+    return _check_agent(_bearer(metadata), lambda agent_id: _agent_row(store, agent_id))
+
+
 def authenticate_admin(store: Store, metadata) -> None:
-    credential = _bearer(metadata)
-    with store.tx() as con:
-        row = con.execute(
-            "SELECT 1 FROM admin_credentials WHERE credential_hash = ?", [hash_secret(credential)]
-        ).fetchone()
-    if row is None:
+    if not _is_admin(store, hash_secret(_bearer(metadata))):
         raise AuthError(grpc.StatusCode.PERMISSION_DENIED, "not an admin credential")
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class Credentials:
+    """Checks credentials with an in-memory copy of each agent's (hash, state) and of the admin
+    hashes seen. The coordinator is the database's only writer, so the copy stays exact as long
+    as every change of an agent's state calls `forget`."""
+
+    def __init__(self, store: Store, db):
+        self._store = store
+        self._db = db
+        self._agents: dict[str, tuple[str, str]] = {}
+        self._admins: set[str] = set()
+
+    async def agent(self, metadata) -> str:
+        credential = _bearer(metadata)
+        agent_id = credential.split(".")[1] if credential.count(".") == 2 else ""
+        if agent_id and agent_id not in self._agents:
+            row = await self._db.run(_agent_row, self._store, agent_id)
+            if row is not None:
+                self._agents[agent_id] = tuple(row)
+        return _check_agent(credential, self._agents.get)
+
+    async def admin(self, metadata) -> None:
+        digest = hash_secret(_bearer(metadata))
+        if digest not in self._admins:
+            if not await self._db.run(_is_admin, self._store, digest):
+                raise AuthError(grpc.StatusCode.PERMISSION_DENIED, "not an admin credential")
+            self._admins.add(digest)
+
+    def forget(self, agent_id: str) -> None:
+        self._agents.pop(agent_id, None)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Checks every call: agent credentials for AgentService, admin credentials for AdminService.
 
-    The check runs inside the wrapped handler, on the thread that serves the call, so the
+    The check runs inside the wrapped handler, in the task that serves the call, so the
     authenticated agent id can be handed to the servicer through a context variable.
     """
 
-    def __init__(self, store: Store):
-        self._store = store
+    def __init__(self, credentials: Credentials):
+        self._credentials = credentials
+        self._wrapped = {}  # method -> guarded handler: the same for every call of a method
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
+        if method not in self._wrapped:
+            handler = await continuation(handler_call_details)
+            if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; remember nothing
+                return None
+            self._wrapped[method] = self._guard(method, handler)
+        return self._wrapped[method]
+
+    def _guard(self, method: str, handler):
         if handler is None or method in UNAUTHENTICATED_METHODS or handler.unary_unary is None:
             return handler
         if method.startswith(AGENT_SERVICE):
-            check = lambda md: current_agent.set(authenticate_agent(self._store, md))  # noqa: E731
+
+            async def check(md):
+                current_agent.set(await self._credentials.agent(md))
+
         elif method.startswith(ADMIN_SERVICE):
-            check = lambda md: authenticate_admin(self._store, md)  # noqa: E731
+            check = self._credentials.admin
         else:
             return handler
         inner = handler.unary_unary
 
-        def guarded(request, context):
+        async def guarded(request, context):
             try:
-                check(context.invocation_metadata())
+                await check(context.invocation_metadata())
             except AuthError as e:
-                context.abort(e.code, str(e))
-            return inner(request, context)
+                await context.abort(e.code, str(e))
+            return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
             guarded,

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
+from dataclasses import dataclass
+
+import pyarrow as pa
 
 from agent.engines import ENGINES
-from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, VERIFY_COST
-from coordinator.scheduler import Scheduler
-from coordinator.store import next_seq
+from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIVE_METHODS, VERIFY_COST
+from coordinator.scheduler import Scheduler, lease_problem
 
 MAX_MAP_ENTRIES = 256
 MAX_STRING_CHARS = 4096
+MAX_ID_CHARS = 128
 MAX_TOKENS = 10_000_000
 MAX_SECONDS = 7 * 86400.0
 MAX_TOKENS_PER_SECOND = 10_000_000.0
 MAX_MEMORY_BYTES = 2**50
+MAX_METRIC = 1e15  # metrics are counts, seconds, rates and ratios in base units: never negative
+# Metric and parameter names become export columns (metric.<key>, param.<key>).
+KEY_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class InvalidRun(ValueError):
@@ -24,20 +32,27 @@ class InvalidRun(ValueError):
 
 
 def validate(run) -> None:
-    """Raise InvalidRun naming the first field that is missing, non-finite or out of range."""
+    """Raise InvalidRun naming every field that is missing, non-finite, out of range or too large."""
     problems = []
 
     def bounded(name, value, lo, hi):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
             problems.append(f"{name} = {value!r} is not a finite value in [{lo}, {hi}]")
 
-    if not run.run_id or len(run.run_id) > 128:
-        problems.append("run_id must be 1-128 characters")
+    def short(name, value, lo=1, hi=MAX_ID_CHARS):
+        if not (lo <= len(value) <= hi):
+            problems.append(f"{name} must be {lo}-{hi} characters, got {len(value)}")
+
+    short("run_id", run.run_id)
+    short("prompt_id", run.prompt_id)
     if run.engine not in ENGINES:
         problems.append(f"engine {run.engine!r} is not one of {', '.join(ENGINES)}")
     if run.method not in (*METHODS, *REFERENCE_METHODS, VERIFY_COST):
         problems.append(f"method {run.method!r} is unknown")
-    bounded("depth", run.depth, 0, MAX_DEPTH)
+    if run.method in SPECULATIVE_METHODS:
+        bounded(f"depth (of {run.method})", run.depth, 1, MAX_DEPTH)
+    else:
+        bounded(f"depth (of {run.method or 'a run without a method'})", run.depth, 0, 0)
     for name in ("prompt_tokens", "generated_tokens"):
         bounded(name, getattr(run, name), 0, MAX_TOKENS)
     bounded("repeat", run.repeat, 0, 100_000)
@@ -48,72 +63,149 @@ def validate(run) -> None:
         bounded(name, getattr(run, name), 0, MAX_TOKENS_PER_SECOND)
     bounded("peak_memory_bytes", run.peak_memory_bytes, 0, MAX_MEMORY_BYTES)
     bounded("started_at_unix_seconds", run.started_at_unix_seconds, 0, 2**33)
-    if len(run.metrics) > MAX_MAP_ENTRIES or len(run.params) > MAX_MAP_ENTRIES:
-        problems.append(f"metrics and params may hold at most {MAX_MAP_ENTRIES} entries each")
-    for key, value in run.metrics.items():
-        if not math.isfinite(value):
-            problems.append(f"metrics[{key!r}] = {value!r} is not finite")
-    for mapping in (run.metrics, run.params):
+    if run.output_sha256 and not SHA256_RE.match(run.output_sha256):
+        problems.append(f"output_sha256 {run.output_sha256[:80]!r} is not 64 lowercase hex digits (or empty)")
+    for field in ("metrics", "params"):
+        mapping = getattr(run, field)
+        if len(mapping) > MAX_MAP_ENTRIES:
+            problems.append(f"{field} holds {len(mapping)} entries; at most {MAX_MAP_ENTRIES} are allowed")
+            continue
         for key in mapping:
-            if len(key) > 128:
-                problems.append(f"key {key[:40]!r}... is longer than 128 characters")
-    for key, value in run.params.items():
-        if len(value) > MAX_STRING_CHARS:
-            problems.append(f"params[{key!r}] is longer than {MAX_STRING_CHARS} characters")
-    for name in ("job_id", "prompt_id", "output_sha256"):
-        if len(getattr(run, name)) > MAX_STRING_CHARS:
-            problems.append(f"{name} is longer than {MAX_STRING_CHARS} characters")
+            if not KEY_RE.match(key):
+                problems.append(f"{field} key {key[:40]!r} must be 1-128 characters of letters, digits, _ . : / -")
+    if len(run.metrics) <= MAX_MAP_ENTRIES:
+        for key, value in run.metrics.items():
+            hi = 1.0 if "acceptance" in key else MAX_METRIC  # acceptance rates are shares of drafted tokens
+            bounded(f"metrics[{key[:40]!r}]", value, 0, hi)
+        drafted, accepted = run.metrics.get("tokens_drafted"), run.metrics.get("tokens_accepted")
+        if drafted is not None and accepted is not None and accepted > drafted:
+            problems.append(f"metrics: tokens_accepted ({accepted}) exceeds tokens_drafted ({drafted})")
+    if len(run.params) <= MAX_MAP_ENTRIES:
+        for key, value in run.params.items():
+            if len(value) > MAX_STRING_CHARS:
+                problems.append(f"params[{key[:40]!r}] is {len(value)} characters; at most {MAX_STRING_CHARS}")
+    short("job_id", run.job_id, hi=MAX_STRING_CHARS)
     if problems:
         raise InvalidRun("; ".join(problems))
 
 
+@dataclass(frozen=True)
+class Report:
+    """One ReportResult call: who sent it, for which job and lease, and the run."""
+
+    agent_id: str
+    job_id: str
+    lease_id: str
+    run: object  # pb.Run
+
+
+RUN_COLUMNS = (
+    "run_id job_id lease_id sweep_id agent_id chip engine method depth prompt_id repeat position prompt_tokens"
+    " generated_tokens prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"
+    " prefill_tokens_per_second peak_memory_bytes output_sha256 lossless metrics params started_at ingested_at seq"
+).split()
+
+
 def ingest(scheduler: Scheduler, agent_id: str, job_id: str, lease_id: str, run) -> tuple[bool, int]:
     """Store one run; return (duplicate, ingest sequence). Idempotent on run_id."""
-    validate(run)
-    if run.job_id != job_id:
-        raise InvalidRun(f"run.job_id {run.job_id!r} differs from the request's job_id {job_id!r}")
+    (result,) = ingest_many(scheduler, [Report(agent_id, job_id, lease_id, run)])
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool, int] | Exception]:
+    """Store many runs in one transaction; per report (duplicate, ingest sequence), or the
+    InvalidRun / SchedulerError that refused it. A refused report does not affect the others."""
+    results: list[tuple[bool, int] | Exception | None] = [None] * len(reports)
+    for i, r in enumerate(reports):
+        try:
+            validate(r.run)
+            if r.run.job_id != r.job_id:
+                raise InvalidRun(f"run.job_id {r.run.job_id!r} differs from the request's job_id {r.job_id!r}")
+        except InvalidRun as e:
+            results[i] = e
+    todo = [i for i, res in enumerate(results) if res is None]
+    if not todo:
+        return results
+    now = time.time()
     with scheduler.store.tx() as con:
-        existing = con.execute("SELECT seq, agent_id FROM runs WHERE run_id = ?", [run.run_id]).fetchone()
-        if existing is not None:
-            if existing[1] != agent_id:
-                raise InvalidRun(f"run id {run.run_id} was already stored by another agent")
-            return True, existing[0]
-        scheduler.check_lease(con, agent_id, job_id, lease_id)
-        sweep_id, chip = con.execute(
-            "SELECT j.sweep_id, a.chip FROM jobs j JOIN agents a USING (agent_id) WHERE j.job_id = ?", [job_id]
-        ).fetchone()
-        seq = next_seq(con)
-        con.execute(
-            f"INSERT INTO runs VALUES ({', '.join(['?'] * 28)})",
-            [
-                run.run_id,
-                job_id,
-                lease_id,
-                sweep_id,
-                agent_id,
-                chip,
-                run.engine,
-                run.method,
-                run.depth,
-                run.prompt_id,
-                run.repeat,
-                run.position,
-                run.prompt_tokens,
-                run.generated_tokens,
-                run.prefill_seconds,
-                run.ttft_seconds,
-                run.decode_seconds,
-                run.wall_seconds,
-                run.decode_tokens_per_second,
-                run.prefill_tokens_per_second,
-                run.peak_memory_bytes,
-                run.output_sha256,
-                run.lossless if run.has_lossless else None,
-                json.dumps(dict(run.metrics)),
-                json.dumps(dict(run.params)),
-                run.started_at_unix_seconds,
-                time.time(),
-                seq,
-            ],
-        )
-    return False, seq
+        run_ids = [reports[i].run.run_id for i in todo]
+        stored = {
+            run_id: (seq, agent_id)
+            for run_id, seq, agent_id in con.execute(
+                "SELECT run_id, seq, agent_id FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]
+            ).fetchall()
+        }
+        jobs = {
+            row[0]: row[1:]
+            for row in con.execute(
+                "SELECT j.job_id, j.agent_id, j.state, j.lease_id, j.sweep_id, a.chip"
+                " FROM jobs j JOIN agents a USING (agent_id) WHERE j.job_id IN (SELECT unnest(?))",
+                [list({reports[i].job_id for i in todo})],
+            ).fetchall()
+        }
+        rows = []
+        for i in todo:
+            r = reports[i]
+            run = r.run
+            if run.run_id in stored:  # a retry: acknowledge, never store twice
+                seq, owner = stored[run.run_id]
+                if owner != r.agent_id:
+                    results[i] = InvalidRun(f"run id {run.run_id} was already stored by another agent")
+                elif seq is not None:  # None: stored earlier in this batch, filled in below
+                    results[i] = (True, seq)
+                continue
+            job = jobs.get(r.job_id)
+            problem = lease_problem(r.agent_id, r.job_id, r.lease_id, job[:3] if job else None)
+            if problem is not None:
+                results[i] = problem
+                continue
+            sweep_id, chip = job[3], job[4]
+            rows.append((i, [
+                run.run_id, r.job_id, r.lease_id, sweep_id, r.agent_id, chip, run.engine, run.method, run.depth,
+                run.prompt_id, run.repeat, run.position, run.prompt_tokens, run.generated_tokens,
+                run.prefill_seconds, run.ttft_seconds, run.decode_seconds, run.wall_seconds,
+                run.decode_tokens_per_second, run.prefill_tokens_per_second, run.peak_memory_bytes,
+                run.output_sha256, run.lossless if run.has_lossless else None, json.dumps(dict(run.metrics)),
+                json.dumps(dict(run.params)), run.started_at_unix_seconds, now,
+            ]))  # fmt: skip
+            stored[run.run_id] = (None, r.agent_id)  # the same run twice in one batch: the second is a retry
+        if rows:
+            seqs = sorted(
+                s for (s,) in con.execute("SELECT nextval('ingest_seq') FROM range(?)", [len(rows)]).fetchall()
+            )
+            for (i, values), seq in zip(rows, seqs):
+                values.append(seq)
+                results[i] = (False, seq)
+                stored[values[0]] = (seq, values[4])
+            table = pa.Table.from_arrays(
+                [
+                    pa.array(column, type=RUN_TYPES[name])
+                    for name, column in zip(RUN_COLUMNS, zip(*(v for _, v in rows)))
+                ],
+                names=RUN_COLUMNS,
+            )
+            con.register("ingest_batch", table)
+            try:
+                con.execute(f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT * FROM ingest_batch")
+            finally:
+                con.unregister("ingest_batch")
+    for i, res in enumerate(results):  # later copies of a run stored earlier in this batch
+        if res is None:
+            results[i] = (True, stored[reports[i].run.run_id][0])
+    return results
+
+
+_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+RUN_TYPES = {
+    name: _TYPES[kind]
+    for kind, names in {
+        "int": "depth repeat position prompt_tokens generated_tokens peak_memory_bytes seq",
+        "float": "prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"
+        " prefill_tokens_per_second started_at ingested_at",
+        "bool": "lossless",
+    }.items()
+    for name in names.split()
+}
+RUN_TYPES.update({name: pa.string() for name in RUN_COLUMNS if name not in RUN_TYPES})

@@ -6,6 +6,7 @@ Labels are bounded: chip, engine, method, depth, state, RPC method. Never run or
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -101,24 +102,41 @@ class Metrics:
         return start_http_server(port, addr=host, registry=self.registry)
 
 
-class MetricsInterceptor(grpc.ServerInterceptor):
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
+        self._wrapped = {}  # method -> timed handler: the same for every call of a method
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if method not in self._wrapped:
+            handler = await continuation(handler_call_details)
+            if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; remember nothing
+                return None
+            self._wrapped[method] = self._time(handler_call_details, handler)
+        return self._wrapped[method]
+
+    def _time(self, handler_call_details, handler):
         if handler is None or handler.unary_unary is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
         inner = handler.unary_unary
         histogram = self.metrics.rpc_seconds
 
-        def timed(request, context):
+        async def timed(request, context):
             start = time.perf_counter()
+            code = grpc.StatusCode.UNKNOWN
             try:
-                return inner(request, context)
+                response = await inner(request, context)
+                code = context.code() or grpc.StatusCode.OK
+                return response
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
             finally:
-                code = context.code() if hasattr(context, "code") and context.code() else grpc.StatusCode.OK
                 histogram.labels(method, code.name).observe(time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(

@@ -12,10 +12,13 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from coordinator.store import Store, next_seq
-from coordinator.sweeps import Sweep, agent_matches
+from coordinator.sweeps import Sweep, agent_can_run, agent_matches
 
 LEASE_SECONDS = 60.0
 HEARTBEAT_INTERVAL_SECONDS = 10.0
@@ -41,8 +44,32 @@ class SchedulerError(Exception):
     """A request that does not fit the job's state: stale lease, unknown job, ..."""
 
 
+def lease_problem(agent_id: str, job_id: str, lease_id: str, row) -> SchedulerError | None:
+    """Why `lease_id` on `job_id` is not `agent_id`'s live lease, given the job's (agent_id,
+    state, lease_id) row or None; None when it is."""
+    if row is None:
+        return SchedulerError(f"unknown job {job_id}")
+    owner, state, current_lease = row
+    if owner != agent_id:
+        return SchedulerError(f"job {job_id} belongs to another agent")
+    if state != JobState.LEASED.value or current_lease != lease_id:
+        return SchedulerError(f"lease {lease_id} on job {job_id} is no longer valid (job is {state})")
+    return None
+
+
 class NoMatchingAgents(SchedulerError):
     pass
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat: the agent, the job and lease it holds (empty when idle), its status."""
+
+    agent_id: str
+    job_id: str = ""
+    lease_id: str = ""
+    status: str = ""
+    fingerprint: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +102,17 @@ class Scheduler:
         self.clock = clock
         self.lease_seconds = lease_seconds
         self._work = threading.Condition()
+        # Called with the ids of agents that may have a job now (the server's long-polls listen).
+        self.listeners: list[Callable[[set[str]], None]] = []
+        # Agents that may have a queued job or hold a lease: a superset, changed only inside a
+        # transaction. Idle agents long-poll all the time; this spares their polls the database.
+        with store.tx() as con:
+            self._may_have_work = {
+                agent_id
+                for (agent_id,) in con.execute(
+                    "SELECT DISTINCT agent_id FROM jobs WHERE state IN ('queued', 'leased')"
+                ).fetchall()
+            }
 
     # ------------------------------------------------------------------ sweeps
 
@@ -86,17 +124,26 @@ class Scheduler:
                 "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents WHERE state IN ('idle', 'busy')"
             ).fetchall()
             jobs = []
+            cells = sweep.cells()
             for agent_id, name, chip, memory_bytes, labels, engines in agents:
-                info = {"name": name, "chip": chip, "memory_bytes": memory_bytes, "labels": json.loads(labels)}
+                info = {
+                    "name": name,
+                    "chip": chip,
+                    "memory_bytes": memory_bytes,
+                    "labels": json.loads(labels),
+                    "engines": json.loads(engines),
+                }
                 if not agent_matches(sweep.target, info):
                     continue
-                for cell in sweep.cells():
-                    if cell["engine"] in json.loads(engines):
-                        jobs.append((agent_id, cell))
+                jobs.extend((agent_id, cell) for cell in cells if agent_can_run(cell, info))
             if not jobs:
+                needs = [
+                    f"{e} with {m['memory_gb']} GB of memory" if "memory_gb" in m else e
+                    for e, m in sweep.models.items()
+                ]
                 raise NoMatchingAgents(
                     f"sweep {sweep.name!r}: no enrolled agent matches its target and has one of its engines "
-                    f"({', '.join(sweep.engines)}); nothing was stored"
+                    f"({', '.join(needs)}); nothing was stored"
                 )
             con.execute(
                 "INSERT INTO sweeps VALUES (?, ?, ?, 'running', ?, ?)",
@@ -117,7 +164,8 @@ class Scheduler:
                         next_seq(con),
                     ],
                 )
-        self._wake()
+            self._may_have_work.update(agent_id for agent_id, _ in jobs)
+        self._wake({agent_id for agent_id, _ in jobs})
         return sweep_id, len(jobs)
 
     def cancel(self, sweep_id: str) -> int:
@@ -142,14 +190,17 @@ class Scheduler:
         """Lease the agent's next queued job, waiting up to wait_seconds for one to appear."""
         deadline = time.monotonic() + min(max(wait_seconds, 0.0), MAX_WAIT_SECONDS)
         while True:
-            job = self._try_acquire(agent_id)
+            job = self.try_acquire(agent_id)
             remaining = deadline - time.monotonic()
             if job is not None or remaining <= 0:
                 return job
             with self._work:
                 self._work.wait(timeout=min(remaining, 1.0))
 
-    def _try_acquire(self, agent_id: str) -> LeasedJob | None:
+    def try_acquire(self, agent_id: str) -> LeasedJob | None:
+        """Lease the agent's next queued job now, or return None."""
+        if agent_id not in self._may_have_work:
+            return None
         now = self.clock()
         with self.store.tx() as con:
             state = con.execute("SELECT state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
@@ -168,6 +219,7 @@ class Scheduler:
                 [agent_id],
             ).fetchone()
             if row is None:
+                self._may_have_work.discard(agent_id)  # it held no lease past this point either
                 return None
             job_id, sweep_id, attempt, spec = row
             lease_id = "lease-" + uuid.uuid4().hex[:12]
@@ -188,13 +240,68 @@ class Scheduler:
 
     def check_lease(self, con, agent_id: str, job_id: str, lease_id: str) -> None:
         row = con.execute("SELECT agent_id, state, lease_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()
-        if row is None:
-            raise SchedulerError(f"unknown job {job_id}")
-        owner, state, current_lease = row
-        if owner != agent_id:
-            raise SchedulerError(f"job {job_id} belongs to another agent")
-        if state != JobState.LEASED.value or current_lease != lease_id:
-            raise SchedulerError(f"lease {lease_id} on job {job_id} is no longer valid (job is {state})")
+        if (problem := lease_problem(agent_id, job_id, lease_id, row)) is not None:
+            raise problem
+
+    def heartbeats(self, beats: list[Beat]) -> list[tuple[str, float | None]]:
+        """Record many agents' heartbeats in one transaction (the server batches them).
+
+        For each: the agent's state (it learns that it is draining) and, when it named a job,
+        the seconds until its extended lease expires, or None if that lease is gone."""
+        now = self.clock()
+        latest = {b.agent_id: b for b in beats}  # one row per agent, its latest status
+        with self.store.tx() as con:
+            for b in beats:
+                if b.fingerprint:
+                    fp = b.fingerprint
+                    con.execute(
+                        "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
+                        [json.dumps(fp), fp.get("chip", ""), int(fp.get("memoryBytes", 0)), b.agent_id],
+                    )
+            seqs = sorted(
+                r[0] for r in con.execute("SELECT nextval('ingest_seq') FROM range(?)", [len(latest)]).fetchall()
+            )
+            touched = pa.table(
+                {
+                    "agent_id": list(latest),
+                    "status": [b.status[:512] for b in latest.values()],
+                    "seq": seqs,
+                }
+            )
+            con.register("heartbeat_batch", touched)
+            try:
+                con.execute(
+                    "UPDATE agents SET last_seen = ?, status = h.status, seq = h.seq FROM heartbeat_batch h"
+                    " WHERE agents.agent_id = h.agent_id",
+                    [now],
+                )
+                states = dict(
+                    con.execute(
+                        "SELECT agent_id, state FROM agents WHERE agent_id IN (SELECT agent_id FROM heartbeat_batch)"
+                    ).fetchall()
+                )
+            finally:
+                con.unregister("heartbeat_batch")
+            job_ids = [b.job_id for b in beats if b.job_id]
+            leases = {}
+            if job_ids:
+                leases = {
+                    r[0]: r[1:]
+                    for r in con.execute(
+                        "SELECT job_id, agent_id, state, lease_id FROM jobs WHERE job_id IN (SELECT unnest(?))",
+                        [job_ids],
+                    ).fetchall()
+                }
+            live = [
+                bool(b.job_id) and lease_problem(b.agent_id, b.job_id, b.lease_id, leases.get(b.job_id)) is None
+                for b in beats
+            ]
+            if any(live):
+                con.execute(
+                    "UPDATE jobs SET lease_expires_at = ? WHERE job_id IN (SELECT unnest(?))",
+                    [now + self.lease_seconds, [b.job_id for b, ok in zip(beats, live) if ok]],
+                )
+        return [(states.get(b.agent_id, ""), self.lease_seconds if ok else None) for b, ok in zip(beats, live)]
 
     def heartbeat(self, agent_id: str, job_id: str, lease_id: str) -> float | None:
         """Extend the lease; return seconds until it expires, or None if it is gone."""
@@ -217,9 +324,10 @@ class Scheduler:
                     f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first"
                 )
             transition(con, job_id, JobState.DONE, now)
+            self._may_have_work.add(agent_id)  # its next job, if any
             self._release_agent(con, agent_id)
             self._close_sweep_if_done(con, job_id)
-        self._wake()
+        self._wake({agent_id})
 
     def fail(self, agent_id: str, job_id: str, lease_id: str, reason: str, retry: bool) -> bool:
         """Fail the attempt; requeue when `retry` and attempts remain. Returns whether it will retry."""
@@ -227,8 +335,9 @@ class Scheduler:
         with self.store.tx() as con:
             self.check_lease(con, agent_id, job_id, lease_id)
             will_retry = self._end_attempt(con, job_id, now, reason, retry=retry)
+            self._may_have_work.add(agent_id)
             self._release_agent(con, agent_id)
-        self._wake()
+        self._wake({agent_id})
         return will_retry
 
     def expire_leases(self) -> int:
@@ -240,9 +349,10 @@ class Scheduler:
             ).fetchall()
             for job_id, agent_id in expired:
                 self._end_attempt(con, job_id, now, "lease expired without a heartbeat")
+                self._may_have_work.add(agent_id)
                 self._release_agent(con, agent_id)
         if expired:
-            self._wake()
+            self._wake({agent_id for _, agent_id in expired})
         return len(expired)
 
     # ------------------------------------------------------------------ helpers
@@ -292,6 +402,8 @@ class Scheduler:
                 [next_seq(con), sweep_id],
             )
 
-    def _wake(self) -> None:
+    def _wake(self, agent_ids: set[str]) -> None:
         with self._work:
             self._work.notify_all()
+        for listener in self.listeners:
+            listener(agent_ids)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coordinator import auth
+from coordinator.batching import Database
 from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer
@@ -26,8 +27,6 @@ ADMIN_TOKEN_FILE = "admin.token"
 ENDPOINTS_FILE = "coordinator.json"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 REAPER_INTERVAL_SECONDS = 1.0
-# Long-polls hold a thread each: size the pool for the agents that wait at once.
-MAX_WORKERS = 128
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,12 @@ def _write_private(path: Path, text: str) -> None:
 
 
 class Coordinator:
-    """A running coordinator; `stop()` shuts everything down and closes the database."""
+    """A running coordinator; `stop()` shuts everything down and closes the database.
+
+    gRPC is served by grpc.aio on an event loop in its own thread: a waiting long-poll costs
+    an asyncio task, not a thread. Every DuckDB call runs on one database thread (see
+    coordinator/batching.py); heartbeats and results are batched into shared transactions.
+    """
 
     def __init__(self, config: CoordinatorConfig):
         self.config = config
@@ -64,17 +68,45 @@ class Coordinator:
         credential = auth.ensure_admin_credential(self.store, admin_credential(config.data_dir))
         _write_private(config.data_dir / ADMIN_TOKEN_FILE, credential + "\n")
 
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
-            interceptors=[MetricsInterceptor(self.metrics), auth.AuthInterceptor(self.store)],
+        self.db = Database()
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
+        self._loop_thread.start()
+        try:
+            self.port = self._on_loop(self._build_server())
+        except BaseException:
+            self._close_loop()
+            self.store.close()
+            raise
+
+        self.metrics_port = None
+        self._metrics_server = None
+        if config.metrics_port >= 0:
+            self._metrics_server, _ = self.metrics.serve(config.host, config.metrics_port)
+            self.metrics_port = self._metrics_server.server_port
+
+        self._flusher: asyncio.Task | None = None
+        self._stopping = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="lease-reaper", daemon=True)
+
+    def _on_loop(self, coro, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _build_server(self) -> int:
+        config = self.config
+        credentials = auth.Credentials(self.store, self.db)
+        self.server = grpc.aio.server(
+            interceptors=[MetricsInterceptor(self.metrics), auth.AuthInterceptor(credentials)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ],
         )
-        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.scheduler, self.metrics), self.server)
-        pb_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.scheduler), self.server)
-        self.health = health.HealthServicer()
+        self.agent_service = AgentServicer(self.scheduler, self.metrics, self.db)
+        pb_grpc.add_AgentServiceServicer_to_server(self.agent_service, self.server)
+        admin = AdminServicer(self.scheduler, self.db, credentials, self.agent_service)
+        pb_grpc.add_AdminServiceServicer_to_server(admin, self.server)
+        self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{config.host}:{config.port}"
         if config.tls_cert:
@@ -83,24 +115,20 @@ class Coordinator:
                 root_certificates=config.tls_client_ca.read_bytes() if config.tls_client_ca else None,
                 require_client_auth=config.tls_client_ca is not None,
             )
-            self.port = self.server.add_secure_port(address, creds)
+            port = self.server.add_secure_port(address, creds)
         else:
-            self.port = self.server.add_insecure_port(address)
-        if self.port == 0:
+            port = self.server.add_insecure_port(address)
+        if port == 0:
             raise RuntimeError(f"could not bind gRPC to {address}")
+        return port
 
-        self.metrics_port = None
-        self._metrics_server = None
-        if config.metrics_port >= 0:
-            self._metrics_server, _ = self.metrics.serve(config.host, config.metrics_port)
-            self.metrics_port = self._metrics_server.server_port
-
-        self._stopping = threading.Event()
-        self._reaper = threading.Thread(target=self._reap, name="lease-reaper", daemon=True)
+    async def _start_server(self) -> None:
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._flusher = asyncio.get_running_loop().create_task(self.agent_service.flush_idle_beats_forever())
 
     def start(self) -> Coordinator:
-        self.server.start()
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._on_loop(self._start_server())
         self._reaper.start()
         endpoints = {
             "grpc": f"{self.config.host}:{self.port}",
@@ -127,12 +155,25 @@ class Coordinator:
                 self.metrics.lease_expiries.inc(expired)
                 log.warning("%d lease(s) expired", expired)
 
+    async def _stop_server(self, grace_seconds: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_seconds)
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await self.agent_service.flush_idle_beats()  # the last contact of every agent is kept
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=10)
+        self._loop.close()
+
     def stop(self, grace_seconds: float = 2.0) -> None:
         self._stopping.set()
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace_seconds).wait()
+        self._on_loop(self._stop_server(grace_seconds), timeout=grace_seconds + 30)
+        self._close_loop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         self._reaper.join(timeout=5)
+        self.db.close()
         self.store.close()
         (self.config.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)

@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 
 import grpc
 import pyarrow as pa
 from google.protobuf import json_format
 
 from coordinator import agents, auth
-from coordinator.ingest import InvalidRun, ingest
+from coordinator.batching import Batcher, Database
+from coordinator.ingest import InvalidRun, Report, ingest_many
 from coordinator.metrics import Metrics
-from coordinator.scheduler import HEARTBEAT_INTERVAL_SECONDS, NoMatchingAgents, Scheduler, SchedulerError
+from coordinator.scheduler import (
+    HEARTBEAT_INTERVAL_SECONDS,
+    MAX_WAIT_SECONDS,
+    Beat,
+    NoMatchingAgents,
+    Scheduler,
+    SchedulerError,
+)
 from coordinator.sweeps import SweepError, parse_sweep
 from protos.specfleet.v1 import fleet_pb2 as pb
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 
+log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
+FLUSH_SECONDS = 1.0
+# Results and lease renewals wait this long to share a transaction: a commit costs
+# milliseconds, a row far less.
+REPORT_LINGER_SECONDS = 0.02
 # What the read path may show of each table: never credential hashes.
 EXPORT_COLUMNS = {
     "runs": "*",
@@ -32,14 +48,50 @@ def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
 
 
 class AgentServicer(pb_grpc.AgentServiceServicer):
-    def __init__(self, scheduler: Scheduler, metrics: Metrics):
+    """Agent calls on the event loop: store work runs on the database thread, heartbeats and
+    results are batched into shared transactions, long-polls wait on the loop, not a thread."""
+
+    def __init__(self, scheduler: Scheduler, metrics: Metrics, db: Database):
         self.scheduler = scheduler
         self.store = scheduler.store
         self.metrics = metrics
+        self.db = db
+        self.heartbeats = Batcher(db, scheduler.heartbeats, REPORT_LINGER_SECONDS)
+        self.reports = Batcher(db, lambda reports: ingest_many(scheduler, reports), REPORT_LINGER_SECONDS)
+        self.waiters = Waiters()
+        scheduler.listeners.append(self.waiters.notify_threadsafe)
+        # Idle agents' heartbeats only refresh last_seen and status: they are kept here and
+        # written together every FLUSH_SECONDS. Draining is set only through this process.
+        self.idle_beats: dict[str, Beat] = {}
+        with self.store.tx() as con:
+            self.draining = {
+                a for (a,) in con.execute("SELECT agent_id FROM agents WHERE state = 'draining'").fetchall()
+            }
 
-    def Enrol(self, request, context):
+    def set_state(self, agent_id: str, state: str) -> None:
+        """Told by the admin service after it changed an agent's state."""
+        if state == "draining":
+            self.draining.add(agent_id)
+        else:
+            self.draining.discard(agent_id)
+
+    async def flush_idle_beats(self) -> None:
+        beats, self.idle_beats = list(self.idle_beats.values()), {}
+        if beats:
+            await self.heartbeats.submit_many(beats)
+
+    async def flush_idle_beats_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            try:
+                await self.flush_idle_beats()
+            except Exception:  # the next flush writes the next beats; an agent's last_seen lags
+                log.exception("writing heartbeats failed")
+
+    async def Enrol(self, request, context):
         try:
-            agent_id, credential = agents.enrol(
+            agent_id, credential = await self.db.run(
+                agents.enrol,
                 self.store,
                 request.token,
                 request.name,
@@ -48,9 +100,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 list(request.engines),
             )
         except auth.AuthError as e:
-            context.abort(e.code, str(e))
+            await context.abort(e.code, str(e))
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.EnrolResponse(
             agent_id=agent_id,
             credential=credential,
@@ -58,24 +110,37 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             lease_seconds=self.scheduler.lease_seconds,
         )
 
-    def Heartbeat(self, request, context):
-        agent_id = auth.current_agent.get()
+    async def Heartbeat(self, request, context):
         fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
-        state = agents.touch(self.store, agent_id, request.status, fingerprint)
-        response = pb.HeartbeatResponse(drain=state == "draining")
+        agent_id = auth.current_agent.get()
+        beat = Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint)
+        if not request.job_id and fingerprint is None:
+            self.idle_beats[agent_id] = beat
+            return pb.HeartbeatResponse(drain=agent_id in self.draining)
+        _, remaining = await self.heartbeats.submit(beat)
+        response = pb.HeartbeatResponse(drain=agent_id in self.draining)
         if request.job_id:
-            remaining = self.scheduler.heartbeat(agent_id, request.job_id, request.lease_id)
             response.lease_valid = remaining is not None
             response.lease_expires_in_seconds = remaining or 0.0
         return response
 
-    def AcquireJob(self, request, context):
+    async def AcquireJob(self, request, context):
         agent_id = auth.current_agent.get()
-        agents.touch(self.store, agent_id, "waiting for a job")
-        wait = request.wait_seconds
+        wait = min(max(request.wait_seconds, 0.0), MAX_WAIT_SECONDS)
         if context.time_remaining() is not None:  # answer before the caller's own deadline
             wait = min(wait, max(context.time_remaining() - 1.0, 0.0))
-        job = self.scheduler.acquire(agent_id, wait)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        with self.waiters.waiting(agent_id) as woken:  # listen before looking: no wake-up is missed
+            self.idle_beats[agent_id] = Beat(agent_id, status="waiting for a job")
+            job = await self.db.run(self.scheduler.try_acquire, agent_id)
+            while job is None and (remaining := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(woken.wait(), remaining)
+                except TimeoutError:
+                    break
+                woken.clear()
+                job = await self.db.run(self.scheduler.try_acquire, agent_id)
         if job is None:
             return pb.AcquireJobResponse(has_job=False)
         return pb.AcquireJobResponse(
@@ -90,54 +155,94 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             ),
         )
 
-    def ReportResult(self, request, context):
-        agent_id = auth.current_agent.get()
+    async def ReportResult(self, request, context):
+        report = Report(auth.current_agent.get(), request.job_id, request.lease_id, request.run)
         try:
-            duplicate, seq = ingest(self.scheduler, agent_id, request.job_id, request.lease_id, request.run)
+            duplicate, seq = await self.reports.submit(report)
         except InvalidRun as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run {request.run.run_id}: {e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run {request.run.run_id}: {e}")
         except SchedulerError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         (self.metrics.runs_duplicate if duplicate else self.metrics.runs_ingested).inc()
         return pb.ReportResultResponse(duplicate=duplicate, ingest_seq=seq)
 
-    def CompleteJob(self, request, context):
+    async def CompleteJob(self, request, context):
         try:
-            self.scheduler.complete(auth.current_agent.get(), request.job_id, request.lease_id, request.run_count)
+            await self.db.run(
+                self.scheduler.complete, auth.current_agent.get(), request.job_id, request.lease_id, request.run_count
+            )
         except SchedulerError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.CompleteJobResponse()
 
-    def FailJob(self, request, context):
+    async def FailJob(self, request, context):
         reason = request.reason[:2000] or "no reason given"
         try:
-            retry = self.scheduler.fail(
+            retry = await self.db.run(
+                self.scheduler.fail,
                 auth.current_agent.get(),
                 request.job_id,
                 request.lease_id,
                 ("refused: " if request.refused else "") + reason,
-                retry=not request.refused,
+                not request.refused,
             )
         except SchedulerError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.FailJobResponse(will_retry=retry)
 
 
+class Waiters:
+    """The agents waiting in AcquireJob, each with an event the scheduler's wake-ups set."""
+
+    def __init__(self):
+        self._events: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @contextlib.contextmanager
+    def waiting(self, agent_id: str):
+        self._loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        self._events.setdefault(agent_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            events = self._events[agent_id]
+            events.discard(event)
+            if not events:
+                del self._events[agent_id]
+
+    def notify_threadsafe(self, agent_ids: set[str]) -> None:
+        """Called by the scheduler, from whichever thread changed the jobs."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._notify, agent_ids)
+
+    def _notify(self, agent_ids: set[str]) -> None:
+        for agent_id in agent_ids:
+            for event in self._events.get(agent_id, ()):
+                event.set()
+
+
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler, db: Database, credentials: auth.Credentials, agent_service: AgentServicer):
         self.scheduler = scheduler
         self.store = scheduler.store
+        self.db = db
+        self.credentials = credentials
+        self.agent_service = agent_service
 
-    def CreateToken(self, request, context):
+    async def CreateToken(self, request, context):
         try:
-            token, expires_at = auth.create_token(
-                self.store, request.ttl_seconds or 3600.0, request.max_uses or 1, request.note
+            token, expires_at = await self.db.run(
+                auth.create_token, self.store, request.ttl_seconds or 3600.0, request.max_uses or 1, request.note
             )
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.CreateTokenResponse(token=token, expires_at_unix_seconds=expires_at)
 
-    def ListAgents(self, request, context):
+    async def ListAgents(self, request, context):
+        return await self.db.run(self._list_agents)
+
+    def _list_agents(self) -> pb.ListAgentsResponse:
         with self.store.tx() as con:
             rows = con.execute(
                 "SELECT agent_id, name, state, fingerprint, labels, engines, last_seen, current_job_id, status"
@@ -160,46 +265,51 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             )
         return out
 
-    def SubmitSweep(self, request, context):
+    async def SubmitSweep(self, request, context):
         try:
             sweep = parse_sweep(request.yaml)
-            sweep_id, jobs = self.scheduler.submit(sweep, request.yaml)
+            sweep_id, jobs = await self.db.run(self.scheduler.submit, sweep, request.yaml)
         except SweepError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NoMatchingAgents as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs)
 
-    def GetSweep(self, request, context):
-        statuses = self._statuses(request.sweep_id)
+    async def GetSweep(self, request, context):
+        statuses = await self.db.run(self._statuses, request.sweep_id)
         if not statuses:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown sweep {request.sweep_id}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown sweep {request.sweep_id}")
         return statuses[0]
 
-    def ListSweeps(self, request, context):
-        return pb.ListSweepsResponse(sweeps=self._statuses(None))
+    async def ListSweeps(self, request, context):
+        return pb.ListSweepsResponse(sweeps=await self.db.run(self._statuses, None))
 
-    def CancelSweep(self, request, context):
+    async def CancelSweep(self, request, context):
         try:
-            cancelled = self.scheduler.cancel(request.sweep_id)
+            cancelled = await self.db.run(self.scheduler.cancel, request.sweep_id)
         except SchedulerError as e:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         return pb.CancelSweepResponse(jobs_cancelled=cancelled)
 
-    def SetAgentState(self, request, context):
+    async def SetAgentState(self, request, context):
         try:
-            agents.set_state(self.store, request.agent_id, request.state)
+            await self.db.run(agents.set_state, self.store, request.agent_id, request.state)
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self.credentials.forget(request.agent_id)
+        self.agent_service.set_state(request.agent_id, request.state)
         return pb.SetAgentStateResponse()
 
-    def Export(self, request, context):
+    async def Export(self, request, context):
         columns = EXPORT_COLUMNS.get(request.table)
         if columns is None:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"unknown table {request.table!r} (known: {', '.join(EXPORT_COLUMNS)})",
             )
+        return await self.db.run(self._export, request, columns)
+
+    def _export(self, request, columns: str) -> pb.ExportResponse:
         limit = min(request.limit or MAX_EXPORT_ROWS, MAX_EXPORT_ROWS)
         with self.store.tx() as con:
             table = con.sql(

@@ -87,12 +87,22 @@ class Store:
             self._con.close()
 
 
+class DatabaseInUse(ValueError):
+    """The file is locked by a running coordinator."""
+
+
 def open_readonly(data_dir: Path) -> duckdb.DuckDBPyConnection:
     """Open a stopped coordinator's file for reading (export, inspection)."""
     path = data_dir / DB_FILENAME
     if not path.exists():
         raise FileNotFoundError(f"no coordinator database at {path}")
-    return duckdb.connect(str(path), read_only=True)
+    try:
+        return duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as e:
+        raise DatabaseInUse(
+            f"cannot open {path} for reading ({str(e).splitlines()[0]}): is the coordinator still running? "
+            "Export through it instead (without --stopped)"
+        ) from None
 
 
 def next_seq(con: duckdb.DuckDBPyConnection) -> int:

@@ -37,9 +37,13 @@ TOP_KEYS = {
     "repeats",
     "max_attempts",
     "deadline_seconds",
+    "cooldown_seconds",
 }
 VERIFY_COST_KEYS = {"context_tokens", "max_rows", "repeats"}
 TARGET_KEYS = {"chips", "chip_families", "min_memory_gb", "labels", "agents"}
+# memory_gb: unified memory an agent needs to run this engine's target and draft together
+# (weights, KV cache, activations); agents with less get no job for that engine.
+MODEL_KEYS = {"target", "draft", "memory_gb"}
 SAMPLER_KEYS = {"temperature", "top_p", "top_k", "seed"}
 MAX_YAML_BYTES = 256 * 1024
 
@@ -70,6 +74,7 @@ class Sweep:
     repeats: int
     max_attempts: int
     deadline_seconds: float
+    cooldown_seconds: float = 0.0  # rest before every measured run (thermal recovery)
 
     def cells(self) -> list[dict[str, Any]]:
         """One job spec per cell (without agent): what a worker needs to run it."""
@@ -88,6 +93,7 @@ class Sweep:
                 "warmup": self.warmup,
                 "repeats": self.repeats,
                 "deadline_seconds": self.deadline_seconds,
+                "cooldown_seconds": self.cooldown_seconds,
             }
             for engine in self.engines
             for sampler in self.samplers
@@ -209,10 +215,14 @@ def parse_sweep(text: str) -> Sweep:
         if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
             c.fail(f"models.{e}.target", "is required for every engine in engines")
             continue
-        c.unknown_keys(f"models.{e}.", m, {"target", "draft"})
+        c.unknown_keys(f"models.{e}.", m, MODEL_KEYS)
         if {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
             c.fail(f"models.{e}.draft", "is required when methods include draft")
         clean_models[e] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
+        if "memory_gb" in m:
+            memory_gb = c.number(f"models.{e}.memory_gb", m["memory_gb"], 0, 16384)
+            if memory_gb is not None:
+                clean_models[e]["memory_gb"] = memory_gb
 
     samplers = doc.get("samplers") or [{"temperature": 0.0}]
     clean_samplers = []
@@ -285,10 +295,18 @@ def parse_sweep(text: str) -> Sweep:
         repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=3),
         max_attempts=c.number("max_attempts", doc.get("max_attempts"), 1, 20, integer=True, default=3),
         deadline_seconds=float(c.number("deadline_seconds", doc.get("deadline_seconds"), 10, 7 * 86400, default=3600)),
+        cooldown_seconds=float(c.number("cooldown_seconds", doc.get("cooldown_seconds"), 0, 3600, default=0)),
     )
     if c.problems:
         raise SweepError(c.problems)
     return sweep
+
+
+def agent_can_run(cell: dict[str, Any], agent: dict[str, Any]) -> bool:
+    """Whether an agent (engines, memory_bytes) has the cell's engine and the memory its models need."""
+    if cell["engine"] not in agent["engines"]:
+        return False
+    return agent["memory_bytes"] >= cell["model"].get("memory_gb", 0) * 2**30
 
 
 def agent_matches(target: dict[str, Any], agent: dict[str, Any]) -> bool:

@@ -1,8 +1,16 @@
-"""The specfleet dashboard: `specfleet dashboard` (or `streamlit run dashboard/app.py`)."""
+"""The specfleet dashboard: `specfleet dashboard` (or `streamlit run dashboard/app.py`).
+
+Each page under views/ only arranges widgets and charts; data comes from dashboard/data.py."""
 
 import streamlit as st
 
-from dashboard.pages import overview
-
 st.set_page_config(page_title="specfleet", layout="wide")
-st.navigation([st.Page(overview.render, title="Overview", url_path="overview", default=True)]).run()
+st.navigation(
+    [
+        st.Page("views/fleet.py", title="Fleet", url_path="fleet", default=True),
+        st.Page("views/sweeps.py", title="Sweeps", url_path="sweeps"),
+        st.Page("views/compare.py", title="Compare", url_path="compare"),
+        st.Page("views/questions.py", title="Questions", url_path="questions"),
+        st.Page("views/runs.py", title="Runs", url_path="runs"),
+    ]
+).run()

@@ -8,17 +8,22 @@ cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || sysctl -n hw.ncpu)}"
 
-# Debian packages the tests drive for real (none needed yet beyond the base image).
-APT_PACKAGES=()
+# Debian packages the tests drive for real: Prometheus scrapes a coordinator in
+# tests/test_prometheus.py; headless Chromium renders the dashboard in tests/test_browser.py.
+APT_PACKAGES=(prometheus chromium)
 missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
+if command -v dpkg >/dev/null 2>&1; then
+    for pkg in "${APT_PACKAGES[@]}"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+elif ! command -v prometheus >/dev/null 2>&1; then
+    echo "setup: not a Debian system: install Prometheus and Chromium yourself for their tests"
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}"
     sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 uv_bin="$(command -v uv || true)"

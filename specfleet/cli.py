@@ -34,14 +34,49 @@ def _admin(args):
             f"error: no admin credential: pass --admin-token, set SPECFLEET_ADMIN_TOKEN, or point --data-dir "
             f"at the coordinator's data directory (looked in {args.data_dir})"
         )
-    return AdminApi(channel(args.coordinator, ca=Path(args.tls_ca) if args.tls_ca else None), token)
+    return AdminApi(channel(args.coordinator, **_tls_files(args)), token)
+
+
+def _tls_files(args) -> dict[str, Path | None]:
+    """The ca/cert/key arguments of agent.api.channel from --tls-ca/--tls-cert/--tls-key."""
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_cert and not args.tls_ca):
+        sys.exit("error: --tls-cert and --tls-key go together, and need --tls-ca")
+    return {k: Path(v) if v else None for k, v in (("ca", args.tls_ca), ("cert", args.tls_cert), ("key", args.tls_key))}
+
+
+def _add_tls_client_flags(p):
+    p.add_argument("--tls-ca", default=_env("TLS_CA"), help="CA that signed the coordinator's certificate")
+    # CLIENT_ in the variable names: SPECFLEET_TLS_CERT/KEY are the coordinator's own certificate.
+    p.add_argument(
+        "--tls-cert", default=_env("CLIENT_TLS_CERT"), help="client certificate, for a coordinator with mTLS"
+    )
+    p.add_argument("--tls-key", default=_env("CLIENT_TLS_KEY"), help="the client certificate's key")
+
+
+def _add_agent_run_flags(p):
+    p.add_argument(
+        "--model-dir",
+        action="append",
+        default=[],
+        help="directory whose models jobs may use (repeatable; SPECFLEET_MODEL_DIRS=DIR:DIR; default: those "
+        "given at enrolment; none at all lets jobs name any path)",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=int(_env("AGENT_METRICS_PORT")) if _env("AGENT_METRICS_PORT") else None
+    )
+    p.add_argument(
+        "--allow-battery",
+        action="store_true",
+        default=bool(_env("ALLOW_BATTERY")),
+        help="start jobs on battery or in low-power mode too (runs are still flagged)",
+    )
 
 
 def _add_admin_flags(p):
     p.add_argument("--coordinator", default=_env("COORDINATOR", DEFAULT_COORDINATOR), help="HOST:PORT")
     p.add_argument("--admin-token", default=_env("ADMIN_TOKEN"))
     p.add_argument("--data-dir", default=str(default_data_dir()), help="where to find admin.token")
-    p.add_argument("--tls-ca", default=_env("TLS_CA"))
+    _add_tls_client_flags(p)
 
 
 # ---------------------------------------------------------------- coordinator
@@ -114,9 +149,20 @@ def cmd_agents_set_state(args) -> int:
 
 
 def cmd_sweep_submit(args) -> int:
+    from coordinator.sweeps import SweepError, parse_sweep
     from protos.specfleet.v1 import fleet_pb2 as pb
 
     text = Path(args.file).read_text()
+    try:
+        parse_sweep(text)  # the coordinator validates too; this names every problem on its own line
+    except SweepError as e:
+        print(
+            f"error: {args.file} is not a valid sweep ({len(e.problems)} problem(s)); nothing was submitted:",
+            file=sys.stderr,
+        )
+        for problem in e.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
     resp = _admin(args).SubmitSweep(pb.SubmitSweepRequest(yaml=text))
     print(f"sweep {resp.sweep_id}: {resp.jobs} job(s) queued")
     return 0
@@ -171,7 +217,7 @@ def cmd_agent_enrol(args) -> int:
         labels[key] = value
     fp = fingerprint()
     name = args.name or fp.hostname.split(".")[0]
-    client = api.AgentApi(api.channel(args.coordinator, ca=Path(args.tls_ca) if args.tls_ca else None))
+    client = api.AgentApi(api.channel(args.coordinator, **_tls_files(args)))
     resp = retry.call(lambda: client.enrol(args.token, name, fp, labels, available_engines()), retry.ENROL, "enrol")
     path = AgentIdentity(
         coordinator=args.coordinator,
@@ -179,19 +225,50 @@ def cmd_agent_enrol(args) -> int:
         name=name,
         credential=resp.credential,
         heartbeat_interval_seconds=resp.heartbeat_interval_seconds,
-        tls_ca=args.tls_ca,
+        tls_ca=str(Path(args.tls_ca).resolve()) if args.tls_ca else None,
+        tls_cert=str(Path(args.tls_cert).resolve()) if args.tls_cert else None,
+        tls_key=str(Path(args.tls_key).resolve()) if args.tls_key else None,
     ).save(Path(args.config_dir))
+    if args.model_dir:
+        from agent import settings
+
+        dirs = settings.model_dirs(args.model_dir, Path(args.config_dir))
+        settings.save(Path(args.config_dir), model_dirs=[str(d) for d in dirs])
     print(f"enrolled {name} as {resp.agent_id} ({fp.chip}); credential stored in {path}")
     return 0
 
 
 def cmd_agent_run(args) -> int:
+    from agent import settings
     from agent.daemon import Agent
 
-    agent = Agent(Path(args.config_dir))
+    config_dir = Path(args.config_dir)
+    agent = Agent(
+        config_dir,
+        model_dirs=settings.model_dirs(args.model_dir, config_dir),
+        allow_battery=args.allow_battery,
+        metrics_port=args.metrics_port,
+        allow_downloads=args.allow_downloads,
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop.set())
     return agent.run()
+
+
+def cmd_agent_install_service(args) -> int:
+    from agent import service, settings
+
+    config_dir = Path(args.config_dir).resolve()
+    run_args = [a for d in settings.model_dirs(args.model_dir, config_dir) for a in ("--model-dir", str(d))]
+    if args.metrics_port is not None:
+        run_args += ["--metrics-port", str(args.metrics_port)]
+    if args.allow_battery:
+        run_args.append("--allow-battery")
+    result = service.install(
+        config_dir, run_args, dest_dir=Path(args.dest_dir) if args.dest_dir else None, load=not args.no_load
+    )
+    print(result.message, file=sys.stdout if result.loaded or args.no_load else sys.stderr)
+    return 0 if result.loaded or args.no_load else 1
 
 
 def cmd_agent_status(args) -> int:
@@ -204,6 +281,14 @@ def cmd_agent_status(args) -> int:
     print(f"  current job: {status['job_id'] or 'none'}")
     print(f"  spool depth: {status['spool_depth']}")
     print(f"  last contact: {f'{ago:.0f}s ago' if ago is not None else 'never'}")
+    if status.get("not_starting_jobs"):
+        print(f"  not starting jobs: {status['not_starting_jobs']}")
+    if "model_dirs" in status:
+        print(f"  model directories: {', '.join(status['model_dirs']) or 'any (none configured: see --model-dir)'}")
+    if status.get("last_upload_unix_seconds"):
+        print(f"  last upload: {time.time() - status['last_upload_unix_seconds']:.0f}s ago")
+    if status.get("metrics_port"):
+        print(f"  metrics: http://127.0.0.1:{status['metrics_port']}/metrics")
     return 0
 
 
@@ -254,6 +339,21 @@ def cmd_demo(args) -> int:
 # ---------------------------------------------------------------- parser
 
 
+def _positive(kind):
+    """An argparse type: a number above zero (0 would mean "the server's default" on the wire)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specfleet", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -273,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     token = sub.add_parser("token", help="enrolment tokens").add_subparsers(dest="sub", required=True)
     p = token.add_parser("create", help="create an expiring enrolment token")
-    p.add_argument("--ttl", type=float, default=3600.0, help="seconds until it expires")
-    p.add_argument("--max-uses", type=int, default=1)
+    p.add_argument("--ttl", type=_positive(float), default=3600.0, help="seconds until it expires")
+    p.add_argument("--max-uses", type=_positive(int), default=1)
     p.add_argument("--note", default="")
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_token_create)
@@ -314,12 +414,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", required=True)
     p.add_argument("--name")
     p.add_argument("--label", action="append", default=[], help="key=value (repeatable)")
-    p.add_argument("--tls-ca", default=_env("TLS_CA"))
+    _add_tls_client_flags(p)
     p.add_argument("--config-dir", default=str(default_config_dir()))
+    p.add_argument("--model-dir", action="append", default=[], help="directory whose models jobs may use (repeatable)")
     p.set_defaults(fn=cmd_agent_enrol)
     p = ag.add_parser("run", help="take jobs until stopped")
     p.add_argument("--config-dir", default=str(default_config_dir()))
+    _add_agent_run_flags(p)
+    p.add_argument(
+        "--allow-downloads",
+        action="store_true",
+        default=bool(_env("ALLOW_DOWNLOADS")),
+        help="let jobs download Hugging Face models missing from the cache (default: cache only)",
+    )
     p.set_defaults(fn=cmd_agent_run)
+    p = ag.add_parser("install-service", help="run the agent at login: launchd on macOS, systemd --user on Linux")
+    p.add_argument("--config-dir", default=str(default_config_dir()))
+    _add_agent_run_flags(p)
+    p.add_argument("--no-load", action="store_true", help="write the service file only")
+    p.add_argument("--dest-dir", help="where to write it (default: ~/Library/LaunchAgents or ~/.config/systemd/user)")
+    p.set_defaults(fn=cmd_agent_install_service)
     p = ag.add_parser("status", help="current job, spool depth, last contact")
     p.add_argument("--config-dir", default=str(default_config_dir()))
     p.set_defaults(fn=cmd_agent_status)

@@ -89,11 +89,53 @@ def test_bad_figures_are_refused_with_the_field_named(coordinator):
         (dict(prefill_seconds=-1.0), "prefill_seconds"),
         (dict(engine="vllm"), "engine"),
         (dict(metrics={"acceptance_rate": float("inf")}), "acceptance_rate"),
+        (dict(metrics={"acceptance_rate": 1.5}), "metrics['acceptance_rate'] = 1.5 is not a finite value in [0, 1.0]"),
+        (dict(metrics={"rounds": -1.0}), "metrics['rounds'] = -1.0"),
+        (dict(metrics={"bad key": 1.0}), "metrics key 'bad key' must be 1-128 characters"),
+        (dict(metrics={f"m{i}": 1.0 for i in range(300)}), "metrics holds 300 entries; at most 256"),
+        (dict(metrics={"tokens_drafted": 4.0, "tokens_accepted": 5.0}), "tokens_accepted (5.0) exceeds tokens_drafted"),
+        (dict(params={"note": "x" * 5000}), "params['note'] is 5000 characters; at most 4096"),
+        (dict(params={"": "empty key"}), "params key '' must be 1-128 characters"),
+        (dict(depth=3), "depth (of baseline) = 3 is not a finite value in [0, 0]"),
+        (dict(method="draft", depth=0), "depth (of draft) = 0"),
+        (dict(method="medusa"), "method 'medusa' is unknown"),
+        (dict(generated_tokens=-1), "generated_tokens = -1"),
+        (dict(peak_memory_bytes=2**60), "peak_memory_bytes"),
+        (dict(output_sha256="not-a-hash"), "output_sha256 'not-a-hash' is not 64 lowercase hex digits"),
+        (dict(run_id=""), "run_id must be 1-128 characters, got 0"),
+        (dict(prompt_id="p" * 200), "prompt_id must be 1-128 characters, got 200"),
     ]:
         with pytest.raises(grpc.RpcError) as e:
             agent.report_result(job.job_id, job.lease_id, make_run(job.job_id, **bad))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+    other = make_run(job.job_id)
+    other.job_id = "job-other"
+    with pytest.raises(grpc.RpcError) as e:
+        agent.report_result(job.job_id, job.lease_id, other)
+    assert "run.job_id 'job-other' differs from the request's job_id" in e.value.details()
+    # Every problem of one run is named at once.
+    with pytest.raises(grpc.RpcError) as e:
+        agent.report_result(job.job_id, job.lease_id, make_run(job.job_id, engine="vllm", wall_seconds=-2.0))
+    assert "engine 'vllm'" in e.value.details() and "wall_seconds = -2.0" in e.value.details()
     huge = make_run(job.job_id, params={"blob": "x" * (5 * 1024 * 1024)})
     assert code_of(lambda: agent.report_result(job.job_id, job.lease_id, huge)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     with coordinator.store.tx() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+
+
+def test_idle_heartbeats_are_written_in_batches_and_drain_is_seen_at_once(coordinator):
+    import time
+
+    agent = enrol(coordinator)
+    assert not agent.heartbeat(status="idle and well").drain
+    deadline = time.monotonic() + 10
+    while True:
+        with coordinator.store.tx() as con:
+            status = con.execute("SELECT status FROM agents WHERE agent_id = ?", [agent.agent_id]).fetchone()[0]
+        if status == "idle and well":
+            break
+        assert time.monotonic() < deadline, f"the heartbeat's status never reached the database ({status!r})"
+        time.sleep(0.1)
+    admin_for(coordinator).SetAgentState(pb.SetAgentStateRequest(agent_id=agent.agent_id, state="draining"))
+    assert agent.heartbeat().drain
+    assert not agent.acquire_job(0).has_job

@@ -152,3 +152,84 @@ def test_restart_keeps_everything(tmp_path, fleet):
     assert ro.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == 1
     ro.close()
     scheduler.store = Store(path.parent)  # let the fixture close something open
+
+
+def test_a_job_goes_only_to_agents_with_the_engine_and_the_memory_for_the_model(fleet):
+    scheduler, clock, a1, a2 = fleet
+    token, _ = auth.create_token(scheduler.store, 60, 1, now=clock.now)
+    big, _ = agents.enrol(
+        scheduler.store,
+        token,
+        "studio",
+        {"chip": "Apple M3 Ultra", "memoryBytes": str(192 * 2**30)},
+        {},
+        ["mlx"],
+        now=clock.now,
+    )
+    text = SWEEP_YAML.replace(
+        "{target: /models/target, draft: /models/draft}", "{target: /t, draft: /d, memory_gb: 64}"
+    )
+    sweep = parse_sweep(text)
+    assert sweep.models["mlx"]["memory_gb"] == 64
+    _, jobs = scheduler.submit(sweep, text)
+    assert jobs == 1  # mac-1 has mlx but 48 GB; mac-2 has no mlx; the studio has both
+    assert scheduler.acquire(a1) is None and scheduler.acquire(a2) is None
+    assert scheduler.acquire(big).spec["model"] == {"target": "/t", "draft": "/d", "memory_gb": 64}
+
+    too_big = text.replace("memory_gb: 64", "memory_gb: 256")
+    with pytest.raises(NoMatchingAgents, match="mlx with 256 GB of memory"):
+        scheduler.submit(parse_sweep(too_big), too_big)
+
+
+def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
+    from coordinator.ingest import InvalidRun, Report, ingest_many
+
+    scheduler, _, a1, a2 = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    good = make_run(job.job_id)
+    results = ingest_many(
+        scheduler,
+        [
+            Report(a1, job.job_id, job.lease_id, good),
+            Report(a1, job.job_id, job.lease_id, good),  # a retry inside the same batch
+            Report(a1, job.job_id, job.lease_id, make_run(job.job_id, decode_tokens_per_second=float("nan"))),
+            Report(a1, job.job_id, "lease-stale", make_run(job.job_id)),
+            Report(a2, job.job_id, job.lease_id, make_run(job.job_id)),
+        ],
+    )
+    assert results[0][0] is False and results[1] == (True, results[0][1])
+    assert isinstance(results[2], InvalidRun) and "decode_tokens_per_second" in str(results[2])
+    assert isinstance(results[3], SchedulerError) and "no longer valid" in str(results[3])
+    assert isinstance(results[4], SchedulerError) and "belongs to another agent" in str(results[4])
+    assert ingest_many(scheduler, [Report(a1, job.job_id, job.lease_id, good)]) == [(True, results[0][1])]
+    with scheduler.store.tx() as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+def test_a_restarted_scheduler_hands_out_the_queued_jobs(fleet):
+    scheduler, clock, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    again = Scheduler(scheduler.store, clock=clock, lease_seconds=30)  # what a coordinator restart builds
+    assert again.acquire(a1) is not None
+
+
+def test_batched_heartbeats_extend_only_live_leases(fleet):
+    from coordinator.scheduler import Beat
+
+    scheduler, clock, a1, a2 = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    clock.now += 20
+    beats = [
+        Beat(a1, job.job_id, job.lease_id, "running"),
+        Beat(a1, job.job_id, "lease-old", "running"),
+        Beat(a2, status="idle"),
+        Beat(a2, job.job_id, job.lease_id),  # not a2's job
+    ]
+    assert [remaining for _, remaining in scheduler.heartbeats(beats)] == [30, None, None, None]
+    clock.now += 20  # 40 s after the lease began, 20 after the heartbeat
+    assert scheduler.expire_leases() == 0
+    with scheduler.store.tx() as con:
+        rows = dict(con.execute("SELECT name, status FROM agents").fetchall())
+    assert rows == {"mac-1": "running", "mac-2": ""}  # an agent's latest beat in the batch wins

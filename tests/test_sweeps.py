@@ -34,6 +34,8 @@ def yaml_of(**changes):
         (yaml_of(models={}), "models.mlx.target: is required"),
         (yaml_of(models={"mlx": {"target": "/m/t", "weights": "x"}}), "models.mlx.weights: unknown field"),
         (yaml_of(models={"mlx": {"target": "/m/t"}}, methods={"draft": [2]}), "models.mlx.draft: is required"),
+        (yaml_of(models={"mlx": {"target": "/m/t", "memory_gb": -4}}), "models.mlx.memory_gb: must be between 0"),
+        (yaml_of(models={"mlx": {"target": "/m/t", "memory_gb": "8G"}}), "models.mlx.memory_gb: must be a number"),
         (yaml_of(methods={"medusa": [2]}), "methods.medusa: unknown method"),
         (yaml_of(methods={"mtp": [1]}), "methods.mtp: not supported by mlx"),
         (yaml_of(methods={"ref-ngram": [3]}), "methods.ref-ngram: not supported by mlx"),

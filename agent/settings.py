@@ -1,0 +1,44 @@
+"""Agent settings chosen at enrolment (model directories), kept beside the credential in
+`settings.json`; flags of `specfleet agent run` override them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SETTINGS_FILE = "settings.json"
+
+
+def load(config_dir: Path) -> dict:
+    path = config_dir / SETTINGS_FILE
+    if not path.exists():
+        return {}
+    try:
+        settings = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); fix or delete it") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("model_dirs", []), list):
+        raise ValueError(f"{path} must hold an object with a list of model_dirs")
+    return settings
+
+
+def save(config_dir: Path, **settings) -> Path:
+    config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = config_dir / SETTINGS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**load(config_dir), **settings}, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def model_dirs(flags: list[str], config_dir: Path) -> list[Path]:
+    """--model-dir flags, else SPECFLEET_MODEL_DIRS (os.pathsep-separated), else the enrolment's.
+    Every directory must exist: a typo would otherwise refuse every job."""
+    env = os.environ.get("SPECFLEET_MODEL_DIRS", "")
+    chosen = flags or [d for d in env.split(os.pathsep) if d] or load(config_dir).get("model_dirs", [])
+    dirs = [Path(d).expanduser().resolve() for d in chosen]
+    for d in dirs:
+        if not d.is_dir():
+            raise ValueError(f"model directory {d} does not exist or is not a directory")
+    return dirs

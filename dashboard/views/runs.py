@@ -1,0 +1,28 @@
+"""Runs: every run with every parameter, metric and environment flag; CSV and Parquet downloads."""
+
+import streamlit as st
+
+from dashboard import data, widgets
+
+st.title("Runs")
+v = data.version()
+f = widgets.filters(v, "runs")
+runs = data.runs_table(v, f)
+if runs.empty:
+    st.info("No results yet: submit a sweep with `specfleet sweep submit FILE`.")
+    st.stop()
+
+chips = st.multiselect("chip", sorted(runs["chip"].unique()), placeholder="all", key="runs-chip")
+states = st.multiselect("environment", ["nominal", "unknown", "degraded"], placeholder="all", key="runs-nominal")
+if chips:
+    runs = runs[runs["chip"].isin(chips)]
+if states:
+    runs = runs[runs["nominal"].isin(states)]
+widgets.nominal_note(runs["nominal"].value_counts().to_dict())
+st.caption(f"{len(runs)} run(s) on {runs['agent_id'].nunique()} machine(s), {runs['chip'].nunique()} chip(s).")
+st.dataframe(runs, hide_index=True)
+
+csv, parquet = data.downloads(runs)
+c1, c2 = st.columns(2)
+c1.download_button("Download CSV", csv, file_name="runs.csv", mime="text/csv")
+c2.download_button("Download Parquet", parquet, file_name="runs.parquet", mime="application/vnd.apache.parquet")

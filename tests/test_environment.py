@@ -1,0 +1,152 @@
+"""Environment readings: parsers on captured macOS output (tests/captured/README.md), the Linux
+reader on this machine and on fake /sys trees, and the nominal / refusal rules."""
+
+import os
+from pathlib import Path
+
+from agent import environment as env
+from agent.environment import UNAVAILABLE
+
+CAPTURED = Path(__file__).parent / "captured"
+
+
+def captured(name: str) -> str:
+    return (CAPTURED / name).read_text()
+
+
+def test_pmset_parsers_on_captured_output():
+    assert env.parse_pmset_batt(captured("macos-m2-pro-pmset-batt-battery.txt")) == "battery"
+    assert env.parse_pmset_batt(captured("macos-m1-mbp-pmset-batt-battery.txt")) == "battery"
+    assert env.parse_pmset_batt(captured("macos-m2-pro-pmset-batt-ac.txt")) == "ac"
+    assert env.parse_pmset_batt(captured("macos-pmset-batt-desktop.txt")) == "no-battery"
+    assert env.parse_pmset_batt("") is None
+    assert env.parse_pmset_therm(captured("macos-m2-pro-pmset-therm-quiet.txt")) == "nominal"
+    assert env.parse_pmset_therm(captured("macos-pmset-therm-limited.txt")) == "throttled: CPU_Speed_Limit=50"
+    assert env.parse_pmset_therm(" - CPU_Speed_Limit               = 100\n") == "nominal"
+    assert env.parse_pmset_therm("") is None
+    assert env.parse_pmset_lowpowermode(captured("macos-m1-mbp-pmset-g.txt")) == "off"
+    assert (
+        env.parse_pmset_lowpowermode(
+            captured("macos-m1-mbp-pmset-g.txt").replace("lowpowermode         0", "lowpowermode         1")
+        )
+        == "on"
+    )
+    assert env.parse_pmset_lowpowermode(captured("macos-m2-pro-pmset-batt-ac.txt")) is None
+
+
+def test_memory_parsers_on_captured_output():
+    assert env.parse_vm_stat_available(captured("macos-m2-pro-vm_stat.txt")) == (7061 + 310694 + 14767) * 16384
+    assert env.parse_vm_stat_available("garbage") is None
+    assert env.parse_swapusage(captured("macos-m2-pro-sysctl-swapusage.txt")) == int(933.06 * 2**20)
+    assert env.parse_swapusage("vm.swapusage: total = 0,00M  used = 1,50G  free = 0,00M") == int(1.5 * 2**30)
+    assert env.parse_swapusage("") is None
+
+
+def test_macos_sample_records_unavailable_readings():
+    outputs = {
+        ("pmset", "-g", "therm"): captured("macos-m2-pro-pmset-therm-quiet.txt"),
+        ("pmset", "-g", "batt"): captured("macos-m2-pro-pmset-batt-battery.txt"),
+        ("vm_stat",): captured("macos-m2-pro-vm_stat.txt"),
+    }
+    s = env.sample_macos(run=lambda cmd: outputs.get(tuple(cmd)))
+    assert s["thermal"] == "nominal" and s["power_source"] == "battery"
+    assert s["low_power_mode"] == UNAVAILABLE and s["swap_used_bytes"] == UNAVAILABLE
+    assert set(s) == set(env.KEYS)
+    assert env.refusal_reason(s).startswith("on battery power")
+
+
+def test_linux_sample_of_this_machine_for_real():
+    s = env.sample_linux()
+    assert set(s) == set(env.KEYS)
+    assert float(s["loadavg_1m"]) >= 0 and int(s["memory_available_bytes"]) > 0
+    assert int(s["swap_used_bytes"]) >= 0
+    # This VM has no power supplies and no thermal zones: said so, not guessed.
+    if not any(Path("/sys/class/power_supply").iterdir()):
+        assert s["power_source"] == "no-battery"
+    if not list(Path("/sys/class/thermal").glob("thermal_zone*")):
+        assert s["thermal"] == UNAVAILABLE
+    assert env.refusal_reason(s) is None
+
+
+def fake_sys(root: Path, supplies: dict, zones=(), profile=None) -> Path:
+    for name, files in supplies.items():
+        d = root / "sys/class/power_supply" / name
+        d.mkdir(parents=True)
+        for k, v in files.items():
+            (d / k).write_text(v + "\n")
+    (root / "sys/class/power_supply").mkdir(parents=True, exist_ok=True)
+    for i, files in enumerate(zones):
+        d = root / "sys/class/thermal" / f"thermal_zone{i}"
+        d.mkdir(parents=True)
+        for k, v in files.items():
+            (d / k).write_text(v + "\n")
+    if profile:
+        (root / "sys/firmware/acpi").mkdir(parents=True)
+        (root / "sys/firmware/acpi/platform_profile").write_text(profile + "\n")
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc/loadavg").write_text("0.50 0.40 0.30 1/100 1234\n")
+    (root / "proc/meminfo").write_text(
+        "MemTotal:       16384000 kB\nMemAvailable:    8192000 kB\n"
+        "SwapTotal:       2097152 kB\nSwapFree:        1048576 kB\n"
+    )
+    return root
+
+
+LAPTOP_ON_BATTERY = {
+    "AC": {"type": "Mains", "online": "0"},
+    "BAT0": {"type": "Battery", "status": "Discharging"},
+}
+
+
+def test_linux_laptop_on_battery_hot_and_in_low_power(tmp_path):
+    hot = {"type": "x86_pkg_temp", "temp": "95000", "trip_point_0_type": "passive", "trip_point_0_temp": "90000"}
+    root = fake_sys(tmp_path, LAPTOP_ON_BATTERY, zones=[hot], profile="low-power")
+    s = env.sample_linux(root)
+    assert s["power_source"] == "battery" and s["low_power_mode"] == "on"
+    assert s["thermal"].startswith("hot: x86_pkg_temp at 95.0 C")
+    assert s["swap_used_bytes"] == str(1048576 * 1024) and s["loadavg_1m"] == "0.50"
+    assert env.refusal_reason(s).startswith("on battery power")
+    reasons = env.not_nominal(s, cpu_count=2)
+    assert any("thermal" in r for r in reasons) and "on battery power" in reasons and "low-power mode on" in reasons
+
+
+def test_linux_laptop_on_ac(tmp_path):
+    supplies = {"AC": {"type": "Mains", "online": "1"}, "BAT0": {"type": "Battery", "status": "Charging"}}
+    cool = {"type": "acpitz", "temp": "45000", "trip_point_0_type": "critical", "trip_point_0_temp": "105000"}
+    s = env.sample_linux(fake_sys(tmp_path, supplies, zones=[cool], profile="balanced"))
+    assert (s["power_source"], s["thermal"], s["low_power_mode"]) == ("ac", "nominal", "off")
+    assert env.refusal_reason(s) is None and env.not_nominal(s, cpu_count=2) == []
+
+
+def test_low_power_mode_alone_refuses():
+    s = {k: UNAVAILABLE for k in env.KEYS} | {"power_source": "ac", "low_power_mode": "on"}
+    assert env.refusal_reason(s).startswith("low-power mode is on")
+
+
+def test_run_flags_mark_runs_not_nominal_with_reasons():
+    quiet = {
+        "thermal": "nominal",
+        "power_source": "ac",
+        "low_power_mode": "off",
+        "loadavg_1m": "0.10",
+        "memory_available_bytes": str(8 * 2**30),
+        "swap_used_bytes": "0",
+    }
+    flags = env.run_flags(quiet, quiet, cpu_count=2, memory_total_bytes=16 * 2**30)
+    assert flags["env.nominal"] == "true" and flags["env.reasons"] == ""
+    assert flags["env.before.thermal"] == "nominal" and flags["env.after.swap_used_bytes"] == "0"
+
+    busy = quiet | {
+        "loadavg_1m": "3.50",
+        "swap_used_bytes": str(512 * 2**20),
+        "thermal": "throttled: CPU_Speed_Limit=50",
+    }
+    flags = env.run_flags(quiet, busy, cpu_count=2, memory_total_bytes=16 * 2**30)
+    assert flags["env.nominal"] == "false"
+    assert "after: load average 3.50 above 2 cores" in flags["env.reasons"]
+    assert "after: thermal throttled" in flags["env.reasons"] and "swap grew by 512 MiB" in flags["env.reasons"]
+
+    unknown = {k: UNAVAILABLE for k in env.KEYS}
+    flags = env.run_flags(unknown, unknown, cpu_count=os.cpu_count())
+    # Unavailable is recorded as such and is not, by itself, a reason to flag the run.
+    assert flags["env.nominal"] == "true" and flags["env.before.power_source"] == UNAVAILABLE

@@ -1,0 +1,124 @@
+"""Fingerprint parsers on real captured output from several Macs (tests/captured/README.md
+says where each came from), and the fingerprint of this Linux machine taken for real."""
+
+import os
+import re
+from pathlib import Path
+
+from agent import fingerprint as fpmod
+from agent.fingerprint import (
+    BANDWIDTH_GBPS,
+    fingerprint,
+    parse_cpuinfo_model,
+    parse_ioreg_gpu_cores,
+    parse_meminfo_bytes,
+    parse_nvidia_smi,
+    parse_sysctl,
+)
+
+CAPTURED = Path(__file__).parent / "captured"
+
+
+def captured(name: str) -> str:
+    return (CAPTURED / name).read_text()
+
+
+def test_m1_macbook_air_sysctl_hw():
+    values = parse_sysctl(captured("macos-m1-macbookair-sysctl-hw.txt"))
+    assert values["hw.memsize"] == "17179869184"  # 16 GiB
+    assert (values["hw.perflevel0.physicalcpu"], values["hw.perflevel1.physicalcpu"]) == ("4", "4")
+    assert values["hw.targettype"] == "J313"
+    assert values["hw.osenvironment"] == ""  # a key with an empty value is still a key
+    assert parse_sysctl(captured("macos-m1-sysctl-machdep-cpu.txt"))["machdep.cpu.brand_string"] == "Apple M1"
+
+
+def test_m3_max_and_m4_pro_sysctl():
+    m3 = parse_sysctl(captured("macos-m3-max-sysctl.txt"))
+    assert m3["machdep.cpu.brand_string"] == "Apple M3 Max" and int(m3["hw.memsize"]) == 36 * 2**30
+    topology = parse_sysctl(captured("macos-m3-max-16core-sysctl-perflevels.txt"))
+    assert (topology["hw.perflevel0.physicalcpu"], topology["hw.perflevel1.physicalcpu"]) == ("12", "4")
+    m4 = parse_sysctl(captured("macos-m4-pro-sysctl.txt"))
+    assert m4["machdep.cpu.brand_string"] == "Apple M4 Pro" and int(m4["hw.memsize"]) == 48 * 2**30
+
+
+def test_m5_max_perflevels_name_super_and_performance_cores():
+    values = parse_sysctl(captured("macos-m5-max-sysctl-perflevels.txt"))
+    # On M5 Max perflevel0 is "Super" and perflevel1 "Performance": no efficiency cores at all.
+    assert (values["hw.perflevel0.name"], values["hw.perflevel0.physicalcpu"]) == ("Super", "6")
+    assert (values["hw.perflevel1.name"], values["hw.perflevel1.physicalcpu"]) == ("Performance", "12")
+
+
+def test_ioreg_gpu_core_count():
+    assert parse_ioreg_gpu_cores(captured("macos-m4-ioreg-agx.txt")) == 10
+    assert parse_ioreg_gpu_cores(captured("macos-m5-max-ioreg-agx.txt")) == 40
+    assert parse_ioreg_gpu_cores(captured("macos-m1-macbookair-sysctl-hw.txt")) is None
+
+
+def test_bandwidth_keys_are_chip_names_as_sysctl_prints_them():
+    for chip, cores in BANDWIDTH_GBPS:
+        assert re.fullmatch(r"Apple M[1-9]( Pro| Max| Ultra)?", chip), chip
+        assert 4 <= cores <= 80
+    # GPU core counts of the captured machines (system_profiler's "Total Number of Cores").
+    m3 = parse_sysctl(captured("macos-m3-max-sysctl.txt"))
+    assert BANDWIDTH_GBPS[(m3["machdep.cpu.brand_string"], int(m3["Total Number of Cores"]))] == 300
+    m4 = parse_sysctl(captured("macos-m4-pro-sysctl.txt"))
+    assert BANDWIDTH_GBPS[(m4["machdep.cpu.brand_string"], int(m4["Total Number of Cores"]))] == 273
+    assert BANDWIDTH_GBPS[("Apple M4", parse_ioreg_gpu_cores(captured("macos-m4-ioreg-agx.txt")))] == 120
+
+
+def fake_mac(outputs: dict[str, str]):
+    def run(cmd):
+        return outputs.get(cmd[0])
+
+    return run
+
+
+def test_macos_fingerprint_from_captured_output_marks_what_is_missing():
+    m4 = captured("macos-m4-pro-sysctl.txt")
+    fp = fingerprint(platform="darwin", run=fake_mac({"sysctl": m4, "sw_vers": "15.3.1\n"}))
+    assert (fp.os, fp.os_version, fp.chip, fp.memory_bytes) == ("macos", "15.3.1", "Apple M4 Pro", 48 * 2**30)
+    # No ioreg output, no hw.model, no perflevels in this capture: listed, not invented.
+    assert {"gpu_cores", "model_identifier", "performance_cores", "memory_bandwidth"} <= set(fp.unavailable)
+    assert fp.memory_bandwidth_bytes_per_second == 0
+
+    m4_ioreg = captured("macos-m4-ioreg-agx.txt")
+    sysctl = "machdep.cpu.brand_string: Apple M4\nhw.memsize: 17179869184\n"
+    fp = fingerprint(platform="darwin", run=fake_mac({"sysctl": sysctl, "ioreg": m4_ioreg}))
+    assert fp.gpu_cores == 10 and fp.memory_bandwidth_bytes_per_second == 120e9
+    assert "os_version" in fp.unavailable
+
+    fp = fingerprint(platform="darwin", run=fake_mac({}))  # every command missing
+    assert fp.chip == "" and {"chip", "memory", "gpu_cores", "os_version"} <= set(fp.unavailable)
+
+    m5 = captured("macos-m5-max-sysctl-perflevels.txt") + "machdep.cpu.brand_string: Apple M5 Max\n"
+    fp = fingerprint(platform="darwin", run=fake_mac({"sysctl": m5, "ioreg": captured("macos-m5-max-ioreg-agx.txt")}))
+    assert (fp.performance_cores, fp.efficiency_cores, fp.gpu_cores) == (6, 12, 40)
+    # No published bandwidth for the M5 Max in the table yet: unavailable, not guessed.
+    assert "memory_bandwidth" in fp.unavailable and fp.memory_bandwidth_bytes_per_second == 0
+
+
+def test_linux_fingerprint_of_this_machine_for_real():
+    fp = fingerprint()
+    cpuinfo, meminfo = Path("/proc/cpuinfo").read_text(), Path("/proc/meminfo").read_text()
+    assert fp.os == "linux" and fp.chip == parse_cpuinfo_model(cpuinfo) and fp.chip
+    assert fp.memory_bytes == parse_meminfo_bytes(meminfo) > 0
+    assert fp.cpu_cores == os.cpu_count()
+    assert "llama-cpp-python" in fp.engine_versions and "mlx" in fp.engine_versions
+    assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", fp.engine_versions["llama.cpp.commit"])
+    assert {"gpu_cores", "model_identifier", "memory_bandwidth"} <= set(fp.unavailable)
+
+
+def test_linux_without_nvidia_smi_has_no_gpus_and_does_not_crash(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Test CPU 9000\n")
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       16384000 kB\n")
+    fp = fingerprint(platform="linux", run=lambda cmd: None, root=tmp_path)
+    assert list(fp.gpus) == [] and fp.chip == "Test CPU 9000" and fp.memory_bytes == 16384000 * 1024
+    assert fpmod._run(["definitely-not-a-command-specfleet"]) is None
+    gpus = captured("linux-h200-nvidia-smi-query-gpu.txt")  # a real GPU host's output
+    fp = fingerprint(platform="linux", run=lambda cmd: gpus if cmd[0] == "nvidia-smi" else None, root=tmp_path)
+    assert list(fp.gpus) == parse_nvidia_smi(gpus) == ["NVIDIA H200, 143771 MiB"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fp = fingerprint(platform="linux", run=lambda cmd: None, root=empty)
+    assert "memory" in fp.unavailable and fp.memory_bytes == 0

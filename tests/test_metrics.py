@@ -1,0 +1,105 @@
+"""/metrics after a small scripted fleet run: every family the issue names, with bounded labels
+and figures that follow from what the run did."""
+
+import time
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.api import AgentApi, channel
+from protos.specfleet.v1 import fleet_pb2 as pb
+from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
+
+M4 = pb.Fingerprint(hostname="m4", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)
+M1 = pb.Fingerprint(hostname="m1", os="macos", chip="Apple M1 Max", memory_bytes=64 * 2**30)
+# Every label a family may carry: chip, engine, method, depth, state, RPC method and code, sweep name.
+ALLOWED_LABELS = {
+    "specfleet_agents": {"state", "chip"},
+    "specfleet_jobs": {"state"},
+    "specfleet_sweep_progress_ratio": {"sweep"},
+    "specfleet_runs_ingested": set(),
+    "specfleet_runs_duplicate": set(),
+    "specfleet_lease_expiries": set(),
+    "specfleet_rpc_duration_seconds": {"method", "code", "le"},
+    "specfleet_latest_decode_tokens_per_second": {"chip", "engine", "method", "depth"},
+    "specfleet_latest_speedup_ratio": {"chip", "engine", "method", "depth"},
+}
+
+
+def scrape(coordinator) -> dict:
+    url = f"http://127.0.0.1:{coordinator.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("specfleet_")}
+
+
+def value(families, name, sample_name=None, **labels) -> float:
+    matches = [
+        s.value
+        for s in families[name].samples
+        if s.name == (sample_name or name) and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert len(matches) == 1, (name, labels, families[name].samples)
+    return matches[0]
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    c = start_coordinator(tmp_path, lease_seconds=2.0)
+    yield c
+    c.stop()
+
+
+def test_metrics_after_a_scripted_fleet_run(coordinator):
+    fast, slow = enrol(coordinator, "m4", fingerprint=M4), enrol(coordinator, "m1", fingerprint=M1)
+    enrol(coordinator, "linux", fingerprint=LINUX_BOX, engines=("llama.cpp",))  # no mlx: stays idle
+    admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
+
+    job = fast.acquire_job(1).job
+    runs = [make_run(job.job_id, "baseline", 0, tps=100.0), make_run(job.job_id, "draft", 2, tps=150.0)]
+    for run in runs:
+        fast.report_result(job.job_id, job.lease_id, run)
+    fast.report_result(job.job_id, job.lease_id, runs[0])  # a retry: acknowledged, counted as duplicate
+    fast.complete_job(job.job_id, job.lease_id, 2)
+    slow.acquire_job(1)  # ... and never heartbeats: the lease expires and the job is requeued
+    with pytest.raises(grpc.RpcError):
+        AgentApi(channel(f"127.0.0.1:{coordinator.port}"), "sfa.nobody.wrong").heartbeat()
+
+    deadline = time.monotonic() + 15
+    while True:
+        families = scrape(coordinator)
+        if value(families, "specfleet_lease_expiries", "specfleet_lease_expiries_total") >= 1:
+            break
+        assert time.monotonic() < deadline, "the lease did not expire within 15 s"
+        time.sleep(0.25)
+
+    for name, allowed in ALLOWED_LABELS.items():
+        assert name in families, f"{name} missing from /metrics"
+        for sample in families[name].samples:
+            assert set(sample.labels) <= allowed, (sample.name, sample.labels)
+            assert not any(v.startswith(("job-", "lease-", "ag-", "sw-")) for v in sample.labels.values())
+
+    assert value(families, "specfleet_agents", state="idle", chip="Apple M4 Pro") == 1
+    assert value(families, "specfleet_agents", state="idle", chip="Apple M1 Max") == 1
+    assert value(families, "specfleet_agents", state="idle", chip="Test CPU") == 1
+    assert value(families, "specfleet_jobs", state="done") == 1
+    assert value(families, "specfleet_jobs", state="queued") == 1
+    assert value(families, "specfleet_jobs", state="leased") == 0
+    assert value(families, "specfleet_sweep_progress_ratio", sweep="test-sweep") == 0.5
+    assert value(families, "specfleet_runs_ingested", "specfleet_runs_ingested_total") == 2
+    assert value(families, "specfleet_runs_duplicate", "specfleet_runs_duplicate_total") == 1
+    assert value(families, "specfleet_lease_expiries", "specfleet_lease_expiries_total") == 1
+
+    rpc = "specfleet_rpc_duration_seconds"
+    assert families[rpc].type == "histogram"
+    assert value(families, rpc, rpc + "_count", method="ReportResult", code="OK") == 3
+    assert value(families, rpc, rpc + "_count", method="Heartbeat", code="UNAUTHENTICATED") == 1
+    assert value(families, rpc, rpc + "_bucket", method="CompleteJob", code="OK", le="+Inf") == 1
+
+    chip = {"chip": "Apple M4 Pro", "engine": "mlx"}
+    tps = "specfleet_latest_decode_tokens_per_second"
+    assert value(families, tps, method="baseline", depth="0", **chip) == 100.0
+    assert value(families, tps, method="draft", depth="2", **chip) == 150.0
+    assert value(families, "specfleet_latest_speedup_ratio", method="draft", depth="2", **chip) == 1.5
+    assert value(families, "specfleet_latest_speedup_ratio", method="baseline", depth="0", **chip) == 1.0

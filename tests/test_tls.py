@@ -1,0 +1,122 @@
+"""TLS and mTLS on the gRPC port, with certificates from deploy/make-test-certs.sh."""
+
+import json
+import subprocess
+
+import grpc
+import pytest
+
+from agent.api import AdminApi, AgentApi, channel
+from agent.credentials import AgentIdentity
+from agent.daemon import Agent
+from coordinator.server import admin_credential
+from protos.specfleet.v1 import fleet_pb2 as pb
+from tests.fleet import LINUX_BOX, start_coordinator
+from tests.processes import ROOT, cli, stop
+from tests.processes import start_coordinator as start_coordinator_process
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("certs")
+    subprocess.run([ROOT / "deploy/make-test-certs.sh", directory], check=True, capture_output=True, timeout=60)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory):
+    """A second, unrelated CA: its certificates must not be trusted by the first one's server."""
+    directory = tmp_path_factory.mktemp("other")
+    subprocess.run([ROOT / "deploy/make-test-certs.sh", directory], check=True, capture_output=True, timeout=60)
+    return directory
+
+
+def refused(fn) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    return e.value.code()
+
+
+def admin(coordinator, **tls):
+    return AdminApi(channel(f"127.0.0.1:{coordinator.port}", **tls), admin_credential(coordinator.config.data_dir))
+
+
+def test_helper_makes_a_ca_a_server_and_a_client_certificate(certs):
+    for name in ("ca", "server", "client"):
+        assert (certs / f"{name}.pem").exists() and (certs / f"{name}.key").exists()
+        assert (certs / f"{name}.key").stat().st_mode & 0o077 == 0
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", certs / "ca.pem", certs / "server.pem", certs / "client.pem"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verify.returncode == 0, verify.stderr
+    text = subprocess.run(
+        ["openssl", "x509", "-in", certs / "server.pem", "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert "IP Address:127.0.0.1" in text and "DNS:localhost" in text
+
+
+def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(tmp_path, certs, other_ca):
+    c = start_coordinator(tmp_path, tls_cert=certs / "server.pem", tls_key=certs / "server.key")
+    try:
+        token = admin(c, ca=certs / "ca.pem").CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=1)).token
+        secure = AgentApi(channel(f"127.0.0.1:{c.port}", ca=certs / "ca.pem"))
+        assert secure.enrol(token, "tls-mac", LINUX_BOX, {}, ["mlx"]).credential.startswith("sfa.")
+        assert refused(lambda: admin(c).ListAgents(pb.ListAgentsRequest())) == grpc.StatusCode.UNAVAILABLE
+        wrong_ca = admin(c, ca=other_ca / "ca.pem")
+        assert refused(lambda: wrong_ca.ListAgents(pb.ListAgentsRequest())) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        c.stop()
+
+
+def test_mtls_refuses_a_client_without_a_certificate(tmp_path, certs, other_ca):
+    c = start_coordinator(
+        tmp_path, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_client_ca=certs / "ca.pem"
+    )
+    try:
+        no_cert = admin(c, ca=certs / "ca.pem")
+        assert refused(lambda: no_cert.ListAgents(pb.ListAgentsRequest())) == grpc.StatusCode.UNAVAILABLE
+        foreign = admin(c, ca=certs / "ca.pem", cert=other_ca / "client.pem", key=other_ca / "client.key")
+        assert refused(lambda: foreign.ListAgents(pb.ListAgentsRequest())) == grpc.StatusCode.UNAVAILABLE
+        assert refused(lambda: admin(c).ListAgents(pb.ListAgentsRequest())) == grpc.StatusCode.UNAVAILABLE
+        ok = admin(c, ca=certs / "ca.pem", cert=certs / "client.pem", key=certs / "client.key")
+        assert ok.ListAgents(pb.ListAgentsRequest()).agents == []
+    finally:
+        c.stop()
+
+
+def test_cli_enrols_over_mtls_and_the_agent_keeps_its_certificate(tmp_path, certs):
+    data, agent_dir = tmp_path / "coordinator", tmp_path / "agent"
+    server_tls = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")]
+    proc, endpoints = start_coordinator_process(data, *server_tls, "--tls-client-ca", str(certs / "ca.pem"))
+    client_tls = [
+        "--tls-ca",
+        str(certs / "ca.pem"),
+        "--tls-cert",
+        str(certs / "client.pem"),
+        "--tls-key",
+        str(certs / "client.key"),
+    ]
+    address = endpoints["grpc"]
+    try:
+        admin_flags = ["--coordinator", address, "--data-dir", str(data)]
+        plain = cli("token", "create", *admin_flags, check=False)
+        assert plain.returncode != 0 and "UNAVAILABLE" in plain.stderr
+        half = cli("token", "create", *admin_flags, "--tls-ca", str(certs / "ca.pem"), "--tls-cert", "x", check=False)
+        assert half.returncode != 0 and "--tls-cert and --tls-key go together" in half.stderr
+        token = cli("token", "create", *admin_flags, *client_tls).stdout.strip()
+        enrol = ["agent", "enrol", "--coordinator", address, "--token", token, "--name", "mtls-mac"]
+        cli(*enrol, "--config-dir", str(agent_dir), *client_tls)
+        stored = json.loads((agent_dir / "agent.json").read_text())
+        assert stored["tls_cert"] == str(certs / "client.pem") and stored["tls_key"] == str(certs / "client.key")
+        assert stored["tls_ca"] == str(certs / "ca.pem")
+        # The daemon builds its channel from the stored identity: a heartbeat goes through mTLS.
+        agent = Agent(agent_dir, AgentIdentity.load(agent_dir))
+        assert agent.api.heartbeat(status="mtls test").drain is False
+    finally:
+        assert stop(proc) == 0

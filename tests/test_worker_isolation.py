@@ -1,0 +1,85 @@
+"""A worker that crashes, is killed (as by the out-of-memory killer) or runs past its job's
+deadline fails only its own job, with the reason at the coordinator; the agent goes on to the
+next job. Real worker processes, real engines, tiny models."""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import urllib.request
+
+import pytest
+
+from agent.daemon import Agent
+from tests.fleet import start_coordinator
+from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
+    coordinator = start_coordinator(tmp_path / "coordinator")
+    try:
+        models = tmp_path / "models"
+        models.mkdir()
+        (models / "garbage.gguf").write_bytes(b"GGUF but not really" * 100)
+        config = tmp_path / "agent"
+        identity_for(coordinator, config)
+
+        def cell(name, engine, target, **extra):
+            return submit(
+                coordinator,
+                {"name": name, "models": {engine: {"target": str(target)}}, "engines": [engine],
+                 "prompt_sets": ["code"], "max_attempts": 1, "warmup": 0, **extra},
+            )  # fmt: skip
+
+        crash = cell("crash", "llama.cpp", models / "garbage.gguf")
+        killed = cell("killed", "mlx", tiny_models.mlx_target, repeats=200, max_new_tokens=64)
+        late = cell("late", "mlx", tiny_models.mlx_target, repeats=200, max_new_tokens=64)
+        good = cell("good", "llama.cpp", tiny_models.gguf_target, repeats=1, max_new_tokens=8)
+        with coordinator.store.tx() as con:  # a deadline shorter than the sweep file allows
+            job_id, spec = con.execute("SELECT job_id, spec FROM jobs WHERE sweep_id = ?", [late]).fetchone()
+            con.execute("UPDATE jobs SET spec = ? WHERE job_id = ?", [json.dumps({**json.loads(spec),
+                        "deadline_seconds": 3}), job_id])  # fmt: skip
+
+        agent = Agent(config, model_dirs=[models, tiny_models.mlx_target.parent.parent], metrics_port=0)
+
+        def scrape():
+            return urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).read().decode()
+
+        with Running(agent) as agent:
+            # The out-of-memory killer sends SIGKILL; so do we, to the worker of the second job.
+            with coordinator.store.tx() as con:
+                killed_job = con.execute("SELECT job_id FROM jobs WHERE sweep_id = ?", [killed]).fetchone()[0]
+            pid_file = config / "jobs" / killed_job / "worker.pid"
+            pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), "the second job's worker", 60))
+            assert 'specfleet_agent_busy{engine="mlx"} 1.0' in scrape()
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: sweep(coordinator, good).jobs_done == 1, "the good job after the failures", 120)
+            assert agent.state.job_id == "" and not agent.stop.is_set()
+            metrics = scrape()
+            assert 'specfleet_agent_jobs_total{outcome="failed"} 3.0' in metrics
+            assert 'specfleet_agent_jobs_total{outcome="done"} 1.0' in metrics
+            assert "specfleet_agent_busy{" not in metrics and "specfleet_agent_spool_depth 0.0" in metrics
+            uploaded = float(re.search(r"^specfleet_agent_runs_uploaded_total (\S+)$", metrics, re.M).group(1))
+            assert uploaded >= 2 and "specfleet_agent_last_upload_timestamp_seconds 0.0" not in metrics
+
+        def failure(sweep_id):
+            s = sweep(coordinator, sweep_id)
+            assert (s.jobs_failed, s.jobs_done) == (1, 0), s
+            return s.failures[0]
+
+        assert "worker exited with status 1" in failure(crash) and "could not load" in failure(crash)
+        assert "worker killed by SIGKILL (out of memory, or killed by another process)" in failure(killed)
+        assert "worker exceeded the job's deadline and was killed" in failure(late)
+        assert sweep(coordinator, good).runs == 2  # baseline on the code set's two prompts, one repeat
+        with coordinator.store.tx() as con:
+            params = con.execute("SELECT params FROM runs WHERE sweep_id = ?", [good]).fetchone()[0]
+        params = json.loads(params)
+        digest = hashlib.sha256(tiny_models.gguf_target.read_bytes()).hexdigest()
+        assert json.loads(params["model.target.file_sha256"]) == {tiny_models.gguf_target.name: digest}
+        assert params["model.target.reference"] == str(tiny_models.gguf_target)
+        assert params["env.before.power_source"] and params["env.nominal"] in ("true", "false")
+    finally:
+        coordinator.stop()
