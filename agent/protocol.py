@@ -34,6 +34,18 @@ def rotated(arms: list[Arm], repeat: int) -> list[Arm]:
     return arms[k:] + arms[:k]
 
 
+def fit_prompt(engine: Engine, text: str, length: int | None) -> tuple[int, ...]:
+    """The prompt's tokens, exactly `length` of them when given: the text is repeated until it
+    is long enough and then cut, so every model prefills the same number of tokens."""
+    tokens = engine.tokenize(text)
+    if length is None:
+        return tokens
+    while len(tokens) < length:
+        text = f"{text}\n{text}"
+        tokens = engine.tokenize(text)
+    return tokens[:length]
+
+
 def run_job(
     spec: dict,
     engine: Engine,
@@ -51,7 +63,7 @@ def run_job(
     load_seconds = engine.load(model["target"], model.get("draft"))
     sampler = Sampler(**spec["sampler"])
     arms = [Arm(a["method"], a["depth"]) for a in spec["arms"]]
-    prompts = [(p["id"], engine.tokenize(p["text"])) for p in spec["prompts"]]
+    prompts = [(p["id"], fit_prompt(engine, p["text"], spec.get("prompt_tokens"))) for p in spec["prompts"]]
     max_new = spec["max_new_tokens"]
     ngram = spec.get("ngram", {})
 

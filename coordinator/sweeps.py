@@ -54,7 +54,8 @@ class SweepError(ValueError):
         self.problems = problems
 
 
-def prompt_sets() -> dict[str, list[dict[str, str]]]:
+def prompt_sets() -> dict[str, dict]:
+    """name -> {"tokens": fixed prompt length, "prompts": [{"id", "text"}, ...]}."""
     return yaml.safe_load(resources.files("coordinator").joinpath("prompt_sets.yaml").read_text())
 
 
@@ -85,7 +86,8 @@ class Sweep:
                 "model": self.models[engine],
                 "sampler": sampler,
                 "prompt_set": ps,
-                "prompts": sets[ps],
+                "prompts": sets[ps]["prompts"],
+                "prompt_tokens": sets[ps]["tokens"],
                 "arms": [a for a in self.arms if a["method"] in ENGINE_METHODS[engine]],
                 "ngram": self.ngram,
                 "verify_cost": self.verify_cost,

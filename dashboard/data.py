@@ -23,7 +23,7 @@ from dashboard.mirror import Mirror
 REFRESH_SECONDS = 5
 # Parameters the agent may write that give the bytes read per decoded token (the model's
 # weights); without one, the roofline share is "not available" rather than a guess.
-MODEL_BYTES_PARAMS = ("model.bytes_per_token", "model.target_bytes")
+MODEL_BYTES_PARAMS = ("model.bytes_per_token", "model.target.bytes")
 
 
 @dataclass(frozen=True)
@@ -336,7 +336,7 @@ def roofline(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
         bandwidth = g["bandwidth_gb_per_s"].median() * 1e9
         why = ""
         if pd.isna(bytes_per_token):
-            why = "model size not reported (params model.target_bytes)"
+            why = "model size not reported (params model.target.bytes)"
         elif pd.isna(bandwidth):
             why = "memory bandwidth unknown for this machine"
         share = tps * bytes_per_token / bandwidth if not why else float("nan")

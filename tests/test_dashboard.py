@@ -81,7 +81,7 @@ def seed_fleet(coordinator) -> pd.DataFrame:
         assert job.job_id, f"{name} was offered no job"
         params = {"sampler": GREEDY, "prompt_set": "code", "model.target": model}
         if model in MODEL_BYTES:
-            params["model.target_bytes"] = str(MODEL_BYTES[model])
+            params["model.target.bytes"] = str(MODEL_BYTES[model])
         runs = []
         for repeat in range(repeats):
             for p in range(prompts):

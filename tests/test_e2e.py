@@ -99,6 +99,7 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
         " lossless, params, metrics FROM runs"
     ).fetchall()
     jobs = con.execute("SELECT state, attempt FROM jobs").fetchall()
+    prompt_lengths = con.execute("SELECT DISTINCT engine, prompt_tokens FROM runs ORDER BY ALL").fetchall()
     con.close()
     arms = 1 + sum(len(d) for d in METHODS.values())
     assert len(runs) == 2 * arms * PROMPTS_IN_CODE_SET * REPEATS
@@ -114,6 +115,8 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
     params = json.loads(runs[0][7])
     assert float(params["load_seconds"]) > 0 and params["prompt_set"] == "code"
     assert jobs == [("done", 1), ("done", 1)]
+    # Both engines prefilled exactly the code set's fixed length, whatever their tokenizers made of the text.
+    assert prompt_lengths == [("llama.cpp", 128), ("mlx", 128)]
 
     # Restart on the same data dir: everything is still there and served.
     coordinator, endpoints = start_coordinator(data)

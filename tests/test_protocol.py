@@ -2,7 +2,7 @@
 stopping rule, rotation of the arms, cool-down before every run, paired runs adjacent."""
 
 from agent.engines.base import Generation, Request
-from agent.protocol import WARMUP_AGREEMENT, Arm, rotated, run_job
+from agent.protocol import WARMUP_AGREEMENT, Arm, fit_prompt, rotated, run_job
 
 ARMS = [{"method": "baseline", "depth": 0}, {"method": "draft", "depth": 2}, {"method": "ngram", "depth": 3}]
 
@@ -160,3 +160,24 @@ def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
         assert any(p.startswith("cooldown_seconds: must be between 0 and 3600") for p in e.problems), e.problems
     else:
         raise AssertionError("a negative cool-down was accepted")
+
+
+def test_prompts_are_fitted_to_the_sets_token_length():
+    engine = FakeEngine([], {})
+    assert fit_prompt(engine, "hello", None) == engine.tokenize("hello")
+    fitted = fit_prompt(engine, "hello", 12)  # doubled until at least 12 tokens, then cut
+    assert fitted == engine.tokenize("hello\nhello\nhello\nhello")[:12] and len(fitted) == 12
+    assert fit_prompt(engine, "a long prompt", 4) == engine.tokenize("a long")[:4]
+    log = []
+    run_job(spec(prompt_tokens=20), FakeEngine(log, {}), lambda fields: log.append(("run", fields["prompt_tokens"])))
+    measured = [entry[1] for entry in log if entry[0] == "run"]
+    assert measured and set(measured) == {20}
+
+
+def test_every_shipped_prompt_set_has_a_fixed_length():
+    from coordinator.sweeps import parse_sweep, prompt_sets
+
+    for name, ps in prompt_sets().items():
+        assert isinstance(ps["tokens"], int) and ps["tokens"] > 0 and ps["prompts"], name
+    sweep = parse_sweep("name: s\nmodels: {mlx: {target: /m}}\nengines: [mlx]\nprompt_sets: [summarise]\n")
+    assert sweep.cells()[0]["prompt_tokens"] == prompt_sets()["summarise"]["tokens"]
