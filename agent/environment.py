@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from agent.fingerprint import run_command
 
 UNAVAILABLE = "unavailable"
 KEYS = ("thermal", "power_source", "low_power_mode", "loadavg_1m", "memory_available_bytes", "swap_used_bytes")
@@ -142,15 +142,6 @@ def linux_thermal(zones: list[dict[str, str]]) -> str | None:
 # ---------------------------------------------------------------- sampling
 
 
-def _run(cmd: list[str]) -> str | None:
-    if shutil.which(cmd[0]) is None:
-        return None
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()
@@ -166,7 +157,7 @@ def _or_unavailable(value) -> str:
     return str(value)
 
 
-def sample_macos(run: Callable[[list[str]], str | None] = _run) -> Sample:
+def sample_macos(run: Callable[[list[str]], str | None] = run_command) -> Sample:
     swap = run(["sysctl", "vm.swapusage"]) or ""
     try:
         load: float | None = os.getloadavg()[0]

@@ -89,7 +89,8 @@ def parse_nvidia_smi(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def _run(cmd: list[str]) -> str | None:
+def run_command(cmd: list[str]) -> str | None:
+    """A command's standard output, or None when the command is missing or fails."""
     if shutil.which(cmd[0]) is None:
         return None
     try:
@@ -139,7 +140,7 @@ def available_engines() -> list[str]:
 
 def fingerprint(platform: str = sys.platform, run=None, root: Path = Path("/")) -> pb.Fingerprint:
     """This machine's fingerprint; `run` (a command runner) and `root` let tests feed captured output."""
-    run = run or _run
+    run = run or run_command
     fp = pb.Fingerprint(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, engine_versions=engine_versions())
     if platform == "darwin":
         _macos(fp, run)
@@ -148,7 +149,7 @@ def fingerprint(platform: str = sys.platform, run=None, root: Path = Path("/")) 
     return fp
 
 
-def _macos(fp: pb.Fingerprint, run=_run) -> None:
+def _macos(fp: pb.Fingerprint, run=run_command) -> None:
     fp.os = "macos"
     fp.os_version = (run(["sw_vers", "-productVersion"]) or "").strip()
     keys = [
@@ -189,7 +190,7 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _linux(fp: pb.Fingerprint, run=_run, root: Path = Path("/")) -> None:
+def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/")) -> None:
     fp.os = platform.system().lower() or "linux"
     fp.os_version = platform.release()
     cpuinfo = (root / "proc/cpuinfo").read_text() if (root / "proc/cpuinfo").exists() else ""

@@ -15,6 +15,7 @@ import time
 
 import grpc
 
+from coordinator.interceptors import WrappingInterceptor
 from coordinator.store import Store
 
 AGENT_SERVICE = "/specfleet.v1.AgentService/"
@@ -154,7 +155,7 @@ class Credentials:
         self._agents.pop(agent_id, None)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(WrappingInterceptor):
     """Checks every call: agent credentials for AgentService, admin credentials for AdminService.
 
     The check runs inside the wrapped handler, in the task that serves the call, so the
@@ -162,20 +163,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, credentials: Credentials):
+        super().__init__()
         self._credentials = credentials
-        self._wrapped = {}  # method -> guarded handler: the same for every call of a method
 
-    async def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
-        if method not in self._wrapped:
-            handler = await continuation(handler_call_details)
-            if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; remember nothing
-                return None
-            self._wrapped[method] = self._guard(method, handler)
-        return self._wrapped[method]
-
-    def _guard(self, method: str, handler):
-        if handler is None or method in UNAUTHENTICATED_METHODS or handler.unary_unary is None:
+    def wrap(self, method: str, handler):
+        if method in UNAUTHENTICATED_METHODS:
             return handler
         if method.startswith(AGENT_SERVICE):
 

@@ -13,6 +13,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from coordinator.interceptors import WrappingInterceptor
 from coordinator.scheduler import Scheduler
 
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -102,24 +103,13 @@ class Metrics:
         return start_http_server(port, addr=host, registry=self.registry)
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
+class MetricsInterceptor(WrappingInterceptor):
     def __init__(self, metrics: Metrics):
+        super().__init__()
         self.metrics = metrics
-        self._wrapped = {}  # method -> timed handler: the same for every call of a method
 
-    async def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
-        if method not in self._wrapped:
-            handler = await continuation(handler_call_details)
-            if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; remember nothing
-                return None
-            self._wrapped[method] = self._time(handler_call_details, handler)
-        return self._wrapped[method]
-
-    def _time(self, handler_call_details, handler):
-        if handler is None or handler.unary_unary is None:
-            return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
+    def wrap(self, method: str, handler):
+        method = method.rsplit("/", 1)[-1]
         inner = handler.unary_unary
         histogram = self.metrics.rpc_seconds
 

@@ -114,7 +114,7 @@ def test_linux_without_nvidia_smi_has_no_gpus_and_does_not_crash(tmp_path):
     (tmp_path / "proc/meminfo").write_text("MemTotal:       16384000 kB\n")
     fp = fingerprint(platform="linux", run=lambda cmd: None, root=tmp_path)
     assert list(fp.gpus) == [] and fp.chip == "Test CPU 9000" and fp.memory_bytes == 16384000 * 1024
-    assert fpmod._run(["definitely-not-a-command-specfleet"]) is None
+    assert fpmod.run_command(["definitely-not-a-command-specfleet"]) is None
     gpus = captured("linux-h200-nvidia-smi-query-gpu.txt")  # a real GPU host's output
     fp = fingerprint(platform="linux", run=lambda cmd: gpus if cmd[0] == "nvidia-smi" else None, root=tmp_path)
     assert list(fp.gpus) == parse_nvidia_smi(gpus) == ["NVIDIA H200, 143771 MiB"]
