@@ -115,15 +115,6 @@ def _check_agent(credential: str, load) -> str:
     return agent_id
 
 
-def authenticate_agent(store: Store, metadata) -> str:
-    return _check_agent(_bearer(metadata), lambda agent_id: _agent_row(store, agent_id))
-
-
-def authenticate_admin(store: Store, metadata) -> None:
-    if not _is_admin(store, hash_secret(_bearer(metadata))):
-        raise AuthError(grpc.StatusCode.PERMISSION_DENIED, "not an admin credential")
-
-
 class Credentials:
     """Checks credentials with an in-memory copy of each agent's (hash, state) and of the admin
     hashes seen. The coordinator is the database's only writer, so the copy stays exact as long
