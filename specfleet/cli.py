@@ -24,8 +24,7 @@ def default_data_dir() -> Path:
     return Path(_env("DATA_DIR") or Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "specfleet")
 
 
-def _admin(args):
-    from agent.api import AdminApi, channel
+def _admin_token(args) -> str:
     from coordinator.server import admin_credential
 
     token = args.admin_token or admin_credential(Path(args.data_dir))
@@ -34,7 +33,13 @@ def _admin(args):
             f"error: no admin credential: pass --admin-token, set SPECFLEET_ADMIN_TOKEN, or point --data-dir "
             f"at the coordinator's data directory (looked in {args.data_dir})"
         )
-    return AdminApi(channel(args.coordinator, **_tls_files(args)), token)
+    return token
+
+
+def _admin(args):
+    from agent.api import AdminApi, channel
+
+    return AdminApi(channel(args.coordinator, **_tls_files(args)), _admin_token(args))
 
 
 def _tls_files(args) -> dict[str, Path | None]:
@@ -309,16 +314,7 @@ def cmd_export(args) -> int:
 def cmd_dashboard(args) -> int:
     from dashboard.serve import serve
 
-    return serve(args.coordinator, args.admin_token or _admin_token_from(args), args.port, args.host)
-
-
-def _admin_token_from(args) -> str:
-    from coordinator.server import admin_credential
-
-    token = admin_credential(Path(args.data_dir))
-    if not token:
-        sys.exit("error: the dashboard needs an admin credential: --admin-token or --data-dir")
-    return token
+    return serve(args.coordinator, _admin_token(args), args.port, args.host)
 
 
 def cmd_models_make_tiny(args) -> int:
