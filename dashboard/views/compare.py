@@ -4,6 +4,18 @@ import streamlit as st
 
 from dashboard import data, plots, widgets
 
+
+def chart_section(frame, chart, empty: str | None, details: str = "Figures, machines and runs") -> None:
+    """A chart of `frame` with its table folded beneath, or a note saying why there is none."""
+    if frame.empty:
+        if empty:
+            st.info(empty)
+        return
+    st.altair_chart(chart(frame, chips))
+    with st.expander(details):
+        st.dataframe(frame, hide_index=True)
+
+
 st.title("Compare chips")
 v = data.version()
 f = widgets.filters(v, "compare")
@@ -28,39 +40,28 @@ else:
     st.dataframe(speedups, hide_index=True)
 
 st.header("Decode tokens/s per chip and method")
-decode = data.decode_speed(v, f)
-if not decode.empty:
-    st.altair_chart(plots.decode_speed(decode, chips))
-    with st.expander("Figures, machines and runs"):
-        st.dataframe(decode, hide_index=True)
+chart_section(data.decode_speed(v, f), plots.decode_speed, None)
 
 st.header("Acceptance by draft position")
-acceptance = data.acceptance_by_position(v, f)
-if acceptance.empty:
-    st.info("No speculative run with acceptance by position in these filters.")
-else:
-    st.altair_chart(plots.acceptance_by_position(acceptance, chips))
-    with st.expander("Figures, machines and runs"):
-        st.dataframe(acceptance, hide_index=True)
+chart_section(
+    data.acceptance_by_position(v, f),
+    plots.acceptance_by_position,
+    "No speculative run with acceptance by position in these filters.",
+)
 
 st.header("Draft versus verify time")
-dv = data.draft_verify(v, f)
-if dv.empty:
-    st.info("No speculative run with draft and verify times in these filters.")
-else:
-    st.altair_chart(plots.draft_verify(dv, chips))
-    with st.expander("Figures, machines and runs"):
-        st.dataframe(dv, hide_index=True)
+chart_section(
+    data.draft_verify(v, f), plots.draft_verify, "No speculative run with draft and verify times in these filters."
+)
 
 st.header("Verify cost: T(M)/T(1) per chip")
 st.caption("Forward time for M query rows over one row. Depth K can only pay where T(K+1)/T(1) stays well below K+1.")
-curves = data.verify_cost(v)
-if curves.empty:
-    st.info("No verify-cost run yet: add `verify_cost:` to a sweep.")
-else:
-    st.altair_chart(plots.verify_cost(curves, chips))
-    with st.expander("Figures and machines"):
-        st.dataframe(curves, hide_index=True)
+chart_section(
+    data.verify_cost(v),
+    plots.verify_cost,
+    "No verify-cost run yet: add `verify_cost:` to a sweep.",
+    "Figures and machines",
+)
 
 st.header("Share of the memory-bandwidth roofline")
 st.caption("Baseline decode tok/s × bytes read per token (the model's size) / the chip's memory bandwidth.")
