@@ -81,6 +81,16 @@ class Generation:
     drafted_by_position: list[int] = field(default_factory=list)
 
 
+def record_round(
+    drafted_at: list[int], accepted_at: list[int], drafted: int, accepted: int, draft_s: float, verify_s: float
+) -> Round:
+    """Count one verify round into the per-position tallies and return its Round."""
+    for i in range(drafted):
+        drafted_at[i] += 1
+        accepted_at[i] += i < accepted
+    return Round(drafted=drafted, accepted=accepted, draft_seconds=draft_s, verify_seconds=verify_s)
+
+
 def make_generation(
     request: Request,
     tokens: list[int],

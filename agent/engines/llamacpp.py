@@ -24,7 +24,17 @@ from llama_cpp import Llama  # imported before our log callback is set: importin
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from . import ENGINE_METHODS
-from .base import EngineError, Generation, Request, Round, Sampler, make_generation, ngram_propose, validate
+from .base import (
+    EngineError,
+    Generation,
+    Request,
+    Round,
+    Sampler,
+    make_generation,
+    ngram_propose,
+    record_round,
+    validate,
+)
 
 GPU_LAYERS_ALL = 0x7FFFFFFF  # offload every layer (Metal on a Mac); ignored by CPU-only builds
 VOCAB_SIZE_SLACK = 128  # llama.cpp's own draft check allows padded vocabularies to differ this much
@@ -340,10 +350,7 @@ class LlamaCppEngine:
                 emitted = draft[:a] + [token]
                 t2 = time.perf_counter()
 
-                rounds.append(Round(drafted=len(draft), accepted=a, draft_seconds=t1 - t0, verify_seconds=t2 - t1))
-                for i in range(len(draft)):
-                    drafted_at[i] += 1
-                    accepted_at[i] += i < a
+                rounds.append(record_round(drafted_at, accepted_at, len(draft), a, t1 - t0, t2 - t1))
                 context += emitted
                 tokens += emitted
                 times += [t2 - start] * len(emitted)

@@ -20,7 +20,17 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from mlx_lm.sample_utils import make_sampler
 
 from . import ENGINE_METHODS
-from .base import EngineError, Generation, Request, Round, Sampler, make_generation, ngram_propose, validate
+from .base import (
+    EngineError,
+    Generation,
+    Request,
+    Round,
+    Sampler,
+    make_generation,
+    ngram_propose,
+    record_round,
+    validate,
+)
 
 PREFILL_STEP_TOKENS = 2048  # mlx_lm.generate_step's default: bounds prefill memory on long prompts
 
@@ -206,10 +216,7 @@ class MlxEngine:
             emitted = draft[:a] + [target[a]]
             t2 = time.perf_counter()
 
-            rounds.append(Round(drafted=len(draft), accepted=a, draft_seconds=t1 - t0, verify_seconds=t2 - t1))
-            for i in range(len(draft)):
-                drafted_at[i] += 1
-                accepted_at[i] += i < a
+            rounds.append(record_round(drafted_at, accepted_at, len(draft), a, t1 - t0, t2 - t1))
             context += emitted
             tokens += emitted
             times += [t2 - start] * len(emitted)
