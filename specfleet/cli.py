@@ -321,8 +321,8 @@ def cmd_models_make_tiny(args) -> int:
     from specfleet.tinymodels import make_tiny
 
     models = make_tiny(Path(args.dir))
-    for field in ("mlx_target", "mlx_draft", "gguf_target", "gguf_draft"):
-        print(f"{field:12} {getattr(models, field)}")
+    for field, path in models.paths().items():
+        print(f"{field:21} {path}")
     return 0
 
 

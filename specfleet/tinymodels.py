@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-# Any edit of this file makes a new builder, so models from an older one never survive a change
-# (a rebuild takes under a second).
-BUILDER_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+# Any edit of this file or of tinymtp.py makes a new builder, so models from an older one never
+# survive a change (a rebuild takes a second or two).
+BUILDER_VERSION = hashlib.sha256(
+    Path(__file__).read_bytes() + (Path(__file__).parent / "tinymtp.py").read_bytes()
+).hexdigest()[:16]
 MANIFEST = "manifest.json"
 
 VOCAB_SIZE = 512  # 256 byte tokens + learned merges + BOS + EOS
@@ -84,17 +86,19 @@ class TinyModels:
     mlx_draft: Path
     gguf_target: Path
     gguf_draft: Path
+    # Qwen3.5-style targets with one MTP block (specfleet/tinymtp.py), and a hybrid draft
+    mlx_mtp_dense: Path
+    mlx_mtp_hybrid: Path
+    mlx_mtp_hybrid_draft: Path
+    gguf_mtp_dense: Path
+    gguf_mtp_hybrid: Path
+    gguf_mtp_hybrid_draft: Path
     vocab_size: int
     bos_id: int
     eos_id: int
 
     def paths(self) -> dict[str, Path]:
-        return {
-            "mlx_target": self.mlx_target,
-            "mlx_draft": self.mlx_draft,
-            "gguf_target": self.gguf_target,
-            "gguf_draft": self.gguf_draft,
-        }
+        return {name: value for name, value in vars(self).items() if isinstance(value, Path)}
 
 
 # A few kilobytes of prose and code: enough pairs to learn the merges, and the kind of text
@@ -297,6 +301,22 @@ def _tokenizer_json(vocab: Vocab) -> dict:
     }
 
 
+def _write_tokenizer(directory: Path, vocab: Vocab) -> None:
+    _write_json(directory / "tokenizer.json", _tokenizer_json(vocab))
+    _write_json(
+        directory / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": CONTEXT_LENGTH,
+        },
+    )
+
+
 def write_mlx(directory: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab) -> Path:
     from safetensors.numpy import save_file
 
@@ -327,19 +347,7 @@ def write_mlx(directory: Path, shape: LlamaShape, weights: dict[str, np.ndarray]
         str(directory / "model.safetensors"),
         metadata={"format": "mlx"},
     )
-    _write_json(directory / "tokenizer.json", _tokenizer_json(vocab))
-    _write_json(
-        directory / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": BOS_TOKEN,
-            "eos_token": EOS_TOKEN,
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": CONTEXT_LENGTH,
-        },
-    )
+    _write_tokenizer(directory, vocab)
     return directory
 
 
@@ -366,6 +374,26 @@ def _rope_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+def add_gguf_tokenizer(writer, vocab: Vocab) -> None:
+    """The shared byte-level BPE vocabulary as llama.cpp's gpt2 tokenizer."""
+    import gguf
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")  # the same split regex as the ByteLevel pre-tokenizer
+    writer.add_token_list(list(vocab.tokens))
+    writer.add_token_types(
+        [
+            gguf.TokenType.CONTROL if i in (vocab.bos_id, vocab.eos_id) else gguf.TokenType.NORMAL
+            for i in range(vocab.size)
+        ]
+    )
+    writer.add_token_merges([f"{a} {b}" for a, b in vocab.merges])
+    writer.add_bos_token_id(vocab.bos_id)
+    writer.add_eos_token_id(vocab.eos_id)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+
+
 def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab) -> Path:
     import gguf
 
@@ -384,20 +412,7 @@ def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vo
     writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
     writer.add_vocab_size(vocab.size)
 
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")  # the same split regex as the ByteLevel pre-tokenizer
-    writer.add_token_list(list(vocab.tokens))
-    writer.add_token_types(
-        [
-            gguf.TokenType.CONTROL if i in (vocab.bos_id, vocab.eos_id) else gguf.TokenType.NORMAL
-            for i in range(vocab.size)
-        ]
-    )
-    writer.add_token_merges([f"{a} {b}" for a, b in vocab.merges])
-    writer.add_bos_token_id(vocab.bos_id)
-    writer.add_eos_token_id(vocab.eos_id)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    add_gguf_tokenizer(writer, vocab)
 
     writer.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
     for i in range(shape.layers):
@@ -441,6 +456,12 @@ def _result(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> TinyM
         mlx_draft=directory / "mlx" / "draft",
         gguf_target=directory / "gguf" / "target.gguf",
         gguf_draft=directory / "gguf" / "draft.gguf",
+        mlx_mtp_dense=directory / "mlx" / "mtp-dense",
+        mlx_mtp_hybrid=directory / "mlx" / "mtp-hybrid",
+        mlx_mtp_hybrid_draft=directory / "mlx" / "mtp-hybrid-draft",
+        gguf_mtp_dense=directory / "gguf" / "mtp-dense.gguf",
+        gguf_mtp_hybrid=directory / "gguf" / "mtp-hybrid.gguf",
+        gguf_mtp_hybrid_draft=directory / "gguf" / "mtp-hybrid-draft.gguf",
         vocab_size=vocab_size,
         bos_id=bos_id,
         eos_id=eos_id,
@@ -463,7 +484,7 @@ def _complete(directory: Path) -> TinyModels | None:
 
 
 def make_tiny(directory: Path) -> TinyModels:
-    """Build (or find already built) the tiny target and draft under `directory`."""
+    """Build (or find already built) the tiny models under `directory`."""
     directory = Path(directory)
     found = _complete(directory)
     if found is not None:
@@ -472,6 +493,9 @@ def make_tiny(directory: Path) -> TinyModels:
     target, draft, draft_shape = layer_skip_pair(TARGET_SHAPE, vocab.size, TARGET_SEED)
     write_model(directory, "target", TARGET_SHAPE, target, vocab)
     write_model(directory, "draft", draft_shape, draft, vocab)
+    from specfleet import tinymtp  # it builds on this module
+
+    tinymtp.write_all(directory, vocab)
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     # The manifest is written last, so an interrupted build is rebuilt on the next call.
     _write_json(

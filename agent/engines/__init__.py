@@ -15,8 +15,8 @@ ENGINES = {
 # What each engine's generate() accepts. Kept here, not only on the classes, so that the
 # coordinator can check a sweep without importing mlx or llama.cpp.
 ENGINE_METHODS = {
-    "mlx": ("baseline", "draft", "ngram", "ref-baseline", "ref-draft"),
-    "llama.cpp": ("baseline", "draft", "ngram", "ref-baseline", "ref-ngram"),
+    "mlx": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-draft"),
+    "llama.cpp": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-ngram"),
 }
 
 
