@@ -38,9 +38,11 @@ FULL_ATTENTION_INTERVAL = 2  # hybrid: layers 1 and 3 are full attention, 0 and 
 SEED = 4321
 # Scales that set acceptance (see the module docstring): the trunk's output projections, the
 # MTP layer's output projections, and the share of the trunk's hidden state in the MTP input.
-TRUNK_SCALE = 0.5
-MTP_LAYER_SCALE = 0.3
-MTP_HIDDEN_SCALE = 0.3
+# With these, greedy MTP proposals are accepted about 40% of the time at depth 1 and 14% at
+# depth 2 (cumulative), the layer-skip draft's 86% and 77% (MLX, four prompts, 48 tokens).
+TRUNK_SCALE = 0.35
+MTP_LAYER_SCALE = 0.1
+MTP_HIDDEN_SCALE = 0.1
 DRAFT_LAYERS = 2
 DEEP_LAYER_SCALE = 0.3
 

@@ -2,9 +2,11 @@
 
 Our loop mirrors mlx_lm.generate_step (same stream, same wired-memory limit, the next token
 queued with async_eval before the current one is read) so that baseline costs what mlx-lm
-costs, and adds speculative rounds with exact accounting: a draft proposes up to K tokens,
-the target scores them all in one forward pass, the longest prefix that matches the target's
-own samples is kept, and both KV caches are trimmed back to what was kept.
+costs, and adds speculative rounds with exact accounting: a draft model, prompt lookup or
+the target's own MTP head (agent/engines/mlx_mtp.py) proposes up to K tokens, the target
+scores them all in one forward pass, the longest prefix that matches the target's own
+samples is kept, and every cache goes back to what was kept: attention caches are trimmed,
+recurrent ones (GatedDeltaNet, Mamba) restored and fed the kept tokens again (`_Cache`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx_lm
 from mlx_lm.generate import generation_stream, stream_generate, wired_limit
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from . import ENGINE_METHODS
+from .mlx_mtp import MtpDrafter, fix_layer_indices, lm_head, load_head, text_model
 from .base import (
     EngineError,
     Generation,
@@ -46,38 +49,91 @@ def _sample_fn(sampler: Sampler) -> SampleFn:
     return lambda logits: chain(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
 
 
-def _prefill(model, cache, tokens: list[int]) -> mx.array:
-    """Run the prompt through `model`, filling `cache`; return the last position's logits (1, vocab)."""
-    prompt = mx.array(tokens)
+def _forward(model, inputs: mx.array, cache, hidden: bool = False) -> tuple[mx.array, mx.array | None]:
+    """Logits (1, n, vocab) for inputs (1, n); with `hidden`, also the trunk's final-normed
+    hidden states (1, n, h) that an MTP head drafts from."""
+    if not hidden:
+        return model(inputs, cache=cache), None
+    states = text_model(model)(inputs, cache)
+    return lm_head(model)(states), states
+
+
+def _prefill(model, cache, tokens: list[int], hidden: bool = False) -> tuple[mx.array, mx.array | None]:
+    """Run the prompt through `model`, filling `cache`; return the last position's logits
+    (1, vocab), and with `hidden` the hidden states of every prompt position (1, n, h)."""
+    prompt, states = mx.array(tokens), []
     while prompt.size > PREFILL_STEP_TOKENS:
-        model(prompt[:PREFILL_STEP_TOKENS][None], cache=cache)
-        mx.eval([c.state for c in cache])
+        logits, h = _forward(model, prompt[:PREFILL_STEP_TOKENS][None], cache, hidden)
+        mx.eval([logits] if h is None else [logits, h])
+        states.append(h)
         prompt = prompt[PREFILL_STEP_TOKENS:]
-    return model(prompt[None], cache=cache)[:, -1, :]
+    logits, h = _forward(model, prompt[None], cache, hidden)
+    return logits[:, -1, :], mx.concatenate([*states, h], axis=1) if hidden else None
+
+
+class _Cache:
+    """A model's prompt cache that can forget the last tokens fed to it. Attention caches are
+    trimmed. Recurrent caches (ArraysCache: GatedDeltaNet's conv and SSM states, Mamba's)
+    cannot drop positions: `mark()` keeps their state arrays (MLX arrays are immutable, so
+    keeping a reference is a snapshot), and `rollback` restores them, trims the attention
+    layers to the mark too, and feeds the kept tokens through the model again: exact, at the
+    cost of a forward pass of the kept tokens whenever a draft is rejected."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = make_prompt_cache(model)
+        self.recurrent = [isinstance(c, ArraysCache) for c in self.layers]
+        odd = [type(c).__name__ for c, r in zip(self.layers, self.recurrent) if not r and not c.is_trimmable()]
+        if odd:
+            raise EngineError(f"speculative methods need caches that can roll back; this model has {', '.join(odd)}")
+        self._saved: list | None = None
+
+    def mark(self) -> None:
+        if any(self.recurrent):
+            self._saved = [list(c.cache) if r else None for c, r in zip(self.layers, self.recurrent)]
+
+    def rollback(self, fed: int, kept: list[int]) -> None:
+        """`fed` tokens went in since mark(); keep the first of them, `kept`."""
+        if len(kept) == fed:
+            return
+        if not any(self.recurrent):
+            trim_prompt_cache(self.layers, fed - len(kept))
+            return
+        for c, saved in zip(self.layers, self._saved):
+            if saved is None:
+                c.trim(fed)
+            else:
+                c.cache = list(saved)
+        if kept:
+            self.model(mx.array(kept)[None], cache=self.layers)
 
 
 class _DraftModel:
     """A smaller model with the target's vocabulary, proposing greedily or by sampling with
-    the target's sampler. Its cache holds the first `cached` tokens of the context, then the
-    last round's proposals but the last, which the target may not have kept."""
+    the target's sampler. Its cache holds the first `cached` tokens of the context, then what
+    the last propose() fed: context tokens (`fed`) and the round's proposals but the last,
+    which the target may not have kept."""
 
     def __init__(self, model, sample: SampleFn):
         self.model, self.sample = model, sample
-        self.cache = make_prompt_cache(model)
+        self.cache = _Cache(model)
         self.cached = 0
+        self.fed: list[int] = []
         self.proposed: mx.array | None = None
 
     def prefill(self, prompt: list[int]) -> None:
-        mx.eval(_prefill(self.model, self.cache, prompt))
+        mx.eval(_prefill(self.model, self.cache.layers, prompt)[0])
         self.cached, self.proposed = len(prompt), None
 
     def propose(self, context: list[int], k: int) -> mx.array:
         """Queue k proposals after `context`; return them unevaluated, shape (k,)."""
         self._sync(context)
-        feed = mx.array(context[self.cached :])
+        self.cache.mark()
+        self.fed = context[self.cached :]
+        feed = mx.array(self.fed)
         proposed = []
         for _ in range(k):
-            y = self.sample(self.model(feed[None], cache=self.cache)[:, -1, :])
+            y = self.sample(self.model(feed[None], cache=self.cache.layers)[:, -1, :])
             mx.async_eval(y)
             proposed.append(y)
             feed = y
@@ -86,7 +142,7 @@ class _DraftModel:
         return self.proposed
 
     def _sync(self, context: list[int]) -> None:
-        """Keep the cached proposals that the context now holds; trim the others."""
+        """Keep the cached proposals that the context now holds; forget the others."""
         if self.proposed is None:
             return
         pending = self.proposed.tolist()[:-1]  # read by the engine already: no new work
@@ -98,7 +154,7 @@ class _DraftModel:
             and context[self.cached + kept] == pending[kept]
         ):
             kept += 1
-        trim_prompt_cache(self.cache, len(pending) - kept)
+        self.cache.rollback(len(self.fed) + len(pending), self.fed + pending[:kept])
         self.cached += kept
         self.proposed = None
 
@@ -108,12 +164,15 @@ class MlxEngine:
     methods = ENGINE_METHODS["mlx"]
 
     def __init__(self) -> None:
-        self._model = self._tokenizer = self._draft = None
+        self._model = self._tokenizer = self._draft = self._head = None
+        self._target = ""
         self._vocab_size = 0
 
     def load(self, target: str, draft: str | None = None) -> float:
         started = time.perf_counter()
         self._model, self._tokenizer = mlx_lm.load(target)
+        fix_layer_indices(self._model)
+        self._target, self._head = target, None
         self._vocab_size = len(self._tokenizer.get_vocab())
         self._draft = None
         if draft is not None:
@@ -123,8 +182,15 @@ class MlxEngine:
                     f"draft {draft} has another vocabulary than target {target} "
                     f"({len(draft_tokenizer.get_vocab())} vs {self._vocab_size} tokens or different token texts)"
                 )
+            fix_layer_indices(draft_model)
             self._draft = draft_model
         return time.perf_counter() - started
+
+    def _mtp_head(self):
+        """The target's MTP head, loaded from its checkpoint on first use."""
+        if self._head is None:
+            self._head = load_head(self._model, self._target)
+        return self._head
 
     def _require_loaded(self) -> None:
         if self._model is None:
@@ -158,7 +224,7 @@ class MlxEngine:
         n = request.max_new_tokens
         tokens, times = [], []
         start = time.perf_counter()
-        y = sample(_prefill(self._model, cache, list(request.prompt_tokens)))
+        y = sample(_prefill(self._model, cache, list(request.prompt_tokens))[0])
         mx.async_eval(y)
         for i in range(n):
             if i + 1 < n:  # queue the next step before reading this token, as mlx-lm does
@@ -174,19 +240,21 @@ class MlxEngine:
         sample = _sample_fn(request.sampler)
         model, n, depth = self._model, request.max_new_tokens, request.depth
         prompt = list(request.prompt_tokens)
-        cache = make_prompt_cache(model)
-        if not can_trim_prompt_cache(cache):
-            # Recurrent (hybrid) layers cannot drop rejected positions: no rollback, no rounds.
-            raise EngineError(f"method {request.method!r} needs a trimmable KV cache; this model's is not")
+        cache = _Cache(model)
         drafter = _DraftModel(self._draft, sample) if request.method == "draft" else None
+        mtp = MtpDrafter(model, self._mtp_head(), sample) if request.method == "mtp" else None
         rounds: list[Round] = []
         accepted_at, drafted_at = [0] * depth, [0] * depth
 
         start = time.perf_counter()
-        first = sample(_prefill(model, cache, prompt))
+        logits, hidden = _prefill(model, cache.layers, prompt, hidden=mtp is not None)
+        first = sample(logits)
         mx.async_eval(first)
+        # Queued behind the target's prompt pass.
         if drafter is not None:
-            drafter.prefill(prompt)  # queued behind the target's prompt pass
+            drafter.prefill(prompt)
+        if mtp is not None:
+            mtp.prefill(prompt, hidden)
         y = first.item()
         context = prompt + [y]
         tokens, times = [y], [time.perf_counter() - start]
@@ -194,16 +262,24 @@ class MlxEngine:
         while len(tokens) < n:
             t0 = time.perf_counter()
             k = min(depth, n - len(tokens) - 1)  # never draft past the last token wanted
-            proposed = drafter.propose(context, k) if drafter is not None and k else None
+            proposed = None
+            if k and drafter is not None:
+                proposed = drafter.propose(context, k)
+            elif k and mtp is not None:
+                proposed = mtp.propose(context[-1], k)
             if proposed is not None:
                 inputs = mx.concatenate([mx.array(context[-1:]), proposed])
             else:
-                draft = ngram_propose(context, request.ngram_min, request.ngram_max, k) if drafter is None else []
+                draft = (
+                    ngram_propose(context, request.ngram_min, request.ngram_max, k) if request.method == "ngram" else []
+                )
                 inputs = mx.array([context[-1], *draft])
             # The target scores the last emitted token and every proposal in one pass. It is
-            # queued behind the draft model's steps, as in mlx-lm, so that building it overlaps
-            # the draft's compute; the draft's time ends when its proposals can be read.
-            target = sample(model(inputs[None], cache=cache)[0])
+            # queued behind the draft's steps, as in mlx-lm, so that building it overlaps the
+            # draft's compute; the draft's time ends when its proposals can be read.
+            cache.mark()
+            logits, hidden = _forward(model, inputs[None], cache.layers, hidden=mtp is not None)
+            target = sample(logits[0])
             mx.async_eval(target)
             if proposed is not None:
                 draft = proposed.tolist()
@@ -212,7 +288,9 @@ class MlxEngine:
             a = 0
             while a < len(draft) and draft[a] == target[a]:
                 a += 1
-            trim_prompt_cache(cache, len(draft) - a)
+            cache.rollback(len(draft) + 1, [context[-1], *draft[:a]])
+            if mtp is not None:
+                mtp.commit(draft[:a], hidden[:, : a + 1])
             emitted = draft[:a] + [target[a]]
             t2 = time.perf_counter()
 
@@ -251,19 +329,20 @@ class MlxEngine:
         if context_tokens < 0 or not 1 <= max_rows <= 64 or repeats < 1:
             raise EngineError("verify_cost needs context_tokens >= 0, 1 <= max_rows <= 64, repeats >= 1")
         ids = [i % self._vocab_size for i in range(context_tokens + max_rows)]
-        cache = make_prompt_cache(self._model)
+        cache = _Cache(self._model)
         medians = []
         with wired_limit(self._model, [generation_stream]), mx.stream(generation_stream):
             if context_tokens:
-                mx.eval(_prefill(self._model, cache, ids[:context_tokens]))
+                mx.eval(_prefill(self._model, cache.layers, ids[:context_tokens])[0])
             for rows in range(1, max_rows + 1):
                 rows_in = mx.array(ids[context_tokens : context_tokens + rows])[None]
                 seconds = []
                 for repeat in range(repeats + 1):  # the first pass is a warm-up
+                    cache.mark()
                     t0 = time.perf_counter()
-                    mx.eval(self._model(rows_in, cache=cache))
+                    mx.eval(self._model(rows_in, cache=cache.layers))
                     elapsed = time.perf_counter() - t0
-                    trim_prompt_cache(cache, rows)
+                    cache.rollback(rows, [])
                     if repeat:
                         seconds.append(elapsed)
                 medians.append(statistics.median(seconds))
