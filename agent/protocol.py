@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent import environment
 from agent.engines.base import VERIFY_COST, Engine, Request, Sampler
-from agent.summary import relative_spread, summarise
+from agent.summary import acceptance_flags, relative_spread, summarise
 
 WARMUP_AGREEMENT = 0.10  # two consecutive warm-up runs within 10% of each other count as steady
 
@@ -125,6 +125,7 @@ def run_job(
                     params={
                         **common,
                         **environment.run_flags(env_before, env_after, os.cpu_count(), memory_total_bytes),
+                        **acceptance_flags(arm.method, gen),
                     },
                 )
                 if sampler.greedy:

@@ -62,6 +62,34 @@ def summarise(gen: Generation) -> dict:
     }
 
 
+# A run whose model-drafted proposals are almost never accepted is flagged: for MTP that
+# usually means a wrong norm convention, a trunk whose hidden states are shifted by one
+# position, or a model converted without its MTP tensors (the head is then random); for a
+# draft model, a draft that does not belong to the target.
+COLLAPSED_ACCEPTANCE = 0.03
+COLLAPSE_MIN_DRAFTED = 16  # fewer proposals say too little to flag
+_COLLAPSE_CAUSES = {
+    "mtp": "check the MTP head: norm convention (zero-centred weights need 1 + w), hidden state "
+    "taken from the right position and after the final norm, MTP tensors present in the converted model",
+    "draft": "check that the draft model belongs to the target (same family, tokenizer and chat format)",
+}
+
+
+def acceptance_flags(method: str, gen: Generation) -> dict[str, str]:
+    """Run params `acceptance.collapsed` and `acceptance.reason` for model-drafted methods."""
+    if method not in _COLLAPSE_CAUSES:
+        return {}
+    drafted = sum(r.drafted for r in gen.rounds)
+    accepted = sum(r.accepted for r in gen.rounds)
+    if drafted < COLLAPSE_MIN_DRAFTED or accepted / drafted >= COLLAPSED_ACCEPTANCE:
+        return {"acceptance.collapsed": "false", "acceptance.reason": ""}
+    return {
+        "acceptance.collapsed": "true",
+        "acceptance.reason": f"{accepted} of {drafted} {method} proposals accepted "
+        f"({accepted / drafted:.1%}, below {COLLAPSED_ACCEPTANCE:.0%}): {_COLLAPSE_CAUSES[method]}",
+    }
+
+
 def relative_spread(values: list[float]) -> float:
     """(max - min) / median: how far apart repeated measurements are."""
     if len(values) < 2:

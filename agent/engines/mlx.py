@@ -22,7 +22,6 @@ from mlx_lm.models.cache import ArraysCache, make_prompt_cache, trim_prompt_cach
 from mlx_lm.sample_utils import make_sampler
 
 from . import ENGINE_METHODS
-from .mlx_mtp import MtpDrafter, fix_layer_indices, lm_head, load_head, text_model
 from .base import (
     EngineError,
     Generation,
@@ -34,6 +33,7 @@ from .base import (
     record_round,
     validate,
 )
+from .mlx_mtp import MtpDrafter, fix_layer_indices, lm_head, load_head, text_model
 
 PREFILL_STEP_TOKENS = 2048  # mlx_lm.generate_step's default: bounds prefill memory on long prompts
 
