@@ -145,6 +145,8 @@ def _with_params(df: pd.DataFrame) -> pd.DataFrame:
         sampler=params.map(lambda p: p.get("sampler", "")),
         prompt_set=params.map(lambda p: p.get("prompt_set", "")),
         nominal=params.map(stats.nominal_state),
+        acceptance_collapsed=params.map(lambda p: p.get("acceptance.collapsed") == "true"),
+        acceptance_reason=params.map(lambda p: p.get("acceptance.reason", "")),
         model_bytes=params.map(_model_bytes),
         acceptance_rate=metrics.map(lambda m: m.get("acceptance_rate", float("nan"))),
         draft_seconds=metrics.map(lambda m: m.get("draft_seconds", float("nan"))),
@@ -209,6 +211,21 @@ def downloads(runs: pd.DataFrame) -> tuple[bytes, bytes]:
 def nominal_counts(v: tuple[str, str, int], f: Filters) -> dict[str, int]:
     runs = _filtered(v, f)
     return runs["nominal"].value_counts().to_dict() if not runs.empty else {}
+
+
+def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """Runs the agent flagged for collapsed acceptance (agent/summary.py), per chip, engine,
+    method and model, with one of their reasons. They stay in every figure: the collapse is
+    the finding, and usually a broken model conversion."""
+    runs = _filtered(v, f)
+    if runs.empty or not runs["acceptance_collapsed"].any():
+        return pd.DataFrame(columns=["chip", "engine", "method", "model", "runs", "reason"])
+    flagged = runs[runs["acceptance_collapsed"]]
+    return (
+        flagged.groupby(["chip", "engine", "method", "model"], as_index=False)
+        .agg(runs=("run_id", "count"), reason=("acceptance_reason", "first"))
+        .sort_values(["chip", "engine", "method"])
+    )
 
 
 # ---------------------------------------------------------------- comparisons

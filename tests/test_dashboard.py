@@ -57,6 +57,7 @@ MACHINES = (
     ("mbp", fingerprint("mbp", "Apple M1 Max", 24, 32), "llama.cpp", GGUF_9B, 25.3, {2: 0.87}, 2, 3),
     ("studio", fingerprint("studio", "Apple M5 Max", 40, 128, 614), "mlx", MLX_27B, 29.7, {3: 1.86}, 1, 2),
 )
+COLLAPSE = "1 of 64 mtp proposals accepted (1.6%, below 3%): check the MTP head"
 MODEL_BYTES = {MLX_27B: 15.2e9}  # reported for the MLX model only: the GGUF's roofline is "not available"
 
 
@@ -90,6 +91,8 @@ def seed_fleet(coordinator) -> pd.DataFrame:
                 run_params = {**params, "env.nominal": "false" if degraded else "true"}
                 base = base_tps * (1 + rng.normal(0, 0.01))
                 runs.append(("baseline", 0, base, None, run_params, p, repeat))
+                if name == "mbp":  # its MTP head was converted badly: the agent flagged every run
+                    run_params = {**run_params, "acceptance.collapsed": "true", "acceptance.reason": COLLAPSE}
                 for depth, ratio in arms.items():
                     tps = base * ratio * (1 + rng.normal(0, 0.02))
                     accept = {f"acceptance_at_position_{i}": 0.9 - 0.15 * i for i in range(1, depth + 1)}
@@ -241,6 +244,11 @@ def test_compare_page_speedups_with_machines_runs_and_exclusions(app):
     assert speedups.loc[("Apple M1 Max", 2), "median"] == pytest.approx(expected_speedup(truth, "Apple M1 Max", 2))
     degraded = int(truth["degraded"].sum())
     assert any(f"{degraded} run(s) flagged thermally or power degraded" in w.value for w in at.warning)
+    assert any(
+        w.value.startswith("Acceptance collapsed on Apple M1 Max · llama.cpp · mtp") and COLLAPSE in w.value
+        for w in at.warning
+    )
+    assert not any("Acceptance collapsed on Apple M4 Pro" in w.value for w in at.warning)
     # the GGUF reports no model size: its roofline share says so instead of guessing
     assert any("Roofline share not available for Apple M1 Max" in w.value for w in at.warning)
     roof = frame(at, "share").set_index("chip")
@@ -289,9 +297,9 @@ def test_questions_page_verdicts_per_claim_and_chip(app):
     assert ":red-badge[contradicted]" in page and ":gray-badge[not enough data]" in page
     counts = {m.label: int(m.value) for m in at.metric}
     assert counts["reproduced"] == (verdicts["verdict"] == "reproduced").sum() > 0
-    # every claim offers its sweep; the ones no engine can run yet say why
+    # every claim offers its sweep, and the coordinator accepts every one (MTP included)
     assert len(at.code) == len(at.expander) > 10
-    assert any("refuses this sweep today: methods.mtp" in w.value for w in at.warning)
+    assert not any("refuses this sweep today" in w.value for w in at.warning)
 
 
 def test_questions_page_names_the_field_of_a_malformed_claim(app, tmp_path, monkeypatch):

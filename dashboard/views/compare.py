@@ -43,6 +43,8 @@ st.header("Decode tokens/s per chip and method")
 chart_section(data.decode_speed(v, f), plots.decode_speed, None)
 
 st.header("Acceptance by draft position")
+for r in data.collapsed_acceptance(v, f).itertuples():
+    st.warning(f"Acceptance collapsed on {r.chip} · {r.engine} · {r.method} · {r.model}: {r.runs} run(s). {r.reason}")
 chart_section(
     data.acceptance_by_position(v, f),
     plots.acceptance_by_position,
