@@ -268,23 +268,19 @@ class MlxEngine:
             elif k and mtp is not None:
                 proposed = mtp.propose(context[-1], k)
             if proposed is not None:
-                inputs = mx.concatenate([mx.array(context[-1:]), proposed])
-            else:
-                draft = (
-                    ngram_propose(context, request.ngram_min, request.ngram_max, k) if request.method == "ngram" else []
-                )
-                inputs = mx.array([context[-1], *draft])
-            # The target scores the last emitted token and every proposal in one pass. It is
-            # queued behind the draft's steps, as in mlx-lm, so that building it overlaps the
-            # draft's compute; the draft's time ends when its proposals can be read.
-            cache.mark()
-            logits, hidden = _forward(model, inputs[None], cache.layers, hidden=mtp is not None)
-            target = sample(logits[0])
-            mx.async_eval(target)
-            if proposed is not None:
+                # Read before the verify pass is queued: MLX signals an evaluation's arrays
+                # when all of it is done, so reading them behind a queued verify pass would
+                # count the verify (and any rollback still pending) as drafting.
                 draft = proposed.tolist()
+            elif request.method == "ngram":
+                draft = ngram_propose(context, request.ngram_min, request.ngram_max, k)
+            else:
+                draft = []
             t1 = time.perf_counter()
-            target = target.tolist()
+            # The target scores the last emitted token and every proposal in one pass.
+            cache.mark()
+            logits, hidden = _forward(model, mx.array([context[-1], *draft])[None], cache.layers, mtp is not None)
+            target = sample(logits[0]).tolist()
             a = 0
             while a < len(draft) and draft[a] == target[a]:
                 a += 1
