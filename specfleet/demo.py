@@ -35,6 +35,39 @@ SWEEP_TIMEOUT_SECONDS = 1800
 START_TIMEOUT_SECONDS = 60
 
 
+def demo_sweeps(models) -> list[dict]:
+    """The tiny Llama pair with every method on both engines; MTP (and draft, n-gram, which
+    must roll back recurrent state) on the hybrid Qwen3.5-style model on both engines; MTP on
+    the all-attention one, which only MLX runs (llama.cpp's qwen35 graph needs a recurrent
+    layer)."""
+    common = {
+        "target": {"agents": [DEMO_AGENT]},
+        "samplers": [{"temperature": 0.0}],
+        "prompt_sets": ["chat"],
+        "max_new_tokens": 64,
+        "warmup": 2,
+        "repeats": 3,
+    }
+    hybrid = {
+        "name": "demo-mtp-hybrid",
+        "models": {
+            "mlx": {"target": str(models.mlx_mtp_hybrid), "draft": str(models.mlx_mtp_hybrid_draft)},
+            "llama.cpp": {"target": str(models.gguf_mtp_hybrid), "draft": str(models.gguf_mtp_hybrid_draft)},
+        },
+        "engines": ["mlx", "llama.cpp"],
+        "methods": {"mtp": [1, 2, 3], "draft": [2], "ngram": [3]},
+        **common,
+    }
+    dense = {
+        "name": "demo-mtp-dense",
+        "models": {"mlx": {"target": str(models.mlx_mtp_dense)}},
+        "engines": ["mlx"],
+        "methods": {"mtp": [1, 2, 3]},
+        **common,
+    }
+    return [demo_sweep(models), hybrid, dense]
+
+
 def demo_sweep(models) -> dict:
     return {
         "name": "demo",
@@ -182,19 +215,25 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         start("agent", _specfleet("agent", "run", "--config-dir", str(agent_dir)))
         print(f"agent: {DEMO_AGENT} running, logs in {logs}", flush=True)
 
-        sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(demo_sweep(models))))
-        print(f"sweep {sweep.sweep_id}: {sweep.jobs} job(s) submitted", flush=True)
-        status = _wait_for_sweep(admin, sweep.sweep_id, procs)
-        runs, _ = fetch_table(admin, "runs")
-        runs = runs.filter(pc.equal(runs["sweep_id"], sweep.sweep_id)) if runs is not None else None
-        print(
-            f"\nsweep {status.state}: {status.jobs_done} job(s) done, {status.jobs_failed} failed, {status.runs} runs"
-        )
-        for failure in status.failures:
-            print(f"  failed {failure}")
-        if runs is None or status.jobs_failed:
-            return 1
-        print("\n" + summary_table(runs), flush=True)
+        submitted = []
+        for spec in demo_sweeps(models):
+            sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
+            print(f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s) submitted", flush=True)
+            submitted.append((spec, sweep.sweep_id))
+        for spec, sweep_id in submitted:
+            status = _wait_for_sweep(admin, sweep_id, procs)
+            runs, _ = fetch_table(admin, "runs")
+            runs = runs.filter(pc.equal(runs["sweep_id"], sweep_id)) if runs is not None else None
+            targets = ", ".join(f"{engine}: {Path(m['target']).name}" for engine, m in spec["models"].items())
+            print(
+                f"\nsweep {spec['name']} {status.state} ({targets}): {status.jobs_done} job(s) done, "
+                f"{status.jobs_failed} failed, {status.runs} runs"
+            )
+            for failure in status.failures:
+                print(f"  failed {failure}")
+            if runs is None or status.jobs_failed:
+                return 1
+            print("\n" + summary_table(runs), flush=True)
         if dashboard:
             token = admin_credential(coordinator_dir)
             dash = start("dashboard", dashboard_command(dashboard_port), env=dashboard_environment(address, token))

@@ -257,6 +257,11 @@ _MTP_NAMES = {
 }
 
 
+# Names of the zero-centred RMSNorm weights: every norm but the linear attention's gated one,
+# the MTP block's input norms included (the converter renames those to enorm/hnorm, then shifts).
+_ZERO_CENTRED = ("norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+
+
 def gguf_tensors(shape: Qwen35Shape, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF names and values: zero-centred norms shifted by one (the gated norm of the linear
     attention never is zero-centred), A stored as -exp(A_log), conv1d kernels squeezed."""
@@ -267,7 +272,7 @@ def gguf_tensors(shape: Qwen35Shape, weights: dict[str, np.ndarray]) -> dict[str
             return -np.exp(tensor)
         if hf_name.endswith("conv1d.weight"):
             return tensor[:, 0, :]
-        if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        if hf_name.endswith(_ZERO_CENTRED) and not hf_name.endswith("linear_attn.norm.weight"):
             return tensor + shift
         return tensor
 

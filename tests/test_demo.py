@@ -24,10 +24,18 @@ def run_demo(data_dir):
     )
 
 
+def _rows(text: str) -> list[tuple]:
+    return [m.groups() for line in text.splitlines() if (m := ROW.match(line.strip()))]
+
+
 def test_demo_measures_every_arm_on_both_engines(tmp_path):
     result = run_demo(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [m.groups() for line in result.stdout.splitlines() if (m := ROW.match(line.strip()))]
+    llama, hybrid, dense = (
+        result.stdout.split(f"\nsweep {name} done")[1].split("\nsweep ")[0]
+        for name in ("demo", "demo-mtp-hybrid", "demo-mtp-dense")
+    )
+    rows = _rows(llama)
     arms = {(engine, method, int(k)) for engine, method, k, *_ in rows}
     for engine in ("mlx", "llama.cpp"):
         for arm in (("baseline", 0), ("draft", 2), ("draft", 4), ("ngram", 3), ("ref-baseline", 0)):
@@ -41,6 +49,19 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
     assert re.search(r"verify cost, mlx, 128 tokens of context: T\(M\)/T\(1\) for M = 1\.\.8: 1\.00 ", result.stdout)
     assert "verify cost, llama.cpp" in result.stdout
 
+    # MTP at depths 1-3 on both engines (draft and n-gram beside it, all rolling back the
+    # hybrid's recurrent state), and on the all-attention variant on MLX.
+    mtp_rows = _rows(hybrid) + _rows(dense)
+    mtp_arms = {(engine, method, int(k)) for engine, method, k, *_ in _rows(hybrid)}
+    for engine in ("mlx", "llama.cpp"):
+        for arm in (("baseline", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("draft", 2), ("ngram", 3)):
+            assert (engine, *arm) in mtp_arms, hybrid
+    assert {("mlx", "mtp", k) for k in (1, 2, 3)} <= {(e, m, int(k)) for e, m, k, *_ in _rows(dense)}, dense
+    for engine, method, k, _tps, _speedup, acceptance, lossless, _runs in mtp_rows:
+        assert lossless == "yes", f"{engine} {method} K={k} changed the greedy output on an MTP model"
+        if method == "mtp":
+            assert 0 < float(acceptance) < 1
+
     # Everything went to --data-dir, and a second run reuses the models and the enrolment.
     db = duckdb.connect(str(tmp_path / "coordinator" / "specfleet.duckdb"), read_only=True)
     assert db.execute("SELECT count(DISTINCT engine), count(*) FROM runs").fetchone()[0] == 2
@@ -49,7 +70,7 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     db = duckdb.connect(str(tmp_path / "coordinator" / "specfleet.duckdb"), read_only=True)
     assert db.execute("SELECT count(*) FROM agents").fetchone()[0] == 1
-    assert db.execute("SELECT count(*) FROM sweeps WHERE state = 'done'").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM sweeps WHERE state = 'done'").fetchone()[0] == 6
     db.close()
 
 

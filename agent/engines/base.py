@@ -66,6 +66,7 @@ class Round:
     accepted: int
     draft_seconds: float
     verify_seconds: float
+    proposed: tuple[int, ...] = ()  # the drafted tokens, for audits and cross-engine checks
 
 
 @dataclass
@@ -82,13 +83,14 @@ class Generation:
 
 
 def record_round(
-    drafted_at: list[int], accepted_at: list[int], drafted: int, accepted: int, draft_s: float, verify_s: float
+    drafted_at: list[int], accepted_at: list[int], draft: Sequence[int], accepted: int, draft_s: float, verify_s: float
 ) -> Round:
-    """Count one verify round into the per-position tallies and return its Round."""
-    for i in range(drafted):
+    """Count one verify round of proposals `draft` into the per-position tallies and return
+    its Round."""
+    for i in range(len(draft)):
         drafted_at[i] += 1
         accepted_at[i] += i < accepted
-    return Round(drafted=drafted, accepted=accepted, draft_seconds=draft_s, verify_seconds=verify_s)
+    return Round(len(draft), accepted, draft_s, verify_s, tuple(draft))
 
 
 def make_generation(

@@ -4,7 +4,8 @@ Every forward pass is one `llama_decode` of a batch we fill; tokens come from a 
 sampler chain reading `llama_get_logits_ith` rows; speculative rounds put the last emitted
 token and the K proposals in one batch with logits for every row, keep the longest prefix
 that matches the target's own samples, and drop the rest from the KV cache with
-`llama_memory_seq_rm`. llama-cpp-python's high-level `Llama` is used only for the
+`llama_memory_seq_rm` (recurrent state: see `_Context`). Method mtp drafts with the target's
+own MTP head (llamacpp_mtp.py). llama-cpp-python's high-level `Llama` is used only for the
 reference arms.
 """
 
@@ -20,11 +21,14 @@ import time
 from pathlib import Path
 
 import llama_cpp as ll
+import numpy as np
 from llama_cpp import Llama  # imported before our log callback is set: importing it sets its own
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from . import ENGINE_METHODS
+from . import llamacpp_mtp as mtp
 from .base import (
+    MAX_DEPTH,
     EngineError,
     Generation,
     Request,
@@ -39,6 +43,10 @@ from .base import (
 GPU_LAYERS_ALL = 0x7FFFFFFF  # offload every layer (Metal on a Mac); ignored by CPU-only builds
 VOCAB_SIZE_SLACK = 128  # llama.cpp's own draft check allows padded vocabularies to differ this much
 GGML_LOG_LEVEL_ERROR = 3
+# Recurrent-state snapshots the target keeps per decode call (llama_context_params.n_rs_seq), so
+# that a verify batch of up to MAX_DEPTH proposals can be rolled back to any accepted prefix.
+ROLLBACK_SNAPSHOTS = MAX_DEPTH
+STATE_RECURRENT_ONLY = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a hybrid's recurrent state, not its KV cache
 
 _log = logging.getLogger(__name__)
 
@@ -74,11 +82,28 @@ def _ggml_build() -> dict[str, str]:
 
 
 class _Context:
-    """One model and its context, batch and KV cache; `n_past` positions are cached."""
+    """One model and its context, batch and KV cache; `n_past` positions are cached, holding `tokens`.
 
-    def __init__(self, path: str, n_ctx: int, n_batch: int, n_threads: int, n_threads_batch: int, flash_attn: bool):
+    A recurrent memory (Mamba, the GatedDeltaNet layers of hybrids like Qwen3.5) keeps one state,
+    not one entry per position, so it cannot simply drop a suffix. llama.cpp rolls it back from
+    per-token snapshots of the last decode call where the context keeps them (`snapshots`,
+    n_rs_seq, for the archs that support it); otherwise truncate() restores the state saved by
+    checkpoint() and re-decodes the kept tokens after it. Attention-only memories drop a suffix."""
+
+    def __init__(
+        self,
+        path: str,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        n_threads_batch: int,
+        flash_attn: bool,
+        snapshots: int = 0,
+        load_mtp: bool = False,
+    ):
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = GPU_LAYERS_ALL
+        mparams.load_mtp = load_mtp
         self.model = ll.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {path}")
@@ -87,20 +112,30 @@ class _Context:
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
         cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.n_rs_seq = snapshots
         cparams.no_perf = True
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             ll.llama_model_free(self.model)
             raise EngineError(f"llama.cpp could not create a context for {path}")
+        self.cparams = cparams  # an MTP context on this model copies them
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = ll.llama_model_n_embd_out(self.model)
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
         self.n_batch, self.n_ctx, self.n_past = n_batch, n_ctx, 0
+        self.recurrent = ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model)
+        self.snapshots = ll.llama_n_rs_seq(self.ctx)  # 0 where the arch cannot keep them
+        self.tokens: list[int] = []
+        self.last_decoded = 0  # tokens in the last llama_decode call: the span snapshots cover
+        self.saved: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) of checkpoint()
+        self.keep_hidden = False
+        self.hidden: np.ndarray | None = None  # h of every token of the last decode(), if keep_hidden
 
     def decode(self, tokens: list[int], all_logits: bool = False) -> None:
         """Append `tokens` to the cache; logits for every row, or for the last one only."""
-        batch = self.batch
+        batch, rows = self.batch, []
         for first in range(0, len(tokens), self.n_batch):
             chunk = tokens[first : first + self.n_batch]
             batch.n_tokens = len(chunk)
@@ -115,22 +150,72 @@ class _Context:
             if rc != 0:
                 raise EngineError(f"llama_decode failed with status {rc} at position {self.n_past}")
             self.n_past += len(chunk)
+            self.tokens += chunk
+            self.last_decoded = len(chunk)
+            if self.keep_hidden:
+                rows.append(mtp.hidden_rows(self.ctx, len(chunk), self.n_embd))
+        if rows:
+            self.hidden = np.concatenate(rows)
+
+    def set_hidden(self, on: bool) -> None:
+        """Keep the final-normed hidden state of every decoded token in `hidden` (for MTP) or not."""
+        if on != self.keep_hidden:
+            mtp.set_hidden_output(self.ctx, on)
+            self.keep_hidden, self.hidden = on, None
+
+    def checkpoint(self) -> None:
+        """Save the recurrent state at the current position, for truncate() to return to.
+        Attention-only memories need none."""
+        if not self.recurrent:
+            return
+        size = ll.llama_state_seq_get_size_ext(self.ctx, 0, STATE_RECURRENT_ONLY)
+        state = self.saved[1] if self.saved and len(self.saved[1]) == size else (ctypes.c_uint8 * size)()
+        if ll.llama_state_seq_get_data_ext(self.ctx, state, size, 0, STATE_RECURRENT_ONLY) != size:
+            raise EngineError(f"llama.cpp could not save the recurrent state at position {self.n_past}")
+        self.saved = (self.n_past, state)
 
     def truncate(self, n: int) -> None:
         """Forget cached positions from `n` on."""
-        if n < self.n_past:
-            # Recurrent (hybrid) memories cannot drop a suffix of positions: llama.cpp says so by
-            # returning false, and continuing would decode on top of rejected draft tokens.
-            if not ll.llama_memory_seq_rm(self.mem, 0, n, -1):
-                raise EngineError(
-                    f"this model's memory cannot roll back to position {n} (llama_memory_seq_rm refused): "
-                    "speculative methods need a cache that can drop rejected tokens"
-                )
-            self.n_past = n
+        if n >= self.n_past:
+            return
+        # Snapshots of a recurrent state cover the last decode call short of its first token:
+        # llama.cpp keeps none from before the call, and would return a stale one.
+        drop = not self.recurrent or self.n_past - n < min(self.last_decoded, self.snapshots + 1)
+        # llama.cpp returns false where it cannot drop the suffix; continuing would decode on
+        # top of rejected draft tokens.
+        if drop and ll.llama_memory_seq_rm(self.mem, 0, n, -1):
+            self._cut(n)
+        elif self.recurrent and self.saved is not None and self.saved[0] <= n:
+            self._restore(n)
+        else:
+            raise EngineError(
+                f"this model's memory cannot roll back to position {n} (llama_memory_seq_rm refused"
+                f"{', and no checkpoint of its recurrent state' if self.recurrent else ''}): "
+                "speculative methods need a cache that can drop rejected tokens"
+            )
+
+    def _restore(self, n: int) -> None:
+        """Back to the checkpoint, then decode the tokens from there up to position `n` again."""
+        position, state = self.saved
+        restored = ll.llama_state_seq_set_data_ext(self.ctx, state, len(state), 0, STATE_RECURRENT_ONLY) == len(state)
+        # The recurrent state is back at `position`; the attention cache still holds the suffix.
+        if not restored or not ll.llama_memory_seq_rm(self.mem, 0, position, -1):
+            raise EngineError(f"llama.cpp could not restore the recurrent state saved at position {position}")
+        replay = self.tokens[position:n]
+        self._cut(position)
+        if replay:
+            self.decode(replay)
+
+    def _cut(self, n: int) -> None:
+        self.n_past, self.last_decoded = n, 0  # snapshots are single-use: none left until the next decode
+        del self.tokens[n:]
+        if self.saved is not None and self.saved[0] > n:
+            self.saved = None  # a checkpoint past the cache is no longer the state of its tokens
 
     def clear(self) -> None:
         ll.llama_memory_clear(self.mem, False)
-        self.n_past = 0
+        self.n_past, self.last_decoded, self.saved = 0, 0, None
+        self.tokens = []
 
     def token_texts(self) -> list[bytes]:
         return [ll.llama_vocab_get_text(self.vocab, i) for i in range(self.n_vocab)]
@@ -169,7 +254,8 @@ class _Chain:
 class _DraftModel:
     """A smaller model with the target's vocabulary. Its cache holds the first `cached`
     tokens of the context, then the `pending` proposals of the last round (all but its last),
-    which the target may not keep."""
+    which the target may not keep. A recurrent draft returns to a checkpoint taken before
+    them, so it keeps none."""
 
     def __init__(self, context: _Context, chain: _Chain):
         self.context, self.chain = context, chain
@@ -185,7 +271,8 @@ class _DraftModel:
         kept = 0
         # The newest context token is always fed, never kept from the cache.
         while (
-            kept < len(self.pending)
+            not self.context.recurrent
+            and kept < len(self.pending)
             and self.cached + kept < len(context) - 1
             and context[self.cached + kept] == self.pending[kept]
         ):
@@ -193,12 +280,17 @@ class _DraftModel:
         self.cached += kept
         self.context.truncate(self.cached)
         self.context.decode(context[self.cached :])
+        if k > 1:
+            self.context.checkpoint()  # the state before the proposals, which may be rejected
         tokens = [self.chain.sample(self.context)]
         while len(tokens) < k:
             self.context.decode(tokens[-1:])
             tokens.append(self.chain.sample(self.context))
         self.cached, self.pending = len(context), tokens[:-1]
         return tokens
+
+    def accept(self, context: list[int], accepted: list[int]) -> None:
+        """Nothing to do after a verify: propose() catches up with the context itself."""
 
 
 class LlamaCppEngine:
@@ -219,16 +311,34 @@ class LlamaCppEngine:
         self.n_threads_batch = n_threads_batch or multiprocessing.cpu_count()
         self._target: _Context | None = None
         self._draft: _Context | None = None
+        self._mtp: mtp.MtpContext | None = None  # the target's MTP head, built on first use
+        self._mtp_problem = ""  # why the target cannot serve method mtp
         self._target_path = ""
         self._references: dict[str, object] = {}
 
-    def _open(self, path: str) -> _Context:
-        return _Context(path, self.n_ctx, self.n_batch, self.n_threads, self.n_threads_batch, self.flash_attn)
+    def _open(self, path: str, snapshots: int = 0, load_mtp: bool = False) -> _Context:
+        return _Context(
+            path, self.n_ctx, self.n_batch, self.n_threads, self.n_threads_batch, self.flash_attn, snapshots, load_mtp
+        )
+
+    @staticmethod
+    def _inspect(path: str) -> mtp.GgufInfo | None:
+        """The file's layer facts; refuses a model llama.cpp would abort the process on."""
+        info = mtp.read_gguf(path)
+        if info is not None and info.load_problem():
+            raise EngineError(info.load_problem())
+        return info
 
     def load(self, target: str, draft: str | None = None) -> float:
         started = time.perf_counter()
         self.close()
-        self._target, self._target_path = self._open(target), target
+        info = self._inspect(target)
+        if draft is not None:
+            self._inspect(draft)
+        self._mtp_problem = info.mtp_problem() if info else f"method 'mtp' found no MTP head in {target}"
+        # The target keeps recurrent-state snapshots for rollback, and loads its MTP head if it has one.
+        self._target = self._open(target, ROLLBACK_SNAPSHOTS, load_mtp=not self._mtp_problem)
+        self._target_path = target
         if draft is not None:
             self._draft = self._open(draft)
             problem = self._vocab_problem(self._target, self._draft)
@@ -254,10 +364,12 @@ class LlamaCppEngine:
         return ""
 
     def close(self) -> None:
+        if self._mtp is not None:
+            self._mtp.close()  # before the target's model, which it runs on
         for context in (self._target, self._draft):
             if context is not None:
                 context.close()
-        self._target = self._draft = None
+        self._target = self._draft = self._mtp = None
         self._references.clear()
 
     def tokenize(self, text: str) -> tuple[int, ...]:
@@ -285,9 +397,13 @@ class LlamaCppEngine:
         needed = len(request.prompt_tokens) + request.max_new_tokens + request.depth + 1
         if needed > self.n_ctx:
             raise EngineError(f"prompt, generation and draft need {needed} positions; the context has {self.n_ctx}")
+        if request.method == "mtp" and self._mtp is None:
+            if self._mtp_problem:
+                raise EngineError(self._mtp_problem)
+            self._mtp = mtp.MtpContext(target)
         if request.method == "baseline":
             gen = self._baseline(request)
-        elif request.method in ("draft", "ngram"):
+        elif request.method in ("draft", "ngram", "mtp"):
             gen = self._speculative(request)
         else:
             gen = self._reference(request)
@@ -315,10 +431,16 @@ class LlamaCppEngine:
         target, n, depth = self._target, request.max_new_tokens, request.depth
         prompt = list(request.prompt_tokens)
         chain = _Chain(request.sampler)
-        draft_chain = _Chain(request.sampler) if request.method == "draft" else None
-        drafter = _DraftModel(self._draft, draft_chain) if draft_chain else None
+        draft_chain = _Chain(request.sampler) if request.method in ("draft", "mtp") else None
+        if request.method == "draft":
+            drafter = _DraftModel(self._draft, draft_chain)
+        elif request.method == "mtp":
+            drafter = mtp.MtpDrafter(self._mtp, target, draft_chain)
+        else:
+            drafter = None
         rounds: list[Round] = []
         accepted_at, drafted_at = [0] * depth, [0] * depth
+        target.set_hidden(request.method == "mtp")  # the MTP head reads the target's h rows
         try:
             start = time.perf_counter()
             target.clear()
@@ -340,6 +462,8 @@ class LlamaCppEngine:
                 # The target scores the last emitted token and every proposal in one batch,
                 # then samples row by row until its token differs from the proposal.
                 kept = target.n_past + 1
+                if draft and not target.snapshots:
+                    target.checkpoint()  # a recurrent state without snapshots rolls back from here
                 target.decode([context[-1], *draft], all_logits=True)
                 a = 0
                 token = chain.sample(target, 0)
@@ -347,14 +471,17 @@ class LlamaCppEngine:
                     a += 1
                     token = chain.sample(target, a)
                 target.truncate(kept + a)
+                if drafter is not None:
+                    drafter.accept(context, draft[:a])
                 emitted = draft[:a] + [token]
                 t2 = time.perf_counter()
 
-                rounds.append(record_round(drafted_at, accepted_at, len(draft), a, t1 - t0, t2 - t1))
+                rounds.append(record_round(drafted_at, accepted_at, draft, a, t1 - t0, t2 - t1))
                 context += emitted
                 tokens += emitted
                 times += [t2 - start] * len(emitted)
         finally:
+            target.set_hidden(False)
             chain.free()
             if draft_chain is not None:
                 draft_chain.free()
@@ -410,6 +537,7 @@ class LlamaCppEngine:
         ids = [i % target.n_vocab for i in range(context_tokens + max_rows)]
         target.clear()
         target.decode(ids[:context_tokens])
+        target.checkpoint()  # a recurrent state rolls back from here
         medians = []
         for rows in range(1, max_rows + 1):
             seconds = []

@@ -290,7 +290,7 @@ class MlxEngine:
             emitted = draft[:a] + [target[a]]
             t2 = time.perf_counter()
 
-            rounds.append(record_round(drafted_at, accepted_at, len(draft), a, t1 - t0, t2 - t1))
+            rounds.append(record_round(drafted_at, accepted_at, draft, a, t1 - t0, t2 - t1))
             context += emitted
             tokens += emitted
             times += [t2 - start] * len(emitted)
