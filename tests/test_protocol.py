@@ -1,8 +1,11 @@
 """The measurement protocol with a fake engine that records every call: load once, warm-up
 stopping rule, rotation of the arms, cool-down before every run, paired runs adjacent."""
 
-from agent.engines.base import Generation, Request
+import pytest
+
+from agent.engines.base import Generation, Request, Round
 from agent.protocol import WARMUP_AGREEMENT, Arm, fit_prompt, rotated, run_job
+from agent.summary import acceptance_flags
 
 ARMS = [{"method": "baseline", "depth": 0}, {"method": "draft", "depth": 2}, {"method": "ngram", "depth": 3}]
 
@@ -181,3 +184,41 @@ def test_every_shipped_prompt_set_has_a_fixed_length():
         assert isinstance(ps["tokens"], int) and ps["tokens"] > 0 and ps["prompts"], name
     sweep = parse_sweep("name: s\nmodels: {mlx: {target: /m}}\nengines: [mlx]\nprompt_sets: [summarise]\n")
     assert sweep.cells()[0]["prompt_tokens"] == prompt_sets()["summarise"]["tokens"]
+
+
+def _rounds(drafted: int, accepted: int, count: int) -> list[Round]:
+    return [Round(drafted, accepted, 0.001, 0.002, tuple(range(drafted)))] * count
+
+
+def test_runs_whose_drafted_proposals_collapse_are_flagged_with_the_causes(monkeypatch):
+    generate = FakeEngine.generate
+
+    def with_rounds(self, request):
+        gen = generate(self, request)
+        if request.method != "baseline":
+            gen.rounds = _rounds(4, 0, 5)  # 20 proposals, none accepted
+        return gen
+
+    monkeypatch.setattr(FakeEngine, "generate", with_rounds)
+    _, _, runs = run(spec(warmup=0, repeats=1))
+    by_method = {r["method"]: r["params"] for r in runs}
+    assert by_method["draft"]["acceptance.collapsed"] == "true"
+    assert by_method["draft"]["acceptance.reason"].startswith("0 of 20 draft proposals accepted (0.0%, below 3%)")
+    assert "acceptance.collapsed" not in by_method["baseline"]
+    assert "acceptance.collapsed" not in by_method["ngram"]  # prompt lookup legitimately finds nothing
+
+
+@pytest.mark.parametrize(
+    "method,rounds,collapsed",
+    [
+        ("mtp", _rounds(4, 0, 5), "true"),
+        ("mtp", _rounds(4, 1, 5), "false"),  # 5 of 20: low, not collapsed
+        ("mtp", _rounds(3, 0, 5), "false"),  # 15 proposals say too little
+        ("draft", _rounds(1, 0, 40), "true"),
+    ],
+)
+def test_collapse_threshold(method, rounds, collapsed):
+    gen = Generation([1], 1, 0.1, 0.1, [0.1], 0, rounds=rounds)
+    flags = acceptance_flags(method, gen)
+    assert flags["acceptance.collapsed"] == collapsed
+    assert ("norm convention" in flags["acceptance.reason"]) == (collapsed == "true" and method == "mtp")

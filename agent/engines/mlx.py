@@ -268,19 +268,24 @@ class MlxEngine:
             elif k and mtp is not None:
                 proposed = mtp.propose(context[-1], k)
             if proposed is not None:
-                # Read before the verify pass is queued: MLX signals an evaluation's arrays
-                # when all of it is done, so reading them behind a queued verify pass would
-                # count the verify (and any rollback still pending) as drafting.
-                draft = proposed.tolist()
-            elif request.method == "ngram":
-                draft = ngram_propose(context, request.ngram_min, request.ngram_max, k)
+                mx.async_eval(proposed)
+                inputs = mx.concatenate([mx.array(context[-1:]), proposed])
             else:
-                draft = []
-            t1 = time.perf_counter()
-            # The target scores the last emitted token and every proposal in one pass.
+                draft = (
+                    ngram_propose(context, request.ngram_min, request.ngram_max, k) if request.method == "ngram" else []
+                )
+                inputs = mx.array([context[-1], *draft])
+            # The target scores the last emitted token and every proposal in one pass. Its graph
+            # is built while the draft computes, but evaluated only after the proposals are read:
+            # MLX signals an evaluation's arrays when all of it is done, so proposals read behind
+            # a queued verify pass would count the verify (and a pending rollback) as drafting.
             cache.mark()
-            logits, hidden = _forward(model, mx.array([context[-1], *draft])[None], cache.layers, mtp is not None)
-            target = sample(logits[0]).tolist()
+            logits, hidden = _forward(model, inputs[None], cache.layers, hidden=mtp is not None)
+            target = sample(logits[0])
+            if proposed is not None:
+                draft = proposed.tolist()
+            t1 = time.perf_counter()
+            target = target.tolist()
             a = 0
             while a < len(draft) and draft[a] == target[a]:
                 a += 1
