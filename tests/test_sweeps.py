@@ -37,7 +37,6 @@ def yaml_of(**changes):
         (yaml_of(models={"mlx": {"target": "/m/t", "memory_gb": -4}}), "models.mlx.memory_gb: must be between 0"),
         (yaml_of(models={"mlx": {"target": "/m/t", "memory_gb": "8G"}}), "models.mlx.memory_gb: must be a number"),
         (yaml_of(methods={"medusa": [2]}), "methods.medusa: unknown method"),
-        (yaml_of(methods={"mtp": [1]}), "methods.mtp: not supported by mlx"),
         (yaml_of(methods={"ref-ngram": [3]}), "methods.ref-ngram: not supported by mlx"),
         (yaml_of(methods={"ref-baseline": [2]}), "methods.ref-baseline[0]: must be between 0 and 0"),
         (yaml_of(verify_cost={"context_tokens": [-1]}), "verify_cost.context_tokens[0]: must be between 0"),
