@@ -172,16 +172,19 @@ class Sim:
                 await asyncio.sleep(self.args.heartbeat)
 
         async def results():
+            # On a fixed schedule, as an agent's runs finish: a slow answer does not lower the
+            # rate offered (only an answer slower than the interval delays the next upload).
             interval = self.args.workers / self.args.rate
-            await asyncio.sleep(random.random() * interval)
+            next_at = time.perf_counter() + random.random() * interval
             n = 0
             while not self.stop.is_set():
+                await asyncio.sleep(max(next_at - time.perf_counter(), 0))
+                next_at += interval
                 job = state["job"]
                 request = pb.ReportResultRequest(job_id=job.job_id, lease_id=job.lease_id, run=make_run(job.job_id, n))
                 if await self.call("ReportResult", stub.ReportResult, request, md) is not None and self.measuring:
                     self.acked += 1
                 n += 1
-                await asyncio.sleep(interval)
 
         tasks = [asyncio.create_task(heartbeats())]
         wait = random.uniform(1, self.args.wait)  # agents start at different times in a real fleet
@@ -207,7 +210,12 @@ class Sim:
             t.cancel()
 
     async def main(self) -> dict:
-        self.channels = [grpc.aio.insecure_channel(self.address) for _ in range(self.args.channels)]
+        # A local subchannel pool each: otherwise grpc shares one connection among channels to the
+        # same address, and real agents each have their own.
+        self.channels = [
+            grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(self.args.channels)
+        ]
         self.stop = asyncio.Event()
         t = time.perf_counter()
         agents = await self.enrol_all()

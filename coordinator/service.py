@@ -30,6 +30,7 @@ from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
 FLUSH_SECONDS = 1.0
+IDLE_FLUSH_CHUNK = 100
 # Results and lease renewals wait this long to share a transaction: a commit costs
 # milliseconds, a row far less.
 REPORT_LINGER_SECONDS = 0.02
@@ -76,9 +77,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             self.draining.discard(agent_id)
 
     async def flush_idle_beats(self) -> None:
+        """Write the idle agents' heartbeats, a chunk per transaction: results and lease
+        renewals queued meanwhile go between the chunks instead of waiting for all of them."""
         beats, self.idle_beats = list(self.idle_beats.values()), {}
-        if beats:
-            await self.heartbeats.submit_many(beats)
+        for first in range(0, len(beats), IDLE_FLUSH_CHUNK):
+            await self.db.run(self.scheduler.heartbeats, beats[first : first + IDLE_FLUSH_CHUNK])
 
     async def flush_idle_beats_forever(self) -> None:
         while True:
