@@ -233,3 +233,43 @@ def test_batched_heartbeats_extend_only_live_leases(fleet):
     with scheduler.store.tx() as con:
         rows = dict(con.execute("SELECT name, status FROM agents").fetchall())
     assert rows == {"mac-1": "running", "mac-2": ""}  # an agent's latest beat in the batch wins
+
+
+def test_idle_heartbeats_are_kept_in_memory_then_written_in_chunks(fleet, tmp_path):
+    """Idle agents' heartbeats cost no transaction each: the servicer keeps the latest per
+    agent and flush_idle_beats writes them, IDLE_FLUSH_CHUNK agents per transaction."""
+    import asyncio
+
+    from coordinator import service
+    from coordinator.batching import Database
+    from coordinator.metrics import Metrics
+    from protos.specfleet.v1 import fleet_pb2 as pb
+
+    scheduler, clock, a1, a2 = fleet
+    token, _ = auth.create_token(scheduler.store, 60, 300, now=clock.now)
+    fp = {"chip": "Apple M4 Pro", "memoryBytes": str(48 * 2**30)}
+    ids = [a1, a2] + [
+        agents.enrol(scheduler.store, token, f"idle-{i}", fp, {}, ["mlx"], now=clock.now)[0] for i in range(250)
+    ]
+    db = Database()
+    servicer = service.AgentServicer(scheduler, Metrics(scheduler), db)
+    transactions = []
+    heartbeats = scheduler.heartbeats
+    scheduler.heartbeats = lambda beats: transactions.append(len(beats)) or heartbeats(beats)
+    clock.now += 100
+
+    async def beat_then_flush():
+        for agent_id in ids:
+            auth.current_agent.set(agent_id)  # as the auth interceptor sets it
+            await servicer.Heartbeat(pb.HeartbeatRequest(status=f"idle {agent_id[-4:]}"), None)
+        assert transactions == []  # nothing written per call
+        await servicer.flush_idle_beats()
+
+    try:
+        asyncio.run(beat_then_flush())
+    finally:
+        db.close()
+    assert transactions == [100, 100, 52]
+    with scheduler.store.tx() as con:
+        rows = con.execute("SELECT agent_id, last_seen, status FROM agents").fetchall()
+    assert len(rows) == 252 and all(seen == clock.now and status == f"idle {a[-4:]}" for a, seen, status in rows)
