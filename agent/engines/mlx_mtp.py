@@ -138,7 +138,7 @@ class MtpDrafter:
     """Drafts with the MTP head. Its cache holds the head's KV for positions 0..P of the
     context, each computed from (token p, the trunk's hidden state at p - 1, zeros before the
     first); `pending` is the trunk's hidden state at P, which the next draft pairs with the
-    newest token. Proposals stay lazy (MLX arrays) until the target's verify pass reads them.
+    newest token. Proposals stay lazy (MLX arrays) until the engine reads them.
     """
 
     def __init__(self, model, head: MtpHead, sample):
@@ -156,7 +156,7 @@ class MtpDrafter:
     def prefill(self, prompt: list[int], hidden: mx.array) -> None:
         """The target's hidden rows (1, N, h) for the prompt: the head's cache covers it."""
         shifted = mx.concatenate([mx.zeros_like(hidden[:, :1]), hidden[:, :-1]], axis=1)
-        self._step(mx.array(prompt), shifted)
+        mx.eval(self._step(mx.array(prompt), shifted))  # part of prefill, as a draft model's is
         self.pending = hidden[:, -1:]
 
     def propose(self, last: int, k: int) -> mx.array:
@@ -178,5 +178,5 @@ class MtpDrafter:
         of the newest token and the accepted proposals. (With nothing proposed, which happens
         only for the last token of a generation, the head's cache is not needed again.)"""
         if accepted:
-            self._step(mx.array(accepted), hidden[:, :-1])
+            mx.eval(self._step(mx.array(accepted), hidden[:, :-1]))  # timed with the verify, as in llama.cpp
         self.pending = hidden[:, -1:]
