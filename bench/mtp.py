@@ -22,17 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.engines import make_engine  # noqa: E402
 from agent.engines.base import Request  # noqa: E402
+from bench.engines import PROMPT, WARMUP_RUNS, decode_tps  # noqa: E402
 from specfleet.tinymodels import make_tiny  # noqa: E402
-
-PROMPT = (
-    "Speculative decoding lets a small draft model propose several tokens that the large target model then "
-    "checks in a single forward pass. When the draft agrees with the target"
-)
-WARMUP_RUNS = 2
-
-
-def decode_tps(gen) -> float:
-    return (len(gen.tokens) - 1) / gen.decode_seconds
 
 
 def positions(gens) -> str:
