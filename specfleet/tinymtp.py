@@ -1,9 +1,10 @@
 """Deterministic tiny Qwen3.5-style models with one MTP block, in both formats.
 
 Two variants of the same recipe: `dense` (every trunk layer full attention) and `hybrid`
-(GatedDeltaNet linear-attention layers with one full-attention layer in four, as the real
-Qwen3.5/3.6 models have), plus a layer-skip draft of the hybrid (its first two layers, both
-recurrent) so that the `draft` method has a hybrid target and a hybrid draft to roll back.
+(GatedDeltaNet linear-attention layers 0 and 2, full attention 1 and 3: the real Qwen3.5/3.6
+models have one full-attention layer in four), plus a layer-skip draft of the hybrid (its first
+two layers, one of each kind: llama.cpp cannot run a qwen35 model without both) so that the
+`draft` method has a hybrid target and a hybrid draft to roll back.
 
 The hybrid's MLX directory holds the checkpoint the way Hugging Face ships Qwen3.5: `model.*`
 and `mtp.*` tensors, RMSNorm weights stored zero-centred (the model multiplies by 1 + w),
