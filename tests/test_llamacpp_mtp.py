@@ -12,6 +12,7 @@ import pytest
 
 from agent.engines import llamacpp, llamacpp_mtp, make_engine
 from agent.engines.base import EngineError, Request, Sampler
+from specfleet import tinymodels, tinymtp
 
 NEW_TOKENS = 32
 PROMPTS = (
@@ -166,8 +167,9 @@ def test_mtp_on_a_model_without_an_mtp_head_is_refused(tiny_models):
     engine.close()
 
 
-def test_a_qwen35_without_recurrent_layers_is_refused_at_load(tiny_models):
-    """llama.cpp's qwen35 graph aborts the process on the first decode of such a model."""
+def test_a_qwen35_without_both_kinds_of_layer_is_refused_at_load(tiny_models, tmp_path):
+    """llama.cpp's qwen35 graph aborts the process on the first decode of a model whose layers
+    are all full attention, or all recurrent."""
     message = r"mtp-dense\.gguf is a qwen35 model with no recurrent .*upstream assert GGML_ASSERT\(buffer\)"
     dense, hybrid = str(tiny_models.gguf_mtp_dense), str(tiny_models.gguf_mtp_hybrid)
     for target, draft in ((dense, None), (hybrid, dense)):  # as a target, and as a draft
@@ -175,6 +177,17 @@ def test_a_qwen35_without_recurrent_layers_is_refused_at_load(tiny_models):
         with pytest.raises(EngineError, match=message):
             engine.load(target, draft)
         engine.close()
+    shape = tinymtp.Qwen35Shape(layers=2, full_attention_interval=4, mtp_layers=0)  # layers 0 and 1 recurrent
+    recurrent = tinymtp.write_gguf(
+        tmp_path / "all-recurrent.gguf",
+        shape,
+        tinymtp.random_weights(shape, tinymodels.VOCAB_SIZE, 1, mtp=False),
+        tinymodels.build_vocab(),
+    )
+    engine = make_engine("llama.cpp")
+    with pytest.raises(EngineError, match=r"all-recurrent\.gguf is a qwen35 model with no full-attention layer"):
+        engine.load(str(recurrent))
+    engine.close()
 
 
 @pytest.mark.parametrize("depth", [0, 17])

@@ -43,11 +43,12 @@ class GgufInfo:
 
     def load_problem(self) -> str:
         """Why llama.cpp cannot run this model at all ("" if it can)."""
-        if self.arch in QWEN35_ARCHES and self.recurrent_layers == 0:
+        if self.arch in QWEN35_ARCHES and self.recurrent_layers in (0, self.trunk_layers):
+            missing = "recurrent (GatedDeltaNet)" if self.recurrent_layers == 0 else "full-attention"
             return (
-                f"{self.name} is a {self.arch} model with no recurrent (GatedDeltaNet) layer: llama.cpp's "
-                f"{self.arch} graph needs at least one recurrent layer, and its first llama_decode would abort "
-                "the process (upstream assert GGML_ASSERT(buffer) in llm_graph_input_mem_hybrid::set_input)"
+                f"{self.name} is a {self.arch} model with no {missing} layer: llama.cpp's {self.arch} graph "
+                "needs layers of both kinds, and its first llama_decode would abort the process "
+                "(upstream assert GGML_ASSERT(buffer) in llm_graph_input_mem_hybrid::set_input)"
             )
         return ""
 
