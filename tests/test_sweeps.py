@@ -116,3 +116,12 @@ def test_each_engine_gets_only_the_arms_it_has():
 def test_target_selector(target, matches):
     agent = {"name": "mini", "chip": "Apple M4 Pro", "memory_bytes": 48 * 2**30, "labels": {"room": "lab"}}
     assert agent_matches(target, agent) is matches
+
+
+def test_the_readme_sweep_example_is_accepted():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = readme.split("A sweep file:")[1].split("```yaml")[1].split("```")[0]
+    sweep = parse_sweep(example)
+    assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a["method"], a["depth"]) for a in sweep.arms}
