@@ -35,18 +35,32 @@ SWEEP_TIMEOUT_SECONDS = 1800
 START_TIMEOUT_SECONDS = 60
 
 
+# What every demo sweep shares: the demo agent, greedy sampling, the chat prompts.
+DEMO_COMMON = {
+    "target": {"agents": [DEMO_AGENT]},
+    "samplers": [{"temperature": 0.0}],
+    "prompt_sets": ["chat"],
+    "max_new_tokens": 64,
+    "warmup": 2,
+    "repeats": 3,
+}
+
+
 def demo_sweeps(models) -> list[dict]:
     """The tiny Llama pair with every method on both engines; MTP (and draft, n-gram, which
     must roll back recurrent state) on the hybrid Qwen3.5-style model on both engines; MTP on
-    the all-attention one, which only MLX runs (llama.cpp's qwen35 graph needs a recurrent
-    layer)."""
-    common = {
-        "target": {"agents": [DEMO_AGENT]},
-        "samplers": [{"temperature": 0.0}],
-        "prompt_sets": ["chat"],
-        "max_new_tokens": 64,
-        "warmup": 2,
-        "repeats": 3,
+    the all-attention one, which only MLX runs (llama.cpp's qwen35 graph needs layers of both
+    kinds)."""
+    llama = {
+        "name": "demo",
+        "models": {
+            "mlx": {"target": str(models.mlx_target), "draft": str(models.mlx_draft)},
+            "llama.cpp": {"target": str(models.gguf_target), "draft": str(models.gguf_draft)},
+        },
+        "engines": ["mlx", "llama.cpp"],
+        # Our loops, and the libraries' own paths beside them (each engine runs the arms it has).
+        "methods": {"draft": [2, 4], "ngram": [3], "ref-baseline": [0], "ref-draft": [2], "ref-ngram": [3]},
+        "verify_cost": {"context_tokens": [128], "max_rows": 8, "repeats": 5},
     }
     hybrid = {
         "name": "demo-mtp-hybrid",
@@ -56,36 +70,14 @@ def demo_sweeps(models) -> list[dict]:
         },
         "engines": ["mlx", "llama.cpp"],
         "methods": {"mtp": [1, 2, 3], "draft": [2], "ngram": [3]},
-        **common,
     }
     dense = {
         "name": "demo-mtp-dense",
         "models": {"mlx": {"target": str(models.mlx_mtp_dense)}},
         "engines": ["mlx"],
         "methods": {"mtp": [1, 2, 3]},
-        **common,
     }
-    return [demo_sweep(models), hybrid, dense]
-
-
-def demo_sweep(models) -> dict:
-    return {
-        "name": "demo",
-        "target": {"agents": [DEMO_AGENT]},
-        "models": {
-            "mlx": {"target": str(models.mlx_target), "draft": str(models.mlx_draft)},
-            "llama.cpp": {"target": str(models.gguf_target), "draft": str(models.gguf_draft)},
-        },
-        "engines": ["mlx", "llama.cpp"],
-        "samplers": [{"temperature": 0.0}],
-        "prompt_sets": ["chat"],
-        # Our loops, and the libraries' own paths beside them (each engine runs the arms it has).
-        "methods": {"draft": [2, 4], "ngram": [3], "ref-baseline": [0], "ref-draft": [2], "ref-ngram": [3]},
-        "verify_cost": {"context_tokens": [128], "max_rows": 8, "repeats": 5},
-        "max_new_tokens": 64,
-        "warmup": 2,
-        "repeats": 3,
-    }
+    return [{**sweep, **DEMO_COMMON} for sweep in (llama, hybrid, dense)]
 
 
 def _specfleet(*args: str) -> list[str]:
