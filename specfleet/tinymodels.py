@@ -394,14 +394,29 @@ def add_gguf_tokenizer(writer, vocab: Vocab) -> None:
     writer.add_add_eos_token(False)
 
 
-def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab) -> Path:
+def open_gguf(path: Path, arch: str):
+    """A GGUF writer for a float32 model of `arch` at `path`, its first keys written."""
     import gguf
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer = gguf.GGUFWriter(str(path), arch=arch)
     writer.add_name(path.stem)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(CONTEXT_LENGTH)
+    return writer
+
+
+def close_gguf(writer, path: Path) -> Path:
+    """Write the header, keys and tensors added to `writer` into its file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab) -> Path:
+    writer = open_gguf(path, "llama")
     writer.add_embedding_length(shape.hidden)
     writer.add_block_count(shape.layers)
     writer.add_feed_forward_length(shape.intermediate)
@@ -425,21 +440,18 @@ def write_gguf(path: Path, shape: LlamaShape, weights: dict[str, np.ndarray], vo
             writer.add_tensor(f"blk.{i}.{gguf_name}", np.ascontiguousarray(tensor))
     writer.add_tensor("output_norm.weight", weights["model.norm.weight"])
     writer.add_tensor("output.weight", weights["lm_head.weight"])
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return close_gguf(writer, path)
 
 
 def write_model(
-    directory: Path, name: str, shape: LlamaShape, weights: dict[str, np.ndarray], vocab: Vocab
+    directory: Path, name: str, shape, weights: dict[str, np.ndarray], vocab: Vocab, writers=(write_mlx, write_gguf)
 ) -> tuple[Path, Path]:
-    """Write one model in both formats: `directory/mlx/<name>/` and `directory/gguf/<name>.gguf`."""
+    """Write one model in both formats, with `writers` (MLX, GGUF) for its architecture:
+    `directory/mlx/<name>/` and `directory/gguf/<name>.gguf`."""
+    mlx_writer, gguf_writer = writers
     return (
-        write_mlx(directory / "mlx" / name, shape, weights, vocab),
-        write_gguf(directory / "gguf" / f"{name}.gguf", shape, weights, vocab),
+        mlx_writer(directory / "mlx" / name, shape, weights, vocab),
+        gguf_writer(directory / "gguf" / f"{name}.gguf", shape, weights, vocab),
     )
 
 

@@ -293,15 +293,9 @@ def gguf_tensors(shape: Qwen35Shape, weights: dict[str, np.ndarray]) -> dict[str
 
 
 def write_gguf(path: Path, shape: Qwen35Shape, weights: dict[str, np.ndarray], vocab: tm.Vocab) -> Path:
-    import gguf
-
-    path.parent.mkdir(parents=True, exist_ok=True)
     has_mtp = any(name.startswith("mtp.") for name in weights)
     blocks = shape.layers + (shape.mtp_layers if has_mtp else 0)
-    writer = gguf.GGUFWriter(str(path), arch="qwen35")
-    writer.add_name(path.stem)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(tm.CONTEXT_LENGTH)
+    writer = tm.open_gguf(path, "qwen35")
     writer.add_embedding_length(shape.hidden)
     writer.add_block_count(blocks)
     writer.add_feed_forward_length(shape.intermediate)
@@ -325,21 +319,7 @@ def write_gguf(path: Path, shape: Qwen35Shape, weights: dict[str, np.ndarray], v
     tm.add_gguf_tokenizer(writer, vocab)
     for name, tensor in gguf_tensors(shape, weights).items():
         writer.add_tensor(name, tensor)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def write_model(
-    directory: Path, name: str, shape: Qwen35Shape, weights: dict[str, np.ndarray], vocab: tm.Vocab
-) -> tuple[Path, Path]:
-    """One model in both formats: `directory/mlx/<name>/` and `directory/gguf/<name>.gguf`."""
-    return (
-        write_mlx(directory / "mlx" / name, shape, weights, vocab),
-        write_gguf(directory / "gguf" / f"{name}.gguf", shape, weights, vocab),
-    )
+    return tm.close_gguf(writer, path)
 
 
 def write_all(directory: Path, vocab: tm.Vocab) -> None:
@@ -349,5 +329,5 @@ def write_all(directory: Path, vocab: tm.Vocab) -> None:
         if variant == "hybrid":
             deepen(shape, weights)
             draft, draft_shape = layer_skip_draft(shape, weights)
-            write_model(directory, "mtp-hybrid-draft", draft_shape, draft, vocab)
-        write_model(directory, f"mtp-{variant}", shape, weights, vocab)
+            tm.write_model(directory, "mtp-hybrid-draft", draft_shape, draft, vocab, (write_mlx, write_gguf))
+        tm.write_model(directory, f"mtp-{variant}", shape, weights, vocab, (write_mlx, write_gguf))
