@@ -33,6 +33,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from coordinator.server import quiet_gc  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -220,6 +221,9 @@ class Sim:
         t = time.perf_counter()
         agents = await self.enrol_all()
         print(f"enrolled {len(agents)} agents in {time.perf_counter() - t:.1f}s", flush=True)
+        # This one process plays a thousand agents: its own full garbage collections would
+        # delay every simulated agent's calls and be counted as the coordinator's latency.
+        quiet_gc()
         tasks = [asyncio.create_task(self.agent(i, md)) for i, (_, md) in enumerate(agents)]
         await asyncio.sleep(2)  # every agent is now heartbeating and long-polling
         names = [f"sim-{i:05d}" for i in range(self.args.workers)]

@@ -1,4 +1,4 @@
-"""The fleet's agents: enrolment, revocation and draining (last contact: Scheduler.heartbeats)."""
+"""The fleet's agents: enrolment, revocation and draining (last contact: Scheduler.record_beats)."""
 
 from __future__ import annotations
 

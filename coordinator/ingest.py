@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from agent.engines import ENGINES
 from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIVE_METHODS, VERIFY_COST
-from coordinator.scheduler import Scheduler, lease_problem
+from coordinator.scheduler import Scheduler, SchedulerError
+from coordinator.store import placeholders
 
 MAX_MAP_ENTRIES = 256
 MAX_STRING_CHARS = 4096
@@ -129,71 +130,71 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     if not todo:
         return results
     now = time.time()
-    with scheduler.store.tx() as con:
-        run_ids = [reports[i].run.run_id for i in todo]
-        stored = {
-            run_id: (seq, agent_id)
-            for run_id, seq, agent_id in con.execute(
-                "SELECT run_id, seq, agent_id FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]
-            ).fetchall()
-        }
-        jobs = {
-            row[0]: row[1:]
-            for row in con.execute(
-                "SELECT j.job_id, j.agent_id, j.state, j.lease_id, j.sweep_id, a.chip"
-                " FROM jobs j JOIN agents a USING (agent_id) WHERE j.job_id IN (SELECT unnest(?))",
-                [list({reports[i].job_id for i in todo})],
-            ).fetchall()
-        }
-        rows = []
+    stored = {}  # run id -> (seq, agent id) of the runs in this batch that are stored
+    # One statement inserts the new runs: it commits on its own, and the store's lock keeps
+    # every other writer out between the leases' check and the insert.
+    with scheduler.store.autocommit() as con:
+        rows = {}  # run id -> (report index, column values): the copy of each run to insert
         for i in todo:
             r = reports[i]
             run = r.run
-            if run.run_id in stored:  # a retry: acknowledge, never store twice
-                seq, owner = stored[run.run_id]
-                if owner != r.agent_id:
-                    results[i] = InvalidRun(f"run id {run.run_id} was already stored by another agent")
-                elif seq is not None:  # None: stored earlier in this batch, filled in below
-                    results[i] = (True, seq)
+            if run.run_id in rows:  # the same run twice in one batch: the second is a retry
                 continue
-            job = jobs.get(r.job_id)
-            problem = lease_problem(r.agent_id, r.job_id, r.lease_id, job[:3] if job else None)
-            if problem is not None:
-                results[i] = problem
+            try:
+                lease = scheduler.lease(r.agent_id, r.job_id, r.lease_id, con)
+            except SchedulerError as e:
+                results[i] = e  # unless the run is stored already: then a retry (below)
                 continue
-            sweep_id, chip = job[3], job[4]
-            rows.append((i, [
-                run.run_id, r.job_id, r.lease_id, sweep_id, r.agent_id, chip, run.engine, run.method, run.depth,
-                run.prompt_id, run.repeat, run.position, run.prompt_tokens, run.generated_tokens,
+            rows[run.run_id] = (i, [
+                run.run_id, r.job_id, r.lease_id, lease.sweep_id, r.agent_id, lease.chip, run.engine, run.method,
+                run.depth, run.prompt_id, run.repeat, run.position, run.prompt_tokens, run.generated_tokens,
                 run.prefill_seconds, run.ttft_seconds, run.decode_seconds, run.wall_seconds,
                 run.decode_tokens_per_second, run.prefill_tokens_per_second, run.peak_memory_bytes,
                 run.output_sha256, run.lossless if run.has_lossless else None, json.dumps(dict(run.metrics)),
                 json.dumps(dict(run.params)), run.started_at_unix_seconds, now,
-            ]))  # fmt: skip
-            stored[run.run_id] = (None, r.agent_id)  # the same run twice in one batch: the second is a retry
+            ])  # fmt: skip
         if rows:
-            seqs = sorted(
-                s for (s,) in con.execute("SELECT nextval('ingest_seq') FROM range(?)", [len(rows)]).fetchall()
-            )
-            for (i, values), seq in zip(rows, seqs):
-                values.append(seq)
-                results[i] = (False, seq)
-                stored[values[0]] = (seq, values[4])
             table = pa.Table.from_arrays(
                 [
                     pa.array(column, type=RUN_TYPES[name])
-                    for name, column in zip(RUN_COLUMNS, zip(*(v for _, v in rows)))
+                    for name, column in zip(RUN_COLUMNS, zip(*(v for _, v in rows.values())))
                 ],
-                names=RUN_COLUMNS,
+                names=RUN_COLUMNS[:-1],  # all but seq, which the insert takes from the sequence
             )
+            run_ids = list(rows)
             con.register("ingest_batch", table)
             try:
-                con.execute(f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT * FROM ingest_batch")
+                inserted = con.execute(
+                    f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT b.*, nextval('ingest_seq')"
+                    " FROM ingest_batch b WHERE b.run_id NOT IN"  # stored before: a retry
+                    f" (SELECT run_id FROM runs WHERE run_id IN {placeholders(run_ids)})"
+                    " RETURNING run_id, seq",
+                    run_ids,
+                ).fetchall()
             finally:
                 con.unregister("ingest_batch")
-    for i, res in enumerate(results):  # later copies of a run stored earlier in this batch
-        if res is None:
-            results[i] = (True, stored[reports[i].run.run_id][0])
+            for run_id, seq in inserted:
+                i = rows[run_id][0]
+                results[i] = (False, seq)
+                stored[run_id] = (seq, reports[i].agent_id)
+        earlier = list({reports[i].run.run_id for i in todo} - stored.keys())  # retries, refusals
+        if earlier:
+            stored.update(
+                (run_id, (seq, agent_id))
+                for run_id, seq, agent_id in con.execute(
+                    f"SELECT run_id, seq, agent_id FROM runs WHERE run_id IN {placeholders(earlier)}", earlier
+                ).fetchall()
+            )
+    for i in todo:
+        r = reports[i]
+        if isinstance(results[i], tuple) or r.run.run_id not in stored:
+            continue  # stored now, or refused
+        seq, owner = stored[r.run.run_id]  # a retry: acknowledged, never stored twice
+        results[i] = (
+            (True, seq)
+            if owner == r.agent_id
+            else InvalidRun(f"run id {r.run.run_id} was already stored by another agent")
+        )
     return results
 
 

@@ -7,6 +7,7 @@ sweep's maximum, after which the job fails with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import threading
@@ -72,6 +73,17 @@ class Beat:
     fingerprint: dict | None = None
 
 
+@dataclass
+class Lease:
+    """A live lease, as the scheduler keeps it in memory (the jobs table holds the same)."""
+
+    agent_id: str
+    lease_id: str
+    sweep_id: str
+    chip: str  # the agent's chip when it took the job: every run of the job is stored with it
+    expires_at: float
+
+
 @dataclass(frozen=True)
 class LeasedJob:
     job_id: str
@@ -79,21 +91,6 @@ class LeasedJob:
     sweep_id: str
     attempt: int
     spec: dict
-
-
-def transition(con, job_id: str, to: JobState, now: float, **columns) -> None:
-    """Move a job to `to` inside the caller's transaction, refusing transitions not in ALLOWED."""
-    row = con.execute("SELECT state FROM jobs WHERE job_id = ?", [job_id]).fetchone()
-    if row is None:
-        raise SchedulerError(f"unknown job {job_id}")
-    current = JobState(row[0])
-    if to not in ALLOWED.get(current, set()):
-        raise SchedulerError(f"job {job_id} is {current.value}; it cannot become {to.value}")
-    sets = ", ".join(f"{k} = ?" for k in columns)
-    con.execute(
-        f"UPDATE jobs SET state = ?, updated_at = ?, seq = ?{', ' + sets if sets else ''} WHERE job_id = ?",
-        [to.value, now, next_seq(con), *columns.values(), job_id],
-    )
 
 
 class Scheduler:
@@ -106,6 +103,14 @@ class Scheduler:
         self.listeners: list[Callable[[set[str]], None]] = []
         # Agents that may have a queued job or hold a lease: a superset, changed only inside a
         # transaction. Idle agents long-poll all the time; this spares their polls the database.
+        # Live leases, mirrored from the jobs table so that heartbeats extend them and reports
+        # check them without a transaction. Which leases exist changes only under the store's
+        # lock, once the transaction that changed the table has committed (_tx); extended
+        # expiries reach the table with the next write of heartbeats (record_beats).
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        self._extended: set[str] = set()  # job ids whose new expiry the table does not hold yet
+        self._lease_changes: list[tuple[str, Lease | None]] = []  # made by the open transaction
         with store.tx() as con:
             self._may_have_work = {
                 agent_id
@@ -113,6 +118,42 @@ class Scheduler:
                     "SELECT DISTINCT agent_id FROM jobs WHERE state IN ('queued', 'leased')"
                 ).fetchall()
             }
+            for job_id, *lease in con.execute(
+                "SELECT j.job_id, j.agent_id, j.lease_id, j.sweep_id, a.chip, j.lease_expires_at"
+                " FROM jobs j JOIN agents a USING (agent_id) WHERE j.state = 'leased'"
+            ).fetchall():
+                self._leases[job_id] = Lease(*lease)
+
+    @contextlib.contextmanager
+    def _tx(self):
+        """A transaction of the store, whose lease changes take effect once it committed."""
+        with self.store.lock:
+            self._lease_changes = []
+            with self.store.tx() as con:
+                yield con
+            with self._lock:
+                for job_id, lease in self._lease_changes:
+                    if lease is None:
+                        self._leases.pop(job_id, None)
+                        self._extended.discard(job_id)
+                    else:
+                        self._leases[job_id] = lease
+
+    def _transition(self, con, job_id: str, to: JobState, now: float, **columns) -> None:
+        """Move a job to `to` inside the caller's transaction, refusing transitions not in ALLOWED."""
+        row = con.execute("SELECT state FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+        if row is None:
+            raise SchedulerError(f"unknown job {job_id}")
+        current = JobState(row[0])
+        if to not in ALLOWED.get(current, set()):
+            raise SchedulerError(f"job {job_id} is {current.value}; it cannot become {to.value}")
+        sets = ", ".join(f"{k} = ?" for k in columns)
+        con.execute(
+            f"UPDATE jobs SET state = ?, updated_at = ?, seq = ?{', ' + sets if sets else ''} WHERE job_id = ?",
+            [to.value, now, next_seq(con), *columns.values(), job_id],
+        )
+        if current == JobState.LEASED:
+            self._lease_changes.append((job_id, None))
 
     # ------------------------------------------------------------------ sweeps
 
@@ -170,7 +211,7 @@ class Scheduler:
 
     def cancel(self, sweep_id: str) -> int:
         now = self.clock()
-        with self.store.tx() as con:
+        with self._tx() as con:
             if con.execute("SELECT 1 FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone() is None:
                 raise SchedulerError(f"unknown sweep {sweep_id}")
             open_jobs = con.execute(
@@ -178,7 +219,7 @@ class Scheduler:
                 [sweep_id],
             ).fetchall()
             for job_id, agent_id, state in open_jobs:
-                transition(con, job_id, JobState.CANCELLED, now, lease_id=None, reason="sweep cancelled")
+                self._transition(con, job_id, JobState.CANCELLED, now, lease_id=None, reason="sweep cancelled")
                 if state == JobState.LEASED.value:
                     self._release_agent(con, agent_id)
             con.execute("UPDATE sweeps SET state = 'cancelled', seq = ? WHERE sweep_id = ?", [next_seq(con), sweep_id])
@@ -197,14 +238,18 @@ class Scheduler:
             with self._work:
                 self._work.wait(timeout=min(remaining, 1.0))
 
+    def may_have_work(self, agent_id: str) -> bool:
+        """False when the agent surely has no queued job (no database needed to tell)."""
+        return agent_id in self._may_have_work
+
     def try_acquire(self, agent_id: str) -> LeasedJob | None:
         """Lease the agent's next queued job now, or return None."""
         if agent_id not in self._may_have_work:
             return None
         now = self.clock()
-        with self.store.tx() as con:
-            state = con.execute("SELECT state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
-            if state is None or state[0] in ("draining", "revoked"):
+        with self._tx() as con:
+            agent = con.execute("SELECT state, chip FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+            if agent is None or agent[0] in ("draining", "revoked"):
                 return None
             # An agent asks for work only when it holds none: a lease it still has was lost
             # with a restart, so that attempt is over.
@@ -223,107 +268,98 @@ class Scheduler:
                 return None
             job_id, sweep_id, attempt, spec = row
             lease_id = "lease-" + uuid.uuid4().hex[:12]
-            transition(
-                con,
-                job_id,
-                JobState.LEASED,
-                now,
-                lease_id=lease_id,
-                lease_expires_at=now + self.lease_seconds,
-                attempt=attempt + 1,
+            expires_at = now + self.lease_seconds
+            self._transition(
+                con, job_id, JobState.LEASED, now, lease_id=lease_id, lease_expires_at=expires_at, attempt=attempt + 1
             )
+            self._lease_changes.append((job_id, Lease(agent_id, lease_id, sweep_id, agent[1], expires_at)))
             con.execute(
                 "UPDATE agents SET state = 'busy', current_job_id = ?, seq = ? WHERE agent_id = ?",
                 [job_id, next_seq(con), agent_id],
             )
         return LeasedJob(job_id, lease_id, sweep_id, attempt + 1, json.loads(spec))
 
-    def check_lease(self, con, agent_id: str, job_id: str, lease_id: str) -> None:
-        row = con.execute("SELECT agent_id, state, lease_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()
-        if (problem := lease_problem(agent_id, job_id, lease_id, row)) is not None:
-            raise problem
+    def lease(self, agent_id: str, job_id: str, lease_id: str, con=None) -> Lease:
+        """`agent_id`'s live lease `lease_id` on `job_id`, or SchedulerError saying why it is not.
+        With `con`, a refusal names the job's state (read from the table)."""
+        with self._lock:
+            lease = self._leases.get(job_id)
+        if lease is not None and lease.agent_id == agent_id and lease.lease_id == lease_id:
+            return lease
+        row = (lease.agent_id, JobState.LEASED.value, lease.lease_id) if lease else None
+        if row is None and con is not None:
+            row = con.execute("SELECT agent_id, state, lease_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+        raise lease_problem(agent_id, job_id, lease_id, row)
 
-    def heartbeats(self, beats: list[Beat]) -> list[tuple[str, float | None]]:
-        """Record many agents' heartbeats in one transaction (the server batches them).
+    def extend_lease(self, agent_id: str, job_id: str, lease_id: str) -> float | None:
+        """A heartbeat naming a job: extend the agent's live lease (in memory; the table gets
+        the new expiry from record_beats). The seconds until it expires, or None if it is gone
+        or not the agent's."""
+        with self._lock:
+            lease = self._leases.get(job_id)
+            if lease is None or lease.agent_id != agent_id or lease.lease_id != lease_id:
+                return None
+            lease.expires_at = self.clock() + self.lease_seconds
+            self._extended.add(job_id)
+        return self.lease_seconds
 
-        For each: the agent's state (it learns that it is draining) and, when it named a job,
-        the seconds until its extended lease expires, or None if that lease is gone."""
+    def record_beats(self, beats: list[Beat]) -> None:
+        """Write heartbeats kept in memory in one transaction: each agent's last contact and
+        latest status (and fingerprint, when it sent one), and every lease expiry extended since
+        the last write."""
         now = self.clock()
         latest = {b.agent_id: b for b in beats}  # one row per agent, its latest status
-        with self.store.tx() as con:
-            for b in beats:
-                if b.fingerprint:
-                    fp = b.fingerprint
-                    con.execute(
-                        "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
-                        [json.dumps(fp), fp.get("chip", ""), int(fp.get("memoryBytes", 0)), b.agent_id],
+        with self._lock:
+            extended = {job_id: self._leases[job_id].expires_at for job_id in self._extended}
+            self._extended.clear()
+        if not latest and not extended:
+            return
+        try:
+            with self.store.autocommit() as con:  # each fact stands on its own
+                for b in beats:
+                    if b.fingerprint:
+                        fp = b.fingerprint
+                        con.execute(
+                            "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
+                            [json.dumps(fp), fp.get("chip", ""), int(fp.get("memoryBytes", 0)), b.agent_id],
+                        )
+                if latest:
+                    touched = pa.table({"agent_id": list(latest), "status": [b.status[:512] for b in latest.values()]})
+                    con.register("heartbeat_batch", touched)
+                    try:
+                        con.execute(
+                            "UPDATE agents SET last_seen = ?, status = h.status, seq = nextval('ingest_seq')"
+                            " FROM heartbeat_batch h WHERE agents.agent_id = h.agent_id",
+                            [now],
+                        )
+                    finally:
+                        con.unregister("heartbeat_batch")
+                if extended:
+                    con.register(
+                        "lease_batch", pa.table({"job_id": list(extended), "expires_at": list(extended.values())})
                     )
-            seqs = sorted(
-                r[0] for r in con.execute("SELECT nextval('ingest_seq') FROM range(?)", [len(latest)]).fetchall()
-            )
-            touched = pa.table(
-                {
-                    "agent_id": list(latest),
-                    "status": [b.status[:512] for b in latest.values()],
-                    "seq": seqs,
-                }
-            )
-            con.register("heartbeat_batch", touched)
-            try:
-                con.execute(
-                    "UPDATE agents SET last_seen = ?, status = h.status, seq = h.seq FROM heartbeat_batch h"
-                    " WHERE agents.agent_id = h.agent_id",
-                    [now],
-                )
-                states = dict(
-                    con.execute(
-                        "SELECT agent_id, state FROM agents WHERE agent_id IN (SELECT agent_id FROM heartbeat_batch)"
-                    ).fetchall()
-                )
-            finally:
-                con.unregister("heartbeat_batch")
-            job_ids = [b.job_id for b in beats if b.job_id]
-            leases = {}
-            if job_ids:
-                leases = {
-                    r[0]: r[1:]
-                    for r in con.execute(
-                        "SELECT job_id, agent_id, state, lease_id FROM jobs WHERE job_id IN (SELECT unnest(?))",
-                        [job_ids],
-                    ).fetchall()
-                }
-            live = [
-                bool(b.job_id) and lease_problem(b.agent_id, b.job_id, b.lease_id, leases.get(b.job_id)) is None
-                for b in beats
-            ]
-            if any(live):
-                con.execute(
-                    "UPDATE jobs SET lease_expires_at = ? WHERE job_id IN (SELECT unnest(?))",
-                    [now + self.lease_seconds, [b.job_id for b, ok in zip(beats, live) if ok]],
-                )
-        return [(states.get(b.agent_id, ""), self.lease_seconds if ok else None) for b, ok in zip(beats, live)]
-
-    def heartbeat(self, agent_id: str, job_id: str, lease_id: str) -> float | None:
-        """Extend the lease; return seconds until it expires, or None if it is gone."""
-        now = self.clock()
-        with self.store.tx() as con:
-            try:
-                self.check_lease(con, agent_id, job_id, lease_id)
-            except SchedulerError:
-                return None
-            con.execute("UPDATE jobs SET lease_expires_at = ? WHERE job_id = ?", [now + self.lease_seconds, job_id])
-        return self.lease_seconds
+                    try:
+                        con.execute(
+                            "UPDATE jobs SET lease_expires_at = e.expires_at FROM lease_batch e"
+                            " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased'"
+                        )
+                    finally:
+                        con.unregister("lease_batch")
+        except BaseException:
+            with self._lock:  # the next write tries again
+                self._extended.update(job_id for job_id in extended if job_id in self._leases)
+            raise
 
     def complete(self, agent_id: str, job_id: str, lease_id: str, run_count: int) -> None:
         now = self.clock()
-        with self.store.tx() as con:
-            self.check_lease(con, agent_id, job_id, lease_id)
+        with self._tx() as con:
+            self.lease(agent_id, job_id, lease_id, con)
             stored = con.execute("SELECT count(*) FROM runs WHERE lease_id = ?", [lease_id]).fetchone()[0]
             if stored != run_count:
                 raise SchedulerError(
                     f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first"
                 )
-            transition(con, job_id, JobState.DONE, now)
+            self._transition(con, job_id, JobState.DONE, now)
             self._may_have_work.add(agent_id)  # its next job, if any
             self._release_agent(con, agent_id)
             self._close_sweep_if_done(con, job_id)
@@ -332,8 +368,8 @@ class Scheduler:
     def fail(self, agent_id: str, job_id: str, lease_id: str, reason: str, retry: bool) -> bool:
         """Fail the attempt; requeue when `retry` and attempts remain. Returns whether it will retry."""
         now = self.clock()
-        with self.store.tx() as con:
-            self.check_lease(con, agent_id, job_id, lease_id)
+        with self._tx() as con:
+            self.lease(agent_id, job_id, lease_id, con)
             will_retry = self._end_attempt(con, job_id, now, reason, retry=retry)
             self._may_have_work.add(agent_id)
             self._release_agent(con, agent_id)
@@ -343,16 +379,24 @@ class Scheduler:
     def expire_leases(self) -> int:
         """Requeue (or fail) every job whose lease has run out; called periodically."""
         now = self.clock()
-        with self.store.tx() as con:
-            expired = con.execute(
-                "SELECT job_id, agent_id FROM jobs WHERE state = 'leased' AND lease_expires_at <= ?", [now]
-            ).fetchall()
-            for job_id, agent_id in expired:
-                self._end_attempt(con, job_id, now, "lease expired without a heartbeat")
-                self._may_have_work.add(agent_id)
-                self._release_agent(con, agent_id)
-        if expired:
-            self._wake({agent_id for _, agent_id in expired})
+        with self.store.lock:
+            with self._lock:  # from now on no heartbeat extends them
+                expired = {job_id: lease for job_id, lease in self._leases.items() if lease.expires_at <= now}
+                for job_id in expired:
+                    del self._leases[job_id]
+            if not expired:
+                return 0
+            try:
+                with self._tx() as con:
+                    for job_id, lease in expired.items():
+                        self._end_attempt(con, job_id, now, "lease expired without a heartbeat")
+                        self._may_have_work.add(lease.agent_id)
+                        self._release_agent(con, lease.agent_id)
+            except BaseException:
+                with self._lock:  # the next pass tries again
+                    self._leases.update(expired)
+                raise
+        self._wake({lease.agent_id for lease in expired.values()})
         return len(expired)
 
     # ------------------------------------------------------------------ helpers
@@ -362,7 +406,7 @@ class Scheduler:
             "SELECT attempt, max_attempts FROM jobs WHERE job_id = ?", [job_id]
         ).fetchone()
         if retry and attempt < max_attempts:
-            transition(
+            self._transition(
                 con,
                 job_id,
                 JobState.QUEUED,
@@ -372,7 +416,7 @@ class Scheduler:
                 reason=f"attempt {attempt}: {reason}",
             )
             return True
-        transition(
+        self._transition(
             con,
             job_id,
             JobState.FAILED,

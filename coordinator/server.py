@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -27,6 +28,8 @@ ADMIN_TOKEN_FILE = "admin.token"
 ENDPOINTS_FILE = "coordinator.json"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 REAPER_INTERVAL_SECONDS = 1.0
+# The oldest generation's threshold, in collections of the middle one (Python's default is 10).
+FULL_GC_EVERY = 1000
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,17 @@ class CoordinatorConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # set to require client certificates (mTLS)
+
+
+def quiet_gc() -> None:
+    """For a process that serves a coordinator: a full garbage collection stops the event loop
+    for as long as it takes, 60-110 ms every 3 s on this project's 2-core machine with a
+    thousand long-polls in flight (bench/README.md). Freeze what start-up made, and collect
+    the oldest generation a hundred times less often; the young generations, where gRPC's
+    per-call reference cycles die, are collected as before."""
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_GC_EVERY)
 
 
 def admin_credential(data_dir: Path) -> str | None:
@@ -125,7 +139,7 @@ class Coordinator:
     async def _start_server(self) -> None:
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._flusher = asyncio.get_running_loop().create_task(self.agent_service.flush_idle_beats_forever())
+        self._flusher = asyncio.get_running_loop().create_task(self.agent_service.flush_beats_forever())
 
     def start(self) -> Coordinator:
         self._on_loop(self._start_server())
@@ -160,7 +174,7 @@ class Coordinator:
         await self.server.stop(grace_seconds)
         if self._flusher is not None:
             self._flusher.cancel()
-        await self.agent_service.flush_idle_beats()  # the last contact of every agent is kept
+        await self.agent_service.flush_beats()  # the last contact of every agent is kept
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

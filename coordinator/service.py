@@ -30,9 +30,8 @@ from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
 FLUSH_SECONDS = 1.0
-IDLE_FLUSH_CHUNK = 100
-# Results and lease renewals wait this long to share a transaction: a commit costs
-# milliseconds, a row far less.
+FLUSH_CHUNK = 100
+# Results wait this long to share a transaction: a commit costs milliseconds, a row far less.
 REPORT_LINGER_SECONDS = 0.02
 # What the read path may show of each table: never credential hashes.
 EXPORT_COLUMNS = {
@@ -49,21 +48,21 @@ def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
 
 
 class AgentServicer(pb_grpc.AgentServiceServicer):
-    """Agent calls on the event loop: store work runs on the database thread, heartbeats and
-    results are batched into shared transactions, long-polls wait on the loop, not a thread."""
+    """Agent calls on the event loop: store work runs on the database thread, results are
+    batched into shared transactions, heartbeats are answered from memory and written every
+    FLUSH_SECONDS, long-polls wait on the loop, not a thread."""
 
     def __init__(self, scheduler: Scheduler, metrics: Metrics, db: Database):
         self.scheduler = scheduler
         self.store = scheduler.store
         self.metrics = metrics
         self.db = db
-        self.heartbeats = Batcher(db, scheduler.heartbeats, REPORT_LINGER_SECONDS)
         self.reports = Batcher(db, lambda reports: ingest_many(scheduler, reports), REPORT_LINGER_SECONDS)
         self.waiters = Waiters()
         scheduler.listeners.append(self.waiters.notify_threadsafe)
-        # Idle agents' heartbeats only refresh last_seen and status: they are kept here and
-        # written together every FLUSH_SECONDS. Draining is set only through this process.
-        self.idle_beats: dict[str, Beat] = {}
+        # Each agent's latest heartbeat, written with the others every FLUSH_SECONDS (leases
+        # are extended at once, in memory). Draining is set only through this process.
+        self.beats: dict[str, Beat] = {}
         with self.store.tx() as con:
             self.draining = {
                 a for (a,) in con.execute("SELECT agent_id FROM agents WHERE state = 'draining'").fetchall()
@@ -76,18 +75,18 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         else:
             self.draining.discard(agent_id)
 
-    async def flush_idle_beats(self) -> None:
-        """Write the idle agents' heartbeats, a chunk per transaction: results and lease
-        renewals queued meanwhile go between the chunks instead of waiting for all of them."""
-        beats, self.idle_beats = list(self.idle_beats.values()), {}
-        for first in range(0, len(beats), IDLE_FLUSH_CHUNK):
-            await self.db.run(self.scheduler.heartbeats, beats[first : first + IDLE_FLUSH_CHUNK])
+    async def flush_beats(self) -> None:
+        """Write the heartbeats kept since the last flush, a chunk per transaction: results
+        queued meanwhile go between the chunks instead of waiting for all of them."""
+        beats, self.beats = list(self.beats.values()), {}
+        for first in range(0, max(len(beats), 1), FLUSH_CHUNK):  # at least once: lease expiries
+            await self.db.run(self.scheduler.record_beats, beats[first : first + FLUSH_CHUNK])
 
-    async def flush_idle_beats_forever(self) -> None:
+    async def flush_beats_forever(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
             try:
-                await self.flush_idle_beats()
+                await self.flush_beats()
             except Exception:  # the next flush writes the next beats; an agent's last_seen lags
                 log.exception("writing heartbeats failed")
 
@@ -116,13 +115,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Heartbeat(self, request, context):
         fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
         agent_id = auth.current_agent.get()
-        beat = Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint)
-        if not request.job_id and fingerprint is None:
-            self.idle_beats[agent_id] = beat
-            return pb.HeartbeatResponse(drain=agent_id in self.draining)
-        _, remaining = await self.heartbeats.submit(beat)
+        self.beats[agent_id] = Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint)
         response = pb.HeartbeatResponse(drain=agent_id in self.draining)
         if request.job_id:
+            remaining = self.scheduler.extend_lease(agent_id, request.job_id, request.lease_id)
             response.lease_valid = remaining is not None
             response.lease_expires_in_seconds = remaining or 0.0
         return response
@@ -135,15 +131,15 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         with self.waiters.waiting(agent_id) as woken:  # listen before looking: no wake-up is missed
-            self.idle_beats[agent_id] = Beat(agent_id, status="waiting for a job")
-            job = await self.db.run(self.scheduler.try_acquire, agent_id)
+            self.beats[agent_id] = Beat(agent_id, status="waiting for a job")
+            job = await self.try_acquire(agent_id)
             while job is None and (remaining := deadline - loop.time()) > 0:
                 try:
                     await asyncio.wait_for(woken.wait(), remaining)
                 except TimeoutError:
                     break
                 woken.clear()
-                job = await self.db.run(self.scheduler.try_acquire, agent_id)
+                job = await self.try_acquire(agent_id)
         if job is None:
             return pb.AcquireJobResponse(has_job=False)
         return pb.AcquireJobResponse(
@@ -157,6 +153,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 spec_json=json.dumps(job.spec),
             ),
         )
+
+    async def try_acquire(self, agent_id: str):
+        if not self.scheduler.may_have_work(agent_id):  # most polls: answered without the database
+            return None
+        return await self.db.run(self.scheduler.try_acquire, agent_id)
 
     async def ReportResult(self, request, context):
         report = Report(auth.current_agent.get(), request.job_id, request.lease_id, request.run)

@@ -67,13 +67,13 @@ class Store:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / DB_FILENAME
         self._con = duckdb.connect(str(self.path))
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # held through a transaction; re-entrant for callers that wrap one
         migrate(self._con)
 
     @contextlib.contextmanager
     def tx(self):
         """A transaction on the single connection; commits on success, rolls back on error."""
-        with self._lock:
+        with self.lock:
             self._con.execute("BEGIN")
             try:
                 yield self._con
@@ -82,8 +82,16 @@ class Store:
                 raise
             self._con.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def autocommit(self):
+        """The connection with no transaction around it: each statement commits on its own.
+        For writers whose statements need not stand or fall together: it saves the BEGIN and
+        COMMIT round trips, each a release and re-acquisition of the GIL."""
+        with self.lock:
+            yield self._con
+
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             self._con.close()
 
 
@@ -103,6 +111,12 @@ def open_readonly(data_dir: Path) -> duckdb.DuckDBPyConnection:
             f"cannot open {path} for reading ({str(e).splitlines()[0]}): is the coordinator still running? "
             "Export through it instead (without --stopped)"
         ) from None
+
+
+def placeholders(values: list) -> str:
+    """`(?, ?, ...)` for `col IN (...)`: DuckDB answers a list of constants from the column's
+    index, where `IN (SELECT unnest(?))` scans the whole table."""
+    return "(" + ", ".join("?" * len(values)) + ")"
 
 
 def next_seq(con: duckdb.DuckDBPyConnection) -> int:

@@ -88,7 +88,7 @@ def _add_admin_flags(p):
 
 
 def cmd_coordinator_serve(args) -> int:
-    from coordinator.server import Coordinator, CoordinatorConfig
+    from coordinator.server import Coordinator, CoordinatorConfig, quiet_gc
 
     opt = lambda v: Path(v) if v else None  # noqa: E731
     config = CoordinatorConfig(
@@ -102,6 +102,7 @@ def cmd_coordinator_serve(args) -> int:
         tls_client_ca=opt(args.tls_client_ca),
     )
     coordinator = Coordinator(config).start()
+    quiet_gc()
     print(
         f"coordinator: gRPC on {config.host}:{coordinator.port}, metrics on {coordinator.metrics_port}, "
         f"data in {config.data_dir}",

@@ -4,7 +4,7 @@ import pytest
 
 from coordinator import agents, auth
 from coordinator.ingest import ingest
-from coordinator.scheduler import NoMatchingAgents, Scheduler, SchedulerError
+from coordinator.scheduler import Beat, NoMatchingAgents, Scheduler, SchedulerError
 from coordinator.store import Store, open_readonly
 from coordinator.sweeps import parse_sweep
 from tests.fleet import SWEEP_YAML, make_run
@@ -61,7 +61,7 @@ def test_one_job_at_a_time_and_heartbeat_extends_the_lease(fleet):
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     clock.now += 25
-    assert scheduler.heartbeat(a1, job.job_id, job.lease_id) == 30
+    assert scheduler.extend_lease(a1, job.job_id, job.lease_id) == 30
     clock.now += 25  # 50 s after acquire, 25 after the heartbeat: still leased
     assert scheduler.expire_leases() == 0
     assert job_state(scheduler, job.job_id)[0] == "leased"
@@ -121,7 +121,7 @@ def test_cancel_ends_open_jobs_and_frees_the_agent(fleet):
     job = scheduler.acquire(a1)
     assert scheduler.cancel(sweep_id) == 1
     assert job_state(scheduler, job.job_id)[0] == "cancelled"
-    assert scheduler.heartbeat(a1, job.job_id, job.lease_id) is None
+    assert scheduler.extend_lease(a1, job.job_id, job.lease_id) is None
     with pytest.raises(SchedulerError):
         scheduler.cancel("sw-unknown")
 
@@ -202,7 +202,16 @@ def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
     assert isinstance(results[2], InvalidRun) and "decode_tokens_per_second" in str(results[2])
     assert isinstance(results[3], SchedulerError) and "no longer valid" in str(results[3])
     assert isinstance(results[4], SchedulerError) and "belongs to another agent" in str(results[4])
-    assert ingest_many(scheduler, [Report(a1, job.job_id, job.lease_id, good)]) == [(True, results[0][1])]
+    later = ingest_many(
+        scheduler,
+        [
+            Report(a1, job.job_id, job.lease_id, good),  # a retry in a later batch
+            Report(a1, job.job_id, "lease-stale", good),  # a retry after the lease ended: still acknowledged
+            Report(a2, job.job_id, "lease-stale", good),  # the same run id from another agent
+        ],
+    )
+    assert later[:2] == [(True, results[0][1])] * 2
+    assert isinstance(later[2], InvalidRun) and "already stored by another agent" in str(later[2])
     with scheduler.store.tx() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
 
@@ -214,12 +223,11 @@ def test_a_restarted_scheduler_hands_out_the_queued_jobs(fleet):
     assert again.acquire(a1) is not None
 
 
-def test_batched_heartbeats_extend_only_live_leases(fleet):
-    from coordinator.scheduler import Beat
-
+def test_heartbeats_extend_only_live_leases_and_the_table_gets_the_expiry_when_written(fleet):
     scheduler, clock, a1, a2 = fleet
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
+    start = clock.now
     clock.now += 20
     beats = [
         Beat(a1, job.job_id, job.lease_id, "running"),
@@ -227,17 +235,49 @@ def test_batched_heartbeats_extend_only_live_leases(fleet):
         Beat(a2, status="idle"),
         Beat(a2, job.job_id, job.lease_id),  # not a2's job
     ]
-    assert [remaining for _, remaining in scheduler.heartbeats(beats)] == [30, None, None, None]
+    assert [scheduler.extend_lease(b.agent_id, b.job_id, b.lease_id) for b in beats] == [30, None, None, None]
     clock.now += 20  # 40 s after the lease began, 20 after the heartbeat
     assert scheduler.expire_leases() == 0
+    scheduler.record_beats(beats)
     with scheduler.store.tx() as con:
         rows = dict(con.execute("SELECT name, status FROM agents").fetchall())
+        expires = con.execute("SELECT lease_expires_at FROM jobs WHERE job_id = ?", [job.job_id]).fetchone()[0]
     assert rows == {"mac-1": "running", "mac-2": ""}  # an agent's latest beat in the batch wins
+    assert expires == start + 50
+    again = Scheduler(scheduler.store, clock=clock, lease_seconds=30)  # a restart reads the written expiry
+    clock.now = start + 49
+    assert again.expire_leases() == 0
+    clock.now = start + 50
+    assert again.expire_leases() == 1
 
 
-def test_idle_heartbeats_are_kept_in_memory_then_written_in_chunks(fleet, tmp_path):
-    """Idle agents' heartbeats cost no transaction each: the servicer keeps the latest per
-    agent and flush_idle_beats writes them, IDLE_FLUSH_CHUNK agents per transaction."""
+def test_a_rolled_back_transaction_leaves_the_lease_live(fleet, monkeypatch):
+    """Leases live in memory too: a transaction that fails after moving the job must leave
+    both the table and the lease as they were."""
+    scheduler, _, a1, _ = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    with pytest.raises(SchedulerError, match="agent reports 3 runs but 0 are stored"):
+        scheduler.complete(a1, job.job_id, job.lease_id, 3)
+
+    def disk_full(con, job_id):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(scheduler, "_close_sweep_if_done", disk_full)  # after the job became done
+    with pytest.raises(OSError):
+        scheduler.complete(a1, job.job_id, job.lease_id, 0)
+    assert job_state(scheduler, job.job_id)[0] == "leased"
+    assert scheduler.extend_lease(a1, job.job_id, job.lease_id) == 30
+    monkeypatch.undo()
+    scheduler.complete(a1, job.job_id, job.lease_id, 0)
+    assert scheduler.extend_lease(a1, job.job_id, job.lease_id) is None
+    with pytest.raises(SchedulerError, match="no longer valid \\(job is done\\)"):
+        scheduler.complete(a1, job.job_id, job.lease_id, 0)
+
+
+def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_path):
+    """A heartbeat costs no transaction: the servicer extends the lease in memory, keeps the
+    latest beat per agent, and flush_beats writes them, FLUSH_CHUNK agents per transaction."""
     import asyncio
 
     from coordinator import service
@@ -251,19 +291,24 @@ def test_idle_heartbeats_are_kept_in_memory_then_written_in_chunks(fleet, tmp_pa
     ids = [a1, a2] + [
         agents.enrol(scheduler.store, token, f"idle-{i}", fp, {}, ["mlx"], now=clock.now)[0] for i in range(250)
     ]
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
     db = Database()
     servicer = service.AgentServicer(scheduler, Metrics(scheduler), db)
     transactions = []
-    heartbeats = scheduler.heartbeats
-    scheduler.heartbeats = lambda beats: transactions.append(len(beats)) or heartbeats(beats)
+    record_beats = scheduler.record_beats
+    scheduler.record_beats = lambda beats: transactions.append(len(beats)) or record_beats(beats)
     clock.now += 100
 
     async def beat_then_flush():
         for agent_id in ids:
             auth.current_agent.set(agent_id)  # as the auth interceptor sets it
-            await servicer.Heartbeat(pb.HeartbeatRequest(status=f"idle {agent_id[-4:]}"), None)
+            held = (job.job_id, job.lease_id) if agent_id == a1 else ("", "")
+            request = pb.HeartbeatRequest(job_id=held[0], lease_id=held[1], status=f"beat {agent_id[-4:]}")
+            response = await servicer.Heartbeat(request, None)
+            assert response.lease_valid == (agent_id == a1)
         assert transactions == []  # nothing written per call
-        await servicer.flush_idle_beats()
+        await servicer.flush_beats()
 
     try:
         asyncio.run(beat_then_flush())
@@ -272,4 +317,6 @@ def test_idle_heartbeats_are_kept_in_memory_then_written_in_chunks(fleet, tmp_pa
     assert transactions == [100, 100, 52]
     with scheduler.store.tx() as con:
         rows = con.execute("SELECT agent_id, last_seen, status FROM agents").fetchall()
-    assert len(rows) == 252 and all(seen == clock.now and status == f"idle {a[-4:]}" for a, seen, status in rows)
+        expires = con.execute("SELECT lease_expires_at FROM jobs WHERE job_id = ?", [job.job_id]).fetchone()[0]
+    assert len(rows) == 252 and all(seen == clock.now and status == f"beat {a[-4:]}" for a, seen, status in rows)
+    assert expires == clock.now + 30
