@@ -112,6 +112,7 @@ class MetricsInterceptor(WrappingInterceptor):
         method = method.rsplit("/", 1)[-1]
         inner = handler.unary_unary
         histogram = self.metrics.rpc_seconds
+        by_code = {}  # status code -> this method's histogram child: labels() costs more than observe()
 
         async def timed(request, context):
             start = time.perf_counter()
@@ -127,7 +128,8 @@ class MetricsInterceptor(WrappingInterceptor):
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
             finally:
-                histogram.labels(method, code.name).observe(time.perf_counter() - start)
+                child = by_code.get(code) or by_code.setdefault(code, histogram.labels(method, code.name))
+                child.observe(time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(
             timed, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer

@@ -29,7 +29,9 @@ from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 
 log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
-FLUSH_SECONDS = 1.0
+# Heartbeats are written this often: an agent's last contact in the table lags by up to this
+# (agents beat every HEARTBEAT_INTERVAL_SECONDS), as does a lease's expiry, read only at restart.
+FLUSH_SECONDS = 5.0
 FLUSH_CHUNK = 100
 # Results wait this long to share a transaction: a commit costs milliseconds, a row far less.
 REPORT_LINGER_SECONDS = 0.02
@@ -135,7 +137,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             job = await self.try_acquire(agent_id)
             while job is None and (remaining := deadline - loop.time()) > 0:
                 try:
-                    await asyncio.wait_for(woken.wait(), remaining)
+                    async with asyncio.timeout(remaining):  # no task of its own, unlike wait_for
+                        await woken.wait()
                 except TimeoutError:
                     break
                 woken.clear()

@@ -1,0 +1,91 @@
+"""Does storing a batch of results get slower as the runs table grows?
+
+Stores batches of 60 runs (what the coordinator's ingest batches hold at 600 results/s) into a
+real DuckDB file holding N runs already, for N = 10,000 and 1,000,000, and prints the median
+time of `ingest_many` beside the retry lookup written the two ways it can be: `IN (?, ?, ...)`
+(what ingest uses: answered from the primary-key index) and `IN (SELECT unnest(?))` (a join,
+which scans the whole table).
+
+    .venv/bin/python bench/ingest.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from coordinator import agents, auth  # noqa: E402
+from coordinator.ingest import Report, ingest_many  # noqa: E402
+from coordinator.scheduler import Scheduler  # noqa: E402
+from coordinator.store import Store, placeholders  # noqa: E402
+from coordinator.sweeps import parse_sweep  # noqa: E402
+from tests.fleet import make_run  # noqa: E402
+
+BATCH = 60
+REPEATS = 15
+
+
+def median_ms(fn) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def measure(stored: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp))
+        scheduler = Scheduler(store)
+        token, _ = auth.create_token(store, 60, 1)
+        agent, _ = agents.enrol(store, token, "mac", {"chip": "Apple M4", "memoryBytes": str(2**35)}, {}, ["mlx"])
+        sweep = {"name": "s", "models": {"mlx": {"target": "/m"}}, "engines": ["mlx"], "prompt_sets": ["code"]}
+        scheduler.submit(parse_sweep(json.dumps(sweep)), json.dumps(sweep))
+        job = scheduler.acquire(agent)
+        with store.tx() as con:  # the stored history: other jobs' runs
+            con.execute(
+                "INSERT INTO runs SELECT uuid()::VARCHAR, 'job-old', 'lease-old', 'sw-old', 'ag-old', 'Apple M1',"
+                " 'mlx', 'baseline', 0, 'code-1', 0, 0, 128, 256, 0.1, 0.1, 2, 2.1, 128, 1280, 2**30, '', NULL,"
+                f" '{{}}', '{{}}', 0, 0, nextval('ingest_seq') FROM range({stored})"
+            )
+
+        def ingest():
+            reports = [Report(agent, job.job_id, job.lease_id, make_run(job.job_id)) for _ in range(BATCH)]
+            assert all(isinstance(r, tuple) for r in ingest_many(scheduler, reports))
+
+        run_ids = [make_run(job.job_id).run_id for _ in range(BATCH)]
+
+        with store.tx() as con:
+            in_list = median_ms(
+                lambda: con.execute(f"SELECT seq FROM runs WHERE run_id IN {placeholders(run_ids)}", run_ids).fetchall()
+            )
+            unnest = median_ms(
+                lambda: con.execute("SELECT seq FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]).fetchall()
+            )
+        result = {"ingest_many": median_ms(ingest), "IN (?, ...)": in_list, "IN (SELECT unnest(?))": unnest}
+        store.close()
+        return result
+
+
+def main() -> int:
+    sizes = (10_000, 1_000_000)
+    results = {n: measure(n) for n in sizes}
+    print(f"median ms per batch of {BATCH} runs, by runs already stored")
+    print(f"{'':28}" + "".join(f"{n:>12,}" for n in sizes) + f"{'ratio':>8}")
+    for name in results[sizes[0]]:
+        a, b = (results[n][name] for n in sizes)
+        print(f"{name:28}{a:12.2f}{b:12.2f}{b / a:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
