@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 
@@ -77,6 +78,13 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         else:
             self.draining.discard(agent_id)
 
+    def keep_beat(self, beat: Beat) -> None:
+        """Keep the agent's latest beat for the next flush, and a fingerprint an earlier one sent."""
+        earlier = self.beats.get(beat.agent_id)
+        if beat.fingerprint is None and earlier is not None and earlier.fingerprint is not None:
+            beat = dataclasses.replace(beat, fingerprint=earlier.fingerprint)
+        self.beats[beat.agent_id] = beat
+
     async def flush_beats(self) -> None:
         """Write the heartbeats kept since the last flush, a chunk per transaction: results
         queued meanwhile go between the chunks instead of waiting for all of them."""
@@ -117,7 +125,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Heartbeat(self, request, context):
         fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
         agent_id = auth.current_agent.get()
-        self.beats[agent_id] = Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint)
+        self.keep_beat(Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint))
         response = pb.HeartbeatResponse(drain=agent_id in self.draining)
         if request.job_id:
             remaining = self.scheduler.extend_lease(agent_id, request.job_id, request.lease_id)
@@ -133,7 +141,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         with self.waiters.waiting(agent_id) as woken:  # listen before looking: no wake-up is missed
-            self.beats[agent_id] = Beat(agent_id, status="waiting for a job")
+            self.keep_beat(Beat(agent_id, status="waiting for a job"))
             job = await self.try_acquire(agent_id)
             while job is None and (remaining := deadline - loop.time()) > 0:
                 try:

@@ -307,6 +307,9 @@ def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_p
             request = pb.HeartbeatRequest(job_id=held[0], lease_id=held[1], status=f"beat {agent_id[-4:]}")
             response = await servicer.Heartbeat(request, None)
             assert response.lease_valid == (agent_id == a1)
+        auth.current_agent.set(a2)  # a fingerprint outlives the later beats that carry none
+        await servicer.Heartbeat(pb.HeartbeatRequest(fingerprint=pb.Fingerprint(chip="Apple M5")), None)
+        await servicer.Heartbeat(pb.HeartbeatRequest(status=f"beat {a2[-4:]}"), None)
         assert transactions == []  # nothing written per call
         await servicer.flush_beats()
 
@@ -320,3 +323,5 @@ def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_p
         expires = con.execute("SELECT lease_expires_at FROM jobs WHERE job_id = ?", [job.job_id]).fetchone()[0]
     assert len(rows) == 252 and all(seen == clock.now and status == f"beat {a[-4:]}" for a, seen, status in rows)
     assert expires == clock.now + 30
+    with scheduler.store.tx() as con:
+        assert con.execute("SELECT chip FROM agents WHERE agent_id = ?", [a2]).fetchone()[0] == "Apple M5"
