@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 DB_FILENAME = "specfleet.duckdb"
 
@@ -69,6 +70,10 @@ class Store:
         self._con = duckdb.connect(str(self.path))
         self.lock = threading.RLock()  # held through a transaction; re-entrant for callers that wrap one
         migrate(self._con)
+        # The first Arrow table registered imports half of DuckDB's Python side (about 2 s
+        # here, holding the GIL): pay it now, not in the first heartbeat flush while serving.
+        self._con.register("warm_up", pa.table({"x": [0]}))
+        self._con.unregister("warm_up")
 
     @contextlib.contextmanager
     def tx(self):
