@@ -141,7 +141,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             if run.run_id in rows:  # the same run twice in one batch: the second is a retry
                 continue
             try:
-                lease = scheduler.lease(r.agent_id, r.job_id, r.lease_id, con)
+                lease = scheduler.lease(con, r.agent_id, r.job_id, r.lease_id)
             except SchedulerError as e:
                 results[i] = e  # unless the run is stored already: then a retry (below)
                 continue

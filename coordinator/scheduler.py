@@ -101,8 +101,6 @@ class Scheduler:
         self._work = threading.Condition()
         # Called with the ids of agents that may have a job now (the server's long-polls listen).
         self.listeners: list[Callable[[set[str]], None]] = []
-        # Agents that may have a queued job or hold a lease: a superset, changed only inside a
-        # transaction. Idle agents long-poll all the time; this spares their polls the database.
         # Live leases, mirrored from the jobs table so that heartbeats extend them and reports
         # check them without a transaction. Which leases exist changes only under the store's
         # lock, once the transaction that changed the table has committed (_tx); extended
@@ -111,6 +109,8 @@ class Scheduler:
         self._leases: dict[str, Lease] = {}
         self._extended: set[str] = set()  # job ids whose new expiry the table does not hold yet
         self._lease_changes: list[tuple[str, Lease | None]] = []  # made by the open transaction
+        # Agents that may have a queued job or hold a lease: a superset, changed only inside a
+        # transaction. Idle agents long-poll all the time; this spares their polls the database.
         with store.tx() as con:
             self._may_have_work = {
                 agent_id
@@ -279,17 +279,20 @@ class Scheduler:
             )
         return LeasedJob(job_id, lease_id, sweep_id, attempt + 1, json.loads(spec))
 
-    def lease(self, agent_id: str, job_id: str, lease_id: str, con=None) -> Lease:
-        """`agent_id`'s live lease `lease_id` on `job_id`, or SchedulerError saying why it is not.
-        With `con`, a refusal names the job's state (read from the table)."""
+    def lease(self, con, agent_id: str, job_id: str, lease_id: str) -> Lease:
+        """`agent_id`'s live lease `lease_id` on `job_id`, or SchedulerError saying why it is not
+        (naming the job's state, read from the table when the lease is gone)."""
         with self._lock:
             lease = self._leases.get(job_id)
         if lease is not None and lease.agent_id == agent_id and lease.lease_id == lease_id:
             return lease
-        row = (lease.agent_id, JobState.LEASED.value, lease.lease_id) if lease else None
-        if row is None and con is not None:
+        if lease is not None:
+            row = (lease.agent_id, JobState.LEASED.value, lease.lease_id)
+        else:
             row = con.execute("SELECT agent_id, state, lease_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()
-        raise lease_problem(agent_id, job_id, lease_id, row)
+        raise lease_problem(agent_id, job_id, lease_id, row) or SchedulerError(
+            f"lease {lease_id} on job {job_id} is no longer valid"  # being expired by the reaper
+        )
 
     def extend_lease(self, agent_id: str, job_id: str, lease_id: str) -> float | None:
         """A heartbeat naming a job: extend the agent's live lease (in memory; the table gets
@@ -353,7 +356,7 @@ class Scheduler:
     def complete(self, agent_id: str, job_id: str, lease_id: str, run_count: int) -> None:
         now = self.clock()
         with self._tx() as con:
-            self.lease(agent_id, job_id, lease_id, con)
+            self.lease(con, agent_id, job_id, lease_id)
             stored = con.execute("SELECT count(*) FROM runs WHERE lease_id = ?", [lease_id]).fetchone()[0]
             if stored != run_count:
                 raise SchedulerError(
@@ -369,7 +372,7 @@ class Scheduler:
         """Fail the attempt; requeue when `retry` and attempts remain. Returns whether it will retry."""
         now = self.clock()
         with self._tx() as con:
-            self.lease(agent_id, job_id, lease_id, con)
+            self.lease(con, agent_id, job_id, lease_id)
             will_retry = self._end_attempt(con, job_id, now, reason, retry=retry)
             self._may_have_work.add(agent_id)
             self._release_agent(con, agent_id)

@@ -86,8 +86,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self.beats[beat.agent_id] = beat
 
     async def flush_beats(self) -> None:
-        """Write the heartbeats kept since the last flush, a chunk per transaction: results
-        queued meanwhile go between the chunks instead of waiting for all of them."""
+        """Write the heartbeats kept since the last flush, a chunk per call on the database
+        thread: results queued meanwhile go between the chunks instead of waiting for all."""
         beats, self.beats = list(self.beats.values()), {}
         for first in range(0, max(len(beats), 1), FLUSH_CHUNK):  # at least once: lease expiries
             await self.db.run(self.scheduler.record_beats, beats[first : first + FLUSH_CHUNK])

@@ -212,8 +212,22 @@ def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
     )
     assert later[:2] == [(True, results[0][1])] * 2
     assert isinstance(later[2], InvalidRun) and "already stored by another agent" in str(later[2])
+    scheduler.complete(a1, job.job_id, job.lease_id, 1)
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    next_job = scheduler.acquire(a1)
+    after = ingest_many(
+        scheduler,
+        [
+            Report(a1, job.job_id, job.lease_id, make_run(job.job_id)),  # a new run for a finished job
+            Report(a1, "job-unknown", job.lease_id, make_run("job-unknown")),
+            Report(a1, next_job.job_id, next_job.lease_id, make_run(next_job.job_id)),
+        ],
+    )
+    assert isinstance(after[0], SchedulerError) and "no longer valid (job is done)" in str(after[0])
+    assert isinstance(after[1], SchedulerError) and "unknown job job-unknown" in str(after[1])
+    assert after[2][0] is False
     with scheduler.store.tx() as con:
-        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
 
 
 def test_a_restarted_scheduler_hands_out_the_queued_jobs(fleet):
