@@ -307,9 +307,8 @@ class Scheduler:
         return self.lease_seconds
 
     def record_beats(self, beats: list[Beat]) -> None:
-        """Write heartbeats kept in memory in one transaction: each agent's last contact and
-        latest status (and fingerprint, when it sent one), and every lease expiry extended since
-        the last write."""
+        """Write heartbeats kept in memory: each agent's last contact and latest status (and
+        fingerprint, when it sent one), and every lease expiry extended since the last write."""
         now = self.clock()
         latest = {b.agent_id: b for b in beats}  # one row per agent, its latest status
         with self._lock:

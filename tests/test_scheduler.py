@@ -291,7 +291,7 @@ def test_a_rolled_back_transaction_leaves_the_lease_live(fleet, monkeypatch):
 
 def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_path):
     """A heartbeat costs no transaction: the servicer extends the lease in memory, keeps the
-    latest beat per agent, and flush_beats writes them, FLUSH_CHUNK agents per transaction."""
+    latest beat per agent, and flush_beats writes them, FLUSH_CHUNK agents per write."""
     import asyncio
 
     from coordinator import service
