@@ -1,8 +1,8 @@
 """The event loop's way to the database: one thread does all DuckDB work, and calls that arrive
 while it is busy are batched into one transaction.
 
-DuckDB's cost is per statement and per commit, not per row: a thousand heartbeats or results
-a second fit easily as a few dozen transactions, and not at all as a thousand.
+DuckDB's cost is per statement and per commit, not per row: hundreds of results a second fit
+easily as a few dozen transactions, and not at all as hundreds.
 """
 
 from __future__ import annotations
@@ -49,9 +49,6 @@ class Batcher:
             self._draining = True
             asyncio.get_running_loop().create_task(self._drain())
         return await future
-
-    async def submit_many(self, items: list) -> list:
-        return await asyncio.gather(*(self.submit(item) for item in items))
 
     async def _drain(self) -> None:
         try:
