@@ -1,7 +1,9 @@
-"""A thin gRPC client for the coordinator: one method per call, no retries (see client.py)."""
+"""A thin gRPC client for the coordinator: one method per call (heartbeats share one stream),
+no retries (see retry.py)."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from pathlib import Path
 
@@ -26,10 +28,70 @@ def channel(address: str, ca: Path | None = None, cert: Path | None = None, key:
     return grpc.secure_channel(address, creds, options=options)
 
 
+class StreamError(grpc.RpcError):
+    """A heartbeat stream that timed out or ended: a retryable error, as a unary call's would be."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class HeartbeatStream:
+    """Heartbeats on one long-lived stream (etcd's lease keep-alive pattern): `beat` sends a
+    request and waits for its answer. Any error closes the stream; the next beat opens another."""
+
+    def __init__(self, stub: pb_grpc.AgentServiceStub, metadata):
+        self._stub, self._metadata = stub, metadata
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue | None = None
+        self._responses = None
+
+    def beat(self, request: pb.HeartbeatRequest, timeout: float = CALL_TIMEOUT_SECONDS) -> pb.HeartbeatResponse:
+        with self._lock:
+            if self._responses is None:
+                self._requests = queue.SimpleQueue()
+                self._responses = self._stub.Heartbeat(iter(self._requests.get, None), metadata=self._metadata)
+            self._requests.put(request)
+            timed_out = threading.Event()
+            responses = self._responses
+            timer = threading.Timer(timeout, lambda: (timed_out.set(), responses.cancel()))
+            timer.daemon = True
+            timer.start()
+            try:
+                return next(responses)
+            except grpc.RpcError:
+                self._close()
+                if timed_out.is_set():
+                    raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no heartbeat answer in {timeout:g} s") from None
+                raise
+            except StopIteration:
+                self._close()
+                raise StreamError(grpc.StatusCode.UNAVAILABLE, "the coordinator ended the heartbeat stream") from None
+            finally:
+                timer.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._requests is not None:
+            self._requests.put(None)  # ends the request iterator: the stream closes cleanly
+            self._responses.cancel()
+        self._requests = self._responses = None
+
+
 class AgentApi:
     def __init__(self, chan: grpc.Channel, credential: str = ""):
         self._stub = pb_grpc.AgentServiceStub(chan)
         self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
+        self._heartbeats = HeartbeatStream(self._stub, self._metadata)
 
     def enrol(
         self, token: str, name: str, fingerprint: pb.Fingerprint, labels: dict[str, str], engines: list[str]
@@ -42,11 +104,13 @@ class AgentApi:
     def heartbeat(
         self, job_id: str = "", lease_id: str = "", status: str = "", fingerprint: pb.Fingerprint | None = None
     ) -> pb.HeartbeatResponse:
-        return self._stub.Heartbeat(
-            pb.HeartbeatRequest(job_id=job_id, lease_id=lease_id, status=status, fingerprint=fingerprint),
-            metadata=self._metadata,
-            timeout=CALL_TIMEOUT_SECONDS,
+        return self._heartbeats.beat(
+            pb.HeartbeatRequest(job_id=job_id, lease_id=lease_id, status=status, fingerprint=fingerprint)
         )
+
+    def close(self) -> None:
+        """End the heartbeat stream, if one is open."""
+        self._heartbeats.close()
 
     def acquire_job(self, wait_seconds: float, stop: threading.Event | None = None) -> pb.AcquireJobResponse:
         """Long-poll for a job; `stop` cancels the wait (raising InterruptedError)."""

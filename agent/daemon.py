@@ -362,6 +362,7 @@ class Agent:
             self.stop.set()
             for t in threads:
                 t.join(timeout=5)
+            self.api.close()
             self._write_status()
             self.metrics.close()
         return 0

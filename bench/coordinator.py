@@ -127,14 +127,17 @@ class Sim:
         if self.measuring:
             self.latencies.setdefault(kind, []).append(seconds)
 
+    def error(self, kind: str, e: grpc.aio.AioRpcError) -> None:
+        if self.measuring:
+            key = f"{kind} {e.code().name}"
+            self.errors[key] = self.errors.get(key, 0) + 1
+
     async def call(self, kind: str, fn, request, md, timeout=30.0, extra: float = 0.0):
         start = time.perf_counter()
         try:
             resp = await fn(request, metadata=md, timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            if self.measuring:
-                key = f"{kind} {e.code().name}"
-                self.errors[key] = self.errors.get(key, 0) + 1
+            self.error(kind, e)
             return None
         self.record(kind, time.perf_counter() - start - extra)
         return resp
@@ -163,14 +166,26 @@ class Sim:
         state = {"job": None}
 
         async def heartbeats():
+            # One stream per agent, as agent/api.py keeps: a beat's latency is its round trip.
             await asyncio.sleep(random.random() * self.args.heartbeat)
             while not self.stop.is_set():
-                job = state["job"]
-                request = pb.HeartbeatRequest(
-                    job_id=job.job_id if job else "", lease_id=job.lease_id if job else "", status="sim"
-                )
-                await self.call("Heartbeat", stub.Heartbeat, request, md)
-                await asyncio.sleep(self.args.heartbeat)
+                beats = stub.Heartbeat(metadata=md)
+                try:
+                    while not self.stop.is_set():
+                        job = state["job"]
+                        request = pb.HeartbeatRequest(
+                            job_id=job.job_id if job else "", lease_id=job.lease_id if job else "", status="sim"
+                        )
+                        start = time.perf_counter()
+                        await beats.write(request)
+                        await beats.read()
+                        self.record("Heartbeat", time.perf_counter() - start)
+                        await asyncio.sleep(self.args.heartbeat)
+                except grpc.aio.AioRpcError as e:
+                    self.error("Heartbeat", e)
+                    await asyncio.sleep(1)
+                finally:
+                    beats.cancel()
 
         async def results():
             # On a fixed schedule, as an agent's runs finish: a slow answer does not lower the
@@ -194,8 +209,7 @@ class Sim:
             try:
                 resp = await stub.AcquireJob(pb.AcquireJobRequest(wait_seconds=wait), metadata=md, timeout=wait + 30)
             except grpc.aio.AioRpcError as e:
-                if self.measuring:
-                    self.errors[f"AcquireJob {e.code().name}"] = self.errors.get(f"AcquireJob {e.code().name}", 0) + 1
+                self.error("AcquireJob", e)
                 await asyncio.sleep(1)
                 continue
             elapsed = time.perf_counter() - start

@@ -15,7 +15,7 @@ import time
 
 import grpc
 
-from coordinator.interceptors import WrappingInterceptor
+from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.store import Store
 
 AGENT_SERVICE = "/specfleet.v1.AgentService/"
@@ -150,7 +150,9 @@ class AuthInterceptor(WrappingInterceptor):
     """Checks every call: agent credentials for AgentService, admin credentials for AdminService.
 
     The check runs inside the wrapped handler, in the task that serves the call, so the
-    authenticated agent id can be handed to the servicer through a context variable.
+    authenticated agent id can be handed to the servicer through a context variable. A stream
+    is checked when it opens and again at every message: revoking an agent ends its open
+    streams at their next message.
     """
 
     def __init__(self, credentials: Credentials):
@@ -169,17 +171,34 @@ class AuthInterceptor(WrappingInterceptor):
             check = self._credentials.admin
         else:
             return handler
-        inner = handler.unary_unary
 
-        async def guarded(request, context):
+        async def checked(context):
             try:
                 await check(context.invocation_metadata())
             except AuthError as e:
                 await context.abort(e.code, str(e))
-            return await inner(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(
-            guarded,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def guarded(request, context):
+                await checked(context)
+                return await inner(request, context)
+
+            return unary_handler(guarded, handler)
+        if handler.stream_stream is not None:
+            inner_stream = handler.stream_stream
+
+            async def guarded_stream(requests, context):
+                await checked(context)
+
+                async def each_checked():
+                    async for request in requests:
+                        await checked(context)
+                        yield request
+
+                async for response in inner_stream(each_checked(), context):
+                    yield response
+
+            return stream_handler(guarded_stream, handler)
+        raise NotImplementedError(f"{method}: only unary-unary and stream-stream methods can be authenticated")

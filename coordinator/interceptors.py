@@ -1,5 +1,5 @@
-"""The shape every coordinator interceptor shares: wrap a method's unary handler once, then
-hand the same wrapped handler to every call of that method."""
+"""The shape every coordinator interceptor shares: wrap a method's handler once, then hand the
+same wrapped handler to every call of that method."""
 
 from __future__ import annotations
 
@@ -16,9 +16,23 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
             handler = await continuation(handler_call_details)
             if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; remember nothing
                 return None
-            self._wrapped[method] = handler if handler.unary_unary is None else self.wrap(method, handler)
+            self._wrapped[method] = self.wrap(method, handler)
         return self._wrapped[method]
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """The handler to use for `method` (a unary-unary one); return `handler` to leave it be."""
+        """The handler to use for `method`; return `handler` to leave it be."""
         raise NotImplementedError
+
+
+def unary_handler(behaviour, like: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A unary-unary handler running `behaviour`, with the (de)serializers of `like`."""
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour, request_deserializer=like.request_deserializer, response_serializer=like.response_serializer
+    )
+
+
+def stream_handler(behaviour, like: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A stream-stream handler running `behaviour`, with the (de)serializers of `like`."""
+    return grpc.stream_stream_rpc_method_handler(
+        behaviour, request_deserializer=like.request_deserializer, response_serializer=like.response_serializer
+    )

@@ -7,13 +7,14 @@ Labels are bounded: chip, engine, method, depth, state, RPC method. Never run or
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from coordinator.interceptors import WrappingInterceptor
+from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -104,33 +105,65 @@ class Metrics:
 
 
 class MetricsInterceptor(WrappingInterceptor):
+    """One histogram sample per unary call; on a stream, one per answered message (from its
+    request to its response) and one for a stream that fails (since its last answer)."""
+
     def __init__(self, metrics: Metrics):
         super().__init__()
         self.metrics = metrics
 
     def wrap(self, method: str, handler):
         method = method.rsplit("/", 1)[-1]
-        inner = handler.unary_unary
         histogram = self.metrics.rpc_seconds
         by_code = {}  # status code -> this method's histogram child: labels() costs more than observe()
 
-        async def timed(request, context):
-            start = time.perf_counter()
-            code = grpc.StatusCode.UNKNOWN
-            try:
-                response = await inner(request, context)
-                code = context.code() or grpc.StatusCode.OK
-                return response
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except BaseException:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            finally:
-                child = by_code.get(code) or by_code.setdefault(code, histogram.labels(method, code.name))
-                child.observe(time.perf_counter() - start)
+        def observe(code: grpc.StatusCode, seconds: float) -> None:
+            child = by_code.get(code) or by_code.setdefault(code, histogram.labels(method, code.name))
+            child.observe(seconds)
 
-        return grpc.unary_unary_rpc_method_handler(
-            timed, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def timed(request, context):
+                start = time.perf_counter()
+                code = grpc.StatusCode.UNKNOWN
+                try:
+                    response = await inner(request, context)
+                    code = context.code() or grpc.StatusCode.OK
+                    return response
+                except asyncio.CancelledError:
+                    code = grpc.StatusCode.CANCELLED
+                    raise
+                except BaseException:
+                    code = context.code() or grpc.StatusCode.UNKNOWN
+                    raise
+                finally:
+                    observe(code, time.perf_counter() - start)
+
+            return unary_handler(timed, handler)
+        if handler.stream_stream is not None:
+            inner_stream = handler.stream_stream
+
+            async def timed_stream(requests, context):
+                arrived = collections.deque()  # when each request not answered yet came in
+                last = time.perf_counter()
+
+                async def marked():
+                    async for request in requests:
+                        arrived.append(time.perf_counter())
+                        yield request
+
+                try:
+                    async for response in inner_stream(marked(), context):
+                        last = time.perf_counter()
+                        observe(grpc.StatusCode.OK, last - (arrived.popleft() if arrived else last))
+                        yield response
+                except asyncio.CancelledError:
+                    observe(grpc.StatusCode.CANCELLED, time.perf_counter() - last)
+                    raise
+                except BaseException:
+                    observe(context.code() or grpc.StatusCode.UNKNOWN, time.perf_counter() - last)
+                    raise
+
+            return stream_handler(timed_stream, handler)
+        return handler

@@ -122,9 +122,15 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             lease_seconds=self.scheduler.lease_seconds,
         )
 
-    async def Heartbeat(self, request, context):
-        fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
+    async def Heartbeat(self, requests, context):
+        """An agent's heartbeat stream: one answer per beat, in order."""
         agent_id = auth.current_agent.get()
+        async for request in requests:
+            yield self.beat(agent_id, request)
+
+    def beat(self, agent_id: str, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        """Keep the beat for the next flush and extend the agent's lease, in memory."""
+        fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
         self.keep_beat(Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint))
         response = pb.HeartbeatResponse(drain=agent_id in self.draining)
         if request.job_id:

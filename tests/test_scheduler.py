@@ -316,14 +316,12 @@ def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_p
 
     async def beat_then_flush():
         for agent_id in ids:
-            auth.current_agent.set(agent_id)  # as the auth interceptor sets it
             held = (job.job_id, job.lease_id) if agent_id == a1 else ("", "")
             request = pb.HeartbeatRequest(job_id=held[0], lease_id=held[1], status=f"beat {agent_id[-4:]}")
-            response = await servicer.Heartbeat(request, None)
-            assert response.lease_valid == (agent_id == a1)
-        auth.current_agent.set(a2)  # a fingerprint outlives the later beats that carry none
-        await servicer.Heartbeat(pb.HeartbeatRequest(fingerprint=pb.Fingerprint(chip="Apple M5")), None)
-        await servicer.Heartbeat(pb.HeartbeatRequest(status=f"beat {a2[-4:]}"), None)
+            assert servicer.beat(agent_id, request).lease_valid == (agent_id == a1)
+        # a fingerprint outlives the later beats that carry none
+        servicer.beat(a2, pb.HeartbeatRequest(fingerprint=pb.Fingerprint(chip="Apple M5")))
+        servicer.beat(a2, pb.HeartbeatRequest(status=f"beat {a2[-4:]}"))
         assert transactions == []  # nothing written per call
         await servicer.flush_beats()
 
