@@ -68,7 +68,9 @@ class HeartbeatStream:
             except grpc.RpcError:
                 self._close()
                 if timed_out.is_set():
-                    raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no heartbeat answer in {timeout:g} s") from None
+                    raise StreamError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, f"no heartbeat answer in {timeout:g} s"
+                    ) from None
                 raise
             except StopIteration:
                 self._close()
