@@ -203,7 +203,10 @@ class Sim:
                 n += 1
 
         tasks = [asyncio.create_task(heartbeats())]
-        wait = random.uniform(1, self.args.wait)  # agents start at different times in a real fleet
+        # Agents start at different times in a real fleet: spread the first polls over a
+        # second and their waits over the long-poll, so that polls end at a steady rate.
+        await asyncio.sleep(random.random())
+        wait = random.uniform(1, self.args.wait)
         while not self.stop.is_set() and state["job"] is None:
             start = time.perf_counter()
             try:

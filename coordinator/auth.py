@@ -8,6 +8,7 @@ credentials `sfadm.<secret>`; enrolment tokens `sft.<secret>`.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import hmac
 import secrets
@@ -15,8 +16,9 @@ import time
 
 import grpc
 
+from coordinator.batching import Batcher, Database
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
-from coordinator.store import Store
+from coordinator.store import Store, placeholders
 
 AGENT_SERVICE = "/specfleet.v1.AgentService/"
 ADMIN_SERVICE = "/specfleet.v1.AdminService/"
@@ -92,9 +94,15 @@ def _bearer(metadata) -> str:
     raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "missing credential (authorization metadata)")
 
 
-def _agent_row(store: Store, agent_id: str):
+def _agent_rows(store: Store, agent_ids: list[str]) -> list[tuple[str, str] | None]:
+    """(credential hash, state) of each agent, None for an unknown one: one query for many."""
     with store.tx() as con:
-        return con.execute("SELECT credential_hash, state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+        rows = con.execute(
+            f"SELECT agent_id, credential_hash, state FROM agents WHERE agent_id IN {placeholders(agent_ids)}",
+            agent_ids,
+        ).fetchall()
+    found = {agent_id: (digest, state) for agent_id, digest, state in rows}
+    return [found.get(agent_id) for agent_id in agent_ids]
 
 
 def _is_admin(store: Store, credential_hash: str) -> bool:
@@ -120,19 +128,22 @@ class Credentials:
     hashes seen. The coordinator is the database's only writer, so the copy stays exact as long
     as every change of an agent's state calls `forget`."""
 
-    def __init__(self, store: Store, db):
+    def __init__(self, store: Store, db: Database):
         self._store = store
         self._db = db
         self._agents: dict[str, tuple[str, str]] = {}
         self._admins: set[str] = set()
+        # Agents not seen yet are looked up together: a restarted coordinator's first calls
+        # from a thousand agents cost a few queries, not a thousand transactions in a queue.
+        self._lookups = Batcher(db, functools.partial(_agent_rows, store))
 
     async def agent(self, metadata) -> str:
         credential = _bearer(metadata)
         agent_id = credential.split(".")[1] if credential.count(".") == 2 else ""
         if agent_id and agent_id not in self._agents:
-            row = await self._db.run(_agent_row, self._store, agent_id)
+            row = await self._lookups.submit(agent_id)
             if row is not None:
-                self._agents[agent_id] = tuple(row)
+                self._agents[agent_id] = row
         return _check_agent(credential, self._agents.get)
 
     async def admin(self, metadata) -> None:

@@ -208,11 +208,13 @@ def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
             Report(a1, job.job_id, job.lease_id, good),  # a retry in a later batch
             Report(a1, job.job_id, "lease-stale", good),  # a retry after the lease ended: still acknowledged
             Report(a2, job.job_id, "lease-stale", good),  # the same run id from another agent
+            Report(a1, job.job_id, job.lease_id, make_run(job.job_id)),  # a new run beside the retries
         ],
     )
     assert later[:2] == [(True, results[0][1])] * 2
     assert isinstance(later[2], InvalidRun) and "already stored by another agent" in str(later[2])
-    scheduler.complete(a1, job.job_id, job.lease_id, 1)
+    assert later[3][0] is False and later[3][1] > results[0][1]
+    scheduler.complete(a1, job.job_id, job.lease_id, 2)
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     next_job = scheduler.acquire(a1)
     after = ingest_many(
@@ -227,7 +229,7 @@ def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
     assert isinstance(after[1], SchedulerError) and "unknown job job-unknown" in str(after[1])
     assert after[2][0] is False
     with scheduler.store.tx() as con:
-        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
 
 
 def test_a_restarted_scheduler_hands_out_the_queued_jobs(fleet):
