@@ -1,5 +1,5 @@
-"""A thin gRPC client for the coordinator: one method per call (heartbeats share one stream),
-no retries (see retry.py)."""
+"""A thin gRPC client for the coordinator: one method per call (heartbeats and results each
+travel on one stream), no retries (see retry.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def channel(address: str, ca: Path | None = None, cert: Path | None = None, key:
 
 
 class StreamError(grpc.RpcError):
-    """A heartbeat stream that timed out or ended: a retryable error, as a unary call's would be."""
+    """A stream that timed out or ended: a retryable error, as a unary call's would be."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(details)
@@ -42,21 +42,22 @@ class StreamError(grpc.RpcError):
         return self._details
 
 
-class HeartbeatStream:
-    """Heartbeats on one long-lived stream (etcd's lease keep-alive pattern): `beat` sends a
-    request and waits for its answer. Any error closes the stream; the next beat opens another."""
+class CallStream:
+    """Calls of one stream-stream method on one long-lived stream (etcd's lease keep-alive
+    pattern): `call` sends a request and waits for its answer. An error, a refusal included,
+    closes the stream and raises as a unary call would; the next call opens another stream."""
 
-    def __init__(self, stub: pb_grpc.AgentServiceStub, metadata):
-        self._stub, self._metadata = stub, metadata
+    def __init__(self, method, metadata, what: str):
+        self._method, self._metadata, self._what = method, metadata, what
         self._lock = threading.Lock()
         self._requests: queue.SimpleQueue | None = None
         self._responses = None
 
-    def beat(self, request: pb.HeartbeatRequest, timeout: float = CALL_TIMEOUT_SECONDS) -> pb.HeartbeatResponse:
+    def call(self, request, timeout: float = CALL_TIMEOUT_SECONDS):
         with self._lock:
             if self._responses is None:
                 self._requests = queue.SimpleQueue()
-                self._responses = self._stub.Heartbeat(iter(self._requests.get, None), metadata=self._metadata)
+                self._responses = self._method(iter(self._requests.get, None), metadata=self._metadata)
             self._requests.put(request)
             timed_out = threading.Event()
             responses = self._responses
@@ -69,12 +70,14 @@ class HeartbeatStream:
                 self._close()
                 if timed_out.is_set():
                     raise StreamError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, f"no heartbeat answer in {timeout:g} s"
+                        grpc.StatusCode.DEADLINE_EXCEEDED, f"no {self._what} answer in {timeout:g} s"
                     ) from None
                 raise
             except StopIteration:
                 self._close()
-                raise StreamError(grpc.StatusCode.UNAVAILABLE, "the coordinator ended the heartbeat stream") from None
+                raise StreamError(
+                    grpc.StatusCode.UNAVAILABLE, f"the coordinator ended the {self._what} stream"
+                ) from None
             finally:
                 timer.cancel()
 
@@ -93,7 +96,8 @@ class AgentApi:
     def __init__(self, chan: grpc.Channel, credential: str = ""):
         self._stub = pb_grpc.AgentServiceStub(chan)
         self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
-        self._heartbeats = HeartbeatStream(self._stub, self._metadata)
+        self._heartbeats = CallStream(self._stub.Heartbeat, self._metadata, "heartbeat")
+        self._reports = CallStream(self._stub.ReportResult, self._metadata, "result")
 
     def enrol(
         self, token: str, name: str, fingerprint: pb.Fingerprint, labels: dict[str, str], engines: list[str]
@@ -106,13 +110,14 @@ class AgentApi:
     def heartbeat(
         self, job_id: str = "", lease_id: str = "", status: str = "", fingerprint: pb.Fingerprint | None = None
     ) -> pb.HeartbeatResponse:
-        return self._heartbeats.beat(
+        return self._heartbeats.call(
             pb.HeartbeatRequest(job_id=job_id, lease_id=lease_id, status=status, fingerprint=fingerprint)
         )
 
     def close(self) -> None:
-        """End the heartbeat stream, if one is open."""
+        """End the heartbeat and result streams, if open."""
         self._heartbeats.close()
+        self._reports.close()
 
     def acquire_job(self, wait_seconds: float, stop: threading.Event | None = None) -> pb.AcquireJobResponse:
         """Long-poll for a job; `stop` cancels the wait (raising InterruptedError)."""
@@ -128,11 +133,7 @@ class AgentApi:
         return future.result()
 
     def report_result(self, job_id: str, lease_id: str, run: pb.Run) -> pb.ReportResultResponse:
-        return self._stub.ReportResult(
-            pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, run=run),
-            metadata=self._metadata,
-            timeout=CALL_TIMEOUT_SECONDS,
-        )
+        return self._reports.call(pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, run=run))
 
     def complete_job(self, job_id: str, lease_id: str, run_count: int) -> pb.CompleteJobResponse:
         return self._stub.CompleteJob(

@@ -190,17 +190,30 @@ class Sim:
         async def results():
             # On a fixed schedule, as an agent's runs finish: a slow answer does not lower the
             # rate offered (only an answer slower than the interval delays the next upload).
+            # One stream per agent, as agent/api.py keeps: a result's latency is its round trip.
             interval = self.args.workers / self.args.rate
             next_at = time.perf_counter() + random.random() * interval
             n = 0
             while not self.stop.is_set():
-                await asyncio.sleep(max(next_at - time.perf_counter(), 0))
-                next_at += interval
-                job = state["job"]
-                request = pb.ReportResultRequest(job_id=job.job_id, lease_id=job.lease_id, run=make_run(job.job_id, n))
-                if await self.call("ReportResult", stub.ReportResult, request, md) is not None and self.measuring:
-                    self.acked += 1
-                n += 1
+                uploads = stub.ReportResult(metadata=md)
+                try:
+                    while not self.stop.is_set():
+                        await asyncio.sleep(max(next_at - time.perf_counter(), 0))
+                        next_at += interval
+                        job = state["job"]
+                        run = make_run(job.job_id, n)
+                        n += 1
+                        start = time.perf_counter()
+                        await uploads.write(pb.ReportResultRequest(job_id=job.job_id, lease_id=job.lease_id, run=run))
+                        await uploads.read()
+                        self.record("ReportResult", time.perf_counter() - start)
+                        if self.measuring:
+                            self.acked += 1
+                except grpc.aio.AioRpcError as e:
+                    self.error("ReportResult", e)
+                    await asyncio.sleep(1)
+                finally:
+                    uploads.cancel()
 
         tasks = [asyncio.create_task(heartbeats())]
         # Agents start at different times in a real fleet: spread the first polls over a

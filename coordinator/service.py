@@ -176,16 +176,20 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             return None
         return await self.db.run(self.scheduler.try_acquire, agent_id)
 
-    async def ReportResult(self, request, context):
-        report = Report(auth.current_agent.get(), request.job_id, request.lease_id, request.run)
-        try:
-            duplicate, seq = await self.reports.submit(report)
-        except InvalidRun as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run {request.run.run_id}: {e}")
-        except SchedulerError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        (self.metrics.runs_duplicate if duplicate else self.metrics.runs_ingested).inc()
-        return pb.ReportResultResponse(duplicate=duplicate, ingest_seq=seq)
+    async def ReportResult(self, requests, context):
+        """An agent's result stream: one answer per run, in order; a refused run ends it."""
+        agent_id = auth.current_agent.get()
+        async for request in requests:
+            try:
+                duplicate, seq = await self.reports.submit(
+                    Report(agent_id, request.job_id, request.lease_id, request.run)
+                )
+            except InvalidRun as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run {request.run.run_id}: {e}")
+            except SchedulerError as e:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            (self.metrics.runs_duplicate if duplicate else self.metrics.runs_ingested).inc()
+            yield pb.ReportResultResponse(duplicate=duplicate, ingest_seq=seq)
 
     async def CompleteJob(self, request, context):
         try:

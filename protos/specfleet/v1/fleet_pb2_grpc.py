@@ -49,7 +49,7 @@ class AgentServiceStub:
                 request_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.AcquireJobRequest.SerializeToString,
                 response_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.AcquireJobResponse.FromString,
                 _registered_method=True)
-        self.ReportResult = channel.unary_unary(
+        self.ReportResult = channel.stream_stream(
                 '/specfleet.v1.AgentService/ReportResult',
                 request_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ReportResultRequest.SerializeToString,
                 response_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ReportResultResponse.FromString,
@@ -76,9 +76,11 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request_iterator, context):
-        """One long-lived stream per agent, as etcd's lease keep-alives: a response answers each
-        request, in order. A message costs the coordinator a third of a unary call
-        (bench/README.md). Credentials are checked when the stream opens and on every message.
+        """Heartbeat and ReportResult: one long-lived stream per agent each, as etcd's lease
+        keep-alives. A response answers each request, in order; a refusal ends the stream with
+        its status, as it would end a unary call. A message costs the coordinator a third of a
+        unary call (bench/README.md). Credentials are checked when a stream opens and at every
+        message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,7 +92,7 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ReportResult(self, request, context):
+    def ReportResult(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -126,7 +128,7 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.AcquireJobRequest.FromString,
                     response_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.AcquireJobResponse.SerializeToString,
             ),
-            'ReportResult': grpc.unary_unary_rpc_method_handler(
+            'ReportResult': grpc.stream_stream_rpc_method_handler(
                     servicer.ReportResult,
                     request_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ReportResultRequest.FromString,
                     response_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ReportResultResponse.SerializeToString,
@@ -234,7 +236,7 @@ class AgentService:
             _registered_method=True)
 
     @staticmethod
-    def ReportResult(request,
+    def ReportResult(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -244,8 +246,8 @@ class AgentService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/specfleet.v1.AgentService/ReportResult',
             protos_dot_specfleet_dot_v1_dot_fleet__pb2.ReportResultRequest.SerializeToString,
