@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 
 import duckdb
-import pyarrow as pa
 
 from agent.engines import ENGINES
 from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIVE_METHODS, VERIFY_COST
@@ -155,29 +154,21 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 json.dumps(dict(run.params)), run.started_at_unix_seconds, now,
             ])  # fmt: skip
         if rows:
-            table = pa.Table.from_arrays(
-                [
-                    pa.array(column, type=RUN_TYPES[name])
-                    for name, column in zip(RUN_COLUMNS, zip(*(v for _, v in rows.values())))
-                ],
-                names=RUN_COLUMNS[:-1],  # all but seq, which the insert takes from the sequence
-            )
-            run_ids = list(rows)
+            columns = [list(column) for column in zip(*(v for _, v in rows.values()))]
+            run_ids = columns[0]
+            # The batch travels as one list parameter per column: DuckDB reads it without
+            # calling back into Python, so the statement runs without the GIL throughout.
             insert = (
-                f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT b.*, nextval('ingest_seq') FROM ingest_batch b"
+                f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT *, nextval('ingest_seq') FROM ({BATCH_SELECT}) b"
             )
-            con.register("ingest_batch", table)
             try:
-                try:
-                    inserted = con.execute(insert + " RETURNING run_id, seq").fetchall()
-                except duckdb.ConstraintException:  # a retry of a stored run: the statement stored
-                    inserted = con.execute(  # nothing; insert the others (checking costs 2-3 ms)
-                        insert + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
-                        f" {placeholders(run_ids)}) RETURNING run_id, seq",
-                        run_ids,
-                    ).fetchall()
-            finally:
-                con.unregister("ingest_batch")
+                inserted = con.execute(insert + " RETURNING run_id, seq", columns).fetchall()
+            except duckdb.ConstraintException:  # a retry of a stored run: the statement stored
+                inserted = con.execute(  # nothing; insert the others (checking costs 2-3 ms)
+                    insert + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
+                    f" {placeholders(run_ids)}) RETURNING run_id, seq",
+                    columns + run_ids,
+                ).fetchall()
             for run_id, seq in inserted:
                 i = rows[run_id][0]
                 results[i] = (False, seq)
@@ -203,15 +194,18 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     return results
 
 
-_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
-RUN_TYPES = {
-    name: _TYPES[kind]
-    for kind, names in {
-        "int": "depth repeat position prompt_tokens generated_tokens peak_memory_bytes seq",
-        "float": "prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"
-        " prefill_tokens_per_second started_at ingested_at",
-        "bool": "lossless",
-    }.items()
+# The SQL type of each column a batch carries; VARCHAR for the others (metrics and params: JSON text).
+_SQL_TYPE = {
+    name: kind
+    for kind, names in (
+        ("BIGINT", "depth repeat position prompt_tokens generated_tokens peak_memory_bytes"),
+        ("DOUBLE", "prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"),
+        ("DOUBLE", "prefill_tokens_per_second started_at ingested_at"),
+        ("BOOLEAN", "lossless"),
+    )
     for name in names.split()
 }
-RUN_TYPES.update({name: pa.string() for name in RUN_COLUMNS if name not in RUN_TYPES})
+BATCH_SELECT = "SELECT " + ", ".join(
+    f"unnest(?::{_SQL_TYPE.get(name, 'VARCHAR')}[]) AS {name}"
+    for name in RUN_COLUMNS[:-1]  # all but seq
+)

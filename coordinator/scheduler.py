@@ -16,8 +16,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from coordinator.store import Store, next_seq
 from coordinator.sweeps import Sweep, agent_can_run, agent_matches
 
@@ -325,28 +323,20 @@ class Scheduler:
                             "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
                             [json.dumps(fp), fp.get("chip", ""), int(fp.get("memoryBytes", 0)), b.agent_id],
                         )
-                if latest:
-                    touched = pa.table({"agent_id": list(latest), "status": [b.status[:512] for b in latest.values()]})
-                    con.register("heartbeat_batch", touched)
-                    try:
-                        con.execute(
-                            "UPDATE agents SET last_seen = ?, status = h.status, seq = nextval('ingest_seq')"
-                            " FROM heartbeat_batch h WHERE agents.agent_id = h.agent_id",
-                            [now],
-                        )
-                    finally:
-                        con.unregister("heartbeat_batch")
-                if extended:
-                    con.register(
-                        "lease_batch", pa.table({"job_id": list(extended), "expires_at": list(extended.values())})
+                if latest:  # lists as parameters: DuckDB reads them without the GIL
+                    con.execute(
+                        "UPDATE agents SET last_seen = ?, status = h.status, seq = nextval('ingest_seq')"
+                        " FROM (SELECT unnest(?::VARCHAR[]) AS agent_id, unnest(?::VARCHAR[]) AS status) h"
+                        " WHERE agents.agent_id = h.agent_id",
+                        [now, list(latest), [b.status[:512] for b in latest.values()]],
                     )
-                    try:
-                        con.execute(
-                            "UPDATE jobs SET lease_expires_at = e.expires_at FROM lease_batch e"
-                            " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased'"
-                        )
-                    finally:
-                        con.unregister("lease_batch")
+                if extended:
+                    con.execute(
+                        "UPDATE jobs SET lease_expires_at = e.expires_at"
+                        " FROM (SELECT unnest(?::VARCHAR[]) AS job_id, unnest(?::DOUBLE[]) AS expires_at) e"
+                        " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased'",
+                        [list(extended), list(extended.values())],
+                    )
         except BaseException:
             with self._lock:  # the next write tries again
                 self._extended.update(job_id for job_id in extended if job_id in self._leases)

@@ -35,7 +35,7 @@ MAX_EXPORT_ROWS = 50_000
 FLUSH_SECONDS = 5.0
 FLUSH_CHUNK = 100
 # Results wait this long to share a transaction: a commit costs milliseconds, a row far less.
-REPORT_LINGER_SECONDS = 0.02
+REPORT_LINGER_SECONDS = 0.005
 # What the read path may show of each table: never credential hashes.
 EXPORT_COLUMNS = {
     "runs": "*",

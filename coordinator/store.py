@@ -14,7 +14,6 @@ from importlib import resources
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
 DB_FILENAME = "specfleet.duckdb"
 
@@ -69,10 +68,6 @@ class Store:
         self.path = data_dir / DB_FILENAME
         self._con = duckdb.connect(str(self.path))
         self.lock = threading.RLock()  # held through a transaction; re-entrant for callers that wrap one
-        # The first Arrow table registered imports half of DuckDB's Python side (about 2 s
-        # here, holding the GIL): pay it now, not in the first heartbeat flush while serving.
-        self._con.register("warm_up", pa.table({"x": [0]}))
-        self._con.unregister("warm_up")
         migrate(self._con)
 
     @contextlib.contextmanager
