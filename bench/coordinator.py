@@ -7,8 +7,11 @@ Prints p50/p99/max latency per RPC kind and the results acknowledged per second.
 
     .venv/bin/python bench/coordinator.py --agents 1000 --workers 100 --rate 600 --seconds 30
 
-AcquireJob latency is the time past the requested wait for polls that came back empty (how
-late the long-poll answers), and the whole call for the polls that got a job.
+Heartbeats and results travel on one stream per agent, as agent/api.py sends them: their
+latency is a message's round trip. AcquireJob latency is the time past the requested wait for
+polls that came back empty (how late the long-poll answers), and the whole call for the polls
+that got a job. Measuring starts once every agent's first long-poll has come back: the
+start-up burst (a thousand agents connecting in the same second) is not the steady state.
 """
 
 from __future__ import annotations
@@ -255,6 +258,7 @@ class Sim:
         # delay every simulated agent's calls and be counted as the coordinator's latency.
         quiet_gc()
         tasks = [asyncio.create_task(self.agent(i, md)) for i, (_, md) in enumerate(agents)]
+        started = time.perf_counter()
         await asyncio.sleep(2)  # every agent is now heartbeating and long-polling
         names = [f"sim-{i:05d}" for i in range(self.args.workers)]
         sweep = {
@@ -267,7 +271,9 @@ class Sim:
         admin = self.stub(0, pb_grpc.AdminServiceStub)
         resp = await admin.SubmitSweep(pb.SubmitSweepRequest(yaml=json.dumps(sweep)), metadata=self.admin_md)
         print(f"sweep {resp.sweep_id}: {resp.jobs} jobs for the {self.args.workers} uploading agents", flush=True)
-        await asyncio.sleep(self.args.warmup)
+        # Measure the steady state: after the warm-up, and once every agent's first long-poll
+        # (made in the start-up burst of a thousand agents connecting) has come back.
+        await asyncio.sleep(max(self.args.warmup, started + 1 + self.args.wait - time.perf_counter()))
         before = await asyncio.to_thread(server_histogram, self.metrics_address)
         self.measuring = True
         start, cpu, server_cpu = time.perf_counter(), time.process_time(), cpu_seconds(self.server_pid)
