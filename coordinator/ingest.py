@@ -199,8 +199,11 @@ _SQL_TYPE = {
     name: kind
     for kind, names in (
         ("BIGINT", "depth repeat position prompt_tokens generated_tokens peak_memory_bytes"),
-        ("DOUBLE", "prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"),
-        ("DOUBLE", "prefill_tokens_per_second started_at ingested_at"),
+        (
+            "DOUBLE",
+            "prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"
+            " prefill_tokens_per_second started_at ingested_at",
+        ),
         ("BOOLEAN", "lossless"),
     )
     for name in names.split()

@@ -60,8 +60,9 @@ def test_agents_list_revoke_drain(coord):
     listing = admin(coord, "agents", "list").stdout
     assert "cli-revoke" in listing and "cli-drain" in listing and "Test CPU" in listing
 
+    assert not revoked.heartbeat().drain  # its heartbeat stream is open when it is revoked
     assert admin(coord, "agents", "revoke", revoked_id).stdout.strip() == f"agent {revoked_id}: revoked"
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(grpc.RpcError) as e:  # the open stream's next message is refused
         revoked.heartbeat()
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
