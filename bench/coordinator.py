@@ -135,16 +135,6 @@ class Sim:
             key = f"{kind} {e.code().name}"
             self.errors[key] = self.errors.get(key, 0) + 1
 
-    async def call(self, kind: str, fn, request, md, timeout=30.0, extra: float = 0.0):
-        start = time.perf_counter()
-        try:
-            resp = await fn(request, metadata=md, timeout=timeout)
-        except grpc.aio.AioRpcError as e:
-            self.error(kind, e)
-            return None
-        self.record(kind, time.perf_counter() - start - extra)
-        return resp
-
     async def enrol_all(self) -> list[tuple[str, tuple]]:
         admin = self.stub(0, pb_grpc.AdminServiceStub)
         token = (
