@@ -183,9 +183,9 @@ class AuthInterceptor(WrappingInterceptor):
         else:
             return handler
 
-        async def checked(context):
+        async def checked(context, metadata):
             try:
-                await check(context.invocation_metadata())
+                await check(metadata)
             except AuthError as e:
                 await context.abort(e.code, str(e))
 
@@ -193,7 +193,7 @@ class AuthInterceptor(WrappingInterceptor):
             inner = handler.unary_unary
 
             async def guarded(request, context):
-                await checked(context)
+                await checked(context, context.invocation_metadata())
                 return await inner(request, context)
 
             return unary_handler(guarded, handler)
@@ -201,11 +201,12 @@ class AuthInterceptor(WrappingInterceptor):
             inner_stream = handler.stream_stream
 
             async def guarded_stream(requests, context):
-                await checked(context)
+                metadata = context.invocation_metadata()  # a stream's metadata is sent once
+                await checked(context, metadata)
 
                 async def each_checked():
                     async for request in requests:
-                        await checked(context)
+                        await checked(context, metadata)
                         yield request
 
                 async for response in inner_stream(each_checked(), context):

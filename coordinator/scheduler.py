@@ -323,17 +323,17 @@ class Scheduler:
                             "UPDATE agents SET fingerprint = ?, chip = ?, memory_bytes = ? WHERE agent_id = ?",
                             [json.dumps(fp), fp.get("chip", ""), int(fp.get("memoryBytes", 0)), b.agent_id],
                         )
-                if latest:  # lists as parameters: DuckDB reads them without the GIL
+                if latest:  # lists as parameters, as ingest passes its batches
                     con.execute(
                         "UPDATE agents SET last_seen = ?, status = h.status, seq = nextval('ingest_seq')"
-                        " FROM (SELECT unnest(?::VARCHAR[]) AS agent_id, unnest(?::VARCHAR[]) AS status) h"
+                        " FROM (SELECT unnest(?) AS agent_id, unnest(?) AS status) h"
                         " WHERE agents.agent_id = h.agent_id",
                         [now, list(latest), [b.status[:512] for b in latest.values()]],
                     )
                 if extended:
                     con.execute(
                         "UPDATE jobs SET lease_expires_at = e.expires_at"
-                        " FROM (SELECT unnest(?::VARCHAR[]) AS job_id, unnest(?::DOUBLE[]) AS expires_at) e"
+                        " FROM (SELECT unnest(?) AS job_id, unnest(?) AS expires_at) e"
                         " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased'",
                         [list(extended), list(extended.values())],
                     )
