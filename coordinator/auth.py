@@ -153,6 +153,11 @@ class Credentials:
                 raise AuthError(grpc.StatusCode.PERMISSION_DENIED, "not an admin credential")
             self._admins.add(digest)
 
+    def checked_against(self, agent_id: str) -> tuple[str, str] | None:
+        """The copy of the agent's (hash, state) its credential was last checked against: the
+        same object until `forget` drops it."""
+        return self._agents.get(agent_id)
+
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
 
@@ -162,8 +167,9 @@ class AuthInterceptor(WrappingInterceptor):
 
     The check runs inside the wrapped handler, in the task that serves the call, so the
     authenticated agent id can be handed to the servicer through a context variable. A stream
-    is checked when it opens and again at every message: revoking an agent ends its open
-    streams at their next message.
+    is checked when it opens, and every message looks whether the agent's state changed since
+    (one dictionary lookup); if it did, the credential is checked again: revoking an agent ends
+    its open streams at their next message.
     """
 
     def __init__(self, credentials: Credentials):
@@ -197,20 +203,28 @@ class AuthInterceptor(WrappingInterceptor):
                 return await inner(request, context)
 
             return unary_handler(guarded, handler)
-        if handler.stream_stream is not None:
+        if handler.stream_stream is not None and method.startswith(AGENT_SERVICE):
             inner_stream = handler.stream_stream
+            credentials = self._credentials
 
             async def guarded_stream(requests, context):
                 metadata = context.invocation_metadata()  # a stream's metadata is sent once
                 await checked(context, metadata)
+                agent_id = current_agent.get()
+                entry = credentials.checked_against(agent_id)
 
                 async def each_checked():
+                    nonlocal entry
                     async for request in requests:
-                        await checked(context, metadata)
+                        # Any change of the agent's state drops its entry: only then is the
+                        # credential checked again (a revoked agent is refused here).
+                        if credentials.checked_against(agent_id) is not entry:
+                            await checked(context, metadata)
+                            entry = credentials.checked_against(agent_id)
                         yield request
 
                 async for response in inner_stream(each_checked(), context):
                     yield response
 
             return stream_handler(guarded_stream, handler)
-        raise NotImplementedError(f"{method}: only unary-unary and stream-stream methods can be authenticated")
+        raise NotImplementedError(f"{method}: only unary methods and AgentService streams can be authenticated")
