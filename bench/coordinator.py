@@ -12,6 +12,8 @@ latency is a message's round trip. AcquireJob latency is the time past the reque
 polls that came back empty (how late the long-poll answers), and the whole call for the polls
 that got a job. Measuring starts once every agent's first long-poll has come back: the
 start-up burst (a thousand agents connecting in the same second) is not the steady state.
+The last line says how steady the machine's own CPU was meanwhile (bench/noise.py): its slow
+spells set the tail of every latency.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.noise import NoiseProbe  # noqa: E402
 from coordinator.server import quiet_gc  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc  # noqa: E402
@@ -270,6 +273,7 @@ class Sim:
         await asyncio.sleep(self.args.seconds)
         self.measuring = False
         elapsed = time.perf_counter() - start
+        self.window = (start, start + elapsed)
         self.server_histograms = (before, await asyncio.to_thread(server_histogram, self.metrics_address))
         self.cpu = {
             "client": (time.process_time() - cpu) / elapsed,
@@ -314,7 +318,8 @@ def main() -> int:
             sim = Sim(args, endpoints["grpc"], admin_token)
             sim.metrics_address = endpoints["metrics"]
             sim.server_pid = proc.pid
-            result = asyncio.run(sim.main())
+            with NoiseProbe() as probe:
+                result = asyncio.run(sim.main())
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -343,6 +348,7 @@ def main() -> int:
         print(f"errors: {kind}: {n}")
     print(f"\nresults acknowledged: {sim.acked} = {sim.acked / seconds:.0f}/s")
     print(f"CPU used: coordinator {sim.cpu['coordinator']:.2f} cores, simulated agents {sim.cpu['client']:.2f} cores")
+    print(probe.summary(*sim.window))
     return 0
 
 
