@@ -54,7 +54,7 @@ def quiet_gc() -> None:
     collections, so they reach the middle generation; collected only every tenth time, it
     held all of them (30,000 objects, 40-55 ms a collection). Collecting it every other time
     moves them on to the oldest generation, collected after every 10,000 young collections
-    (about as often as with the earlier thresholds; 110-130 ms with a thousand agents)."""
+    (about as often as with the earlier thresholds; 107-133 ms with a thousand agents)."""
     gc.freeze()
     young, _, _ = gc.get_threshold()
     gc.set_threshold(young, MIDDLE_GC_EVERY, FULL_GC_EVERY)
