@@ -1,6 +1,6 @@
 """How steady was the machine's CPU while a benchmark ran?
 
-A small process repeats one fixed piece of pure-Python work (about 0.15 ms) every 4 ms and
+A small process repeats one fixed piece of pure-Python work (about 0.14 ms) every 4 ms and
 records the CPU time each piece took: about 4% of one core. On a steady machine every piece
 costs about the same; when the machine itself slows down (other tenants of the host, clock
 changes), pieces cost several times their median for a while, in every process at once. Such
@@ -50,7 +50,6 @@ def _probe(stop, results) -> None:
 class Noise:
     seconds: float
     pieces: int
-    median_ms: float
     spells_ms: list[float]  # the length of each slow spell, first to last slow piece
 
     def summary(self) -> str:
@@ -69,7 +68,7 @@ class Noise:
 def analyse(samples: list[tuple[float, float]]) -> Noise:
     """Group the pieces that took SLOW_FACTOR times the median into spells."""
     if len(samples) < 2:
-        return Noise(0.0, 0, 0.0, [])
+        return Noise(0.0, 0, [])
     median = statistics.median(cpu for _, cpu in samples)
     spells: list[list[float]] = []  # [first, last] start time of slow pieces
     for at, cpu in samples:
@@ -80,7 +79,7 @@ def analyse(samples: list[tuple[float, float]]) -> Noise:
         else:
             spells.append([at, at + cpu])
     seconds = samples[-1][0] - samples[0][0]
-    return Noise(seconds, len(samples), median * 1000, [(last - first) * 1000 for first, last in spells])
+    return Noise(seconds, len(samples), [(last - first) * 1000 for first, last in spells])
 
 
 class NoiseProbe:
