@@ -167,9 +167,9 @@ class AuthInterceptor(WrappingInterceptor):
 
     The check runs inside the wrapped handler, in the task that serves the call, so the
     authenticated agent id can be handed to the servicer through a context variable. A stream
-    is checked when it opens, and every message looks whether the agent's state changed since
-    (one dictionary lookup); if it did, the credential is checked again: revoking an agent ends
-    its open streams at their next message.
+    is checked when it opens, and every message looks whether an admin changed the agent's
+    state since (one dictionary lookup); if one did, the credential is checked again: revoking
+    an agent ends its open streams at their next message.
     """
 
     def __init__(self, credentials: Credentials):
@@ -216,7 +216,7 @@ class AuthInterceptor(WrappingInterceptor):
                 async def each_checked():
                     nonlocal entry
                     async for request in requests:
-                        # Any change of the agent's state drops its entry: only then is the
+                        # Revoking or draining the agent drops its entry: only then is the
                         # credential checked again (a revoked agent is refused here).
                         if credentials.checked_against(agent_id) is not entry:
                             await checked(context, metadata)

@@ -50,9 +50,9 @@ def quiet_gc() -> None:
     """For a process that serves a coordinator (or plays a fleet of agents): garbage
     collection stops the event loop for as long as it takes (bench/README.md has the figures
     of this project's 2-core machine). Freeze what start-up made. Calls in flight (a thousand
-    streams and long-polls) live for seconds, longer than the second between two young
+    streams and long-polls) live for seconds, longer than the 0.2 s between two young
     collections, so they reach the middle generation; collected only every tenth time, it
-    held all of them (30,000 objects, 40-55 ms a collection). Collecting it every other time
+    held all of them (30,000 objects; collections of up to 50 ms). Collecting it every other time
     moves them on to the oldest generation, collected after every 10,000 young collections
     (about as often as with the earlier thresholds; 107-133 ms with a thousand agents)."""
     gc.freeze()
