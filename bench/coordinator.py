@@ -123,7 +123,6 @@ class Sim:
         self.admin_md = (("authorization", f"Bearer {admin_token}"),)
         self.latencies: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
-        self.acked = 0
         self.measuring = False
 
     def stub(self, i: int, kind=pb_grpc.AgentServiceStub):
@@ -137,6 +136,25 @@ class Sim:
         if self.measuring:
             key = f"{kind} {e.code().name}"
             self.errors[key] = self.errors.get(key, 0) + 1
+
+    async def exchange(self, kind: str, method, md, next_request) -> None:
+        """Calls on one stream, as agent/api.py makes them: send `await next_request()`, wait for
+        its answer and record the round trip, until stopped; after an error (counted), another
+        stream a second later."""
+        while not self.stop.is_set():
+            stream = method(metadata=md)
+            try:
+                while not self.stop.is_set():
+                    request = await next_request()
+                    start = time.perf_counter()
+                    await stream.write(request)
+                    await stream.read()
+                    self.record(kind, time.perf_counter() - start)
+            except grpc.aio.AioRpcError as e:
+                self.error(kind, e)
+                await asyncio.sleep(1)
+            finally:
+                stream.cancel()
 
     async def enrol_all(self) -> list[tuple[str, tuple]]:
         admin = self.stub(0, pb_grpc.AdminServiceStub)
@@ -161,57 +179,32 @@ class Sim:
         stub = self.stub(i)
         state = {"job": None}
 
-        async def heartbeats():
-            # One stream per agent, as agent/api.py keeps: a beat's latency is its round trip.
-            await asyncio.sleep(random.random() * self.args.heartbeat)
-            while not self.stop.is_set():
-                beats = stub.Heartbeat(metadata=md)
-                try:
-                    while not self.stop.is_set():
-                        job = state["job"]
-                        request = pb.HeartbeatRequest(
-                            job_id=job.job_id if job else "", lease_id=job.lease_id if job else "", status="sim"
-                        )
-                        start = time.perf_counter()
-                        await beats.write(request)
-                        await beats.read()
-                        self.record("Heartbeat", time.perf_counter() - start)
-                        await asyncio.sleep(self.args.heartbeat)
-                except grpc.aio.AioRpcError as e:
-                    self.error("Heartbeat", e)
-                    await asyncio.sleep(1)
-                finally:
-                    beats.cancel()
+        beat_delay = random.random() * self.args.heartbeat  # the first beats spread over a period
 
-        async def results():
-            # On a fixed schedule, as an agent's runs finish: a slow answer does not lower the
-            # rate offered (only an answer slower than the interval delays the next upload).
-            # One stream per agent, as agent/api.py keeps: a result's latency is its round trip.
-            interval = self.args.workers / self.args.rate
-            next_at = time.perf_counter() + random.random() * interval
-            n = 0
-            while not self.stop.is_set():
-                uploads = stub.ReportResult(metadata=md)
-                try:
-                    while not self.stop.is_set():
-                        await asyncio.sleep(max(next_at - time.perf_counter(), 0))
-                        next_at += interval
-                        job = state["job"]
-                        run = make_run(job.job_id, n)
-                        n += 1
-                        start = time.perf_counter()
-                        await uploads.write(pb.ReportResultRequest(job_id=job.job_id, lease_id=job.lease_id, run=run))
-                        await uploads.read()
-                        self.record("ReportResult", time.perf_counter() - start)
-                        if self.measuring:
-                            self.acked += 1
-                except grpc.aio.AioRpcError as e:
-                    self.error("ReportResult", e)
-                    await asyncio.sleep(1)
-                finally:
-                    uploads.cancel()
+        async def next_beat():
+            nonlocal beat_delay
+            await asyncio.sleep(beat_delay)
+            beat_delay = self.args.heartbeat
+            job = state["job"]
+            return pb.HeartbeatRequest(
+                job_id=job.job_id if job else "", lease_id=job.lease_id if job else "", status="sim"
+            )
 
-        tasks = [asyncio.create_task(heartbeats())]
+        # Results on a fixed schedule, as an agent's runs finish: a slow answer does not lower the
+        # rate offered (only an answer slower than the interval delays the next upload).
+        interval = self.args.workers / self.args.rate
+        next_at = time.perf_counter() + random.random() * interval
+        n = 0
+
+        async def next_upload():
+            nonlocal next_at, n
+            await asyncio.sleep(max(next_at - time.perf_counter(), 0))
+            next_at += interval
+            job = state["job"]
+            n += 1
+            return pb.ReportResultRequest(job_id=job.job_id, lease_id=job.lease_id, run=make_run(job.job_id, n - 1))
+
+        tasks = [asyncio.create_task(self.exchange("Heartbeat", stub.Heartbeat, md, next_beat))]
         # Agents start at different times in a real fleet: spread the first polls over a
         # second and their waits over the long-poll, so that polls end at a steady rate.
         await asyncio.sleep(random.random())
@@ -228,7 +221,7 @@ class Sim:
             if resp.has_job:
                 self.record("AcquireJob (got a job)", elapsed)
                 state["job"] = resp.job
-                tasks.append(asyncio.create_task(results()))
+                tasks.append(asyncio.create_task(self.exchange("ReportResult", stub.ReportResult, md, next_upload)))
             else:
                 self.record("AcquireJob (empty, past the wait)", elapsed - wait)
             wait = self.args.wait
@@ -346,7 +339,8 @@ def main() -> int:
             print(f"  {method:14} {calls:7d} calls  p50 <= {p50 * 1000:g} ms  p99 <= {p99 * 1000:g} ms")
     for kind, n in sorted(sim.errors.items()):
         print(f"errors: {kind}: {n}")
-    print(f"\nresults acknowledged: {sim.acked} = {sim.acked / seconds:.0f}/s")
+    acked = len(sim.latencies.get("ReportResult", []))  # every answer recorded while measuring
+    print(f"\nresults acknowledged: {acked} = {acked / seconds:.0f}/s")
     print(f"CPU used: coordinator {sim.cpu['coordinator']:.2f} cores, simulated agents {sim.cpu['client']:.2f} cores")
     print(probe.summary(*sim.window))
     return 0

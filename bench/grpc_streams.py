@@ -21,6 +21,11 @@ from pathlib import Path
 
 import grpc
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.coordinator import cpu_seconds  # noqa: E402
+
 METHOD = "bench.Echo"
 
 
@@ -49,11 +54,6 @@ async def serve(port: int) -> None:
     await server.start()
     print("ready", flush=True)
     await server.wait_for_termination()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def load(mode: str, port: int, server_pid: int, agents: int, seconds: float) -> dict[str, float]:

@@ -156,16 +156,11 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
         if rows:
             columns = [list(column) for column in zip(*(v for _, v in rows.values()))]
             run_ids = columns[0]
-            # The batch travels as one list parameter per column: DuckDB reads it without
-            # calling back into Python, so the statement runs without the GIL throughout.
-            insert = (
-                f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT *, nextval('ingest_seq') FROM ({BATCH_SELECT}) b"
-            )
-            try:
-                inserted = con.execute(insert + " RETURNING run_id, seq", columns).fetchall()
+            try:  # one list parameter per column: DuckDB reads the rows without calling back into Python
+                inserted = con.execute(INSERT_BATCH + " RETURNING run_id, seq", columns).fetchall()
             except duckdb.ConstraintException:  # a retry of a stored run: the statement stored
                 inserted = con.execute(  # nothing; insert the others (checking costs 2-3 ms)
-                    insert + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
+                    INSERT_BATCH + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
                     f" {placeholders(run_ids)}) RETURNING run_id, seq",
                     columns + run_ids,
                 ).fetchall()
@@ -197,3 +192,4 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
 # One list parameter per column; DuckDB takes each list's type from its Python values (casts
 # written into the statement cost 2 ms a batch to bind) and the insert casts to the table's.
 BATCH_SELECT = "SELECT " + ", ".join(f"unnest(?) AS {name}" for name in RUN_COLUMNS[:-1])  # all but seq
+INSERT_BATCH = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT *, nextval('ingest_seq') FROM ({BATCH_SELECT}) b"

@@ -78,9 +78,9 @@ class AgentServiceServicer:
     def Heartbeat(self, request_iterator, context):
         """Heartbeat and ReportResult: one long-lived stream per agent each, as etcd's lease
         keep-alives. A response answers each request, in order; a refusal ends the stream with
-        its status, as it would end a unary call. A message costs the coordinator a third of a
-        unary call (bench/README.md). Credentials are checked when a stream opens and at every
-        message.
+        its status, as it would end a unary call. A message costs the coordinator less than half
+        of a unary call (bench/README.md). Credentials are checked when a stream opens and again
+        at the next message after an admin revokes or drains the agent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
