@@ -132,8 +132,9 @@ class AgentApi:
                 raise InterruptedError("acquire cancelled: agent stopping")
         return future.result()
 
-    def report_result(self, job_id: str, lease_id: str, run: pb.Run) -> pb.ReportResultResponse:
-        return self._reports.call(pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, run=run))
+    def report_result(self, job_id: str, lease_id: str, record_json: str) -> pb.ReportResultResponse:
+        """Upload one run record (RunRecord JSON, as spooled)."""
+        return self._reports.call(pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, record_json=record_json))
 
     def complete_job(self, job_id: str, lease_id: str, run_count: int) -> pb.CompleteJobResponse:
         return self._stub.CompleteJob(

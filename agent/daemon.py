@@ -13,6 +13,7 @@ status, which every heartbeat carries to the coordinator.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -27,11 +28,12 @@ import grpc
 
 from agent import api, environment, retry
 from agent.credentials import AgentIdentity
-from agent.engines import ENGINE_METHODS, ENGINES
 from agent.fingerprint import available_engines, fingerprint
 from agent.metrics import AgentMetrics
+from agent.model_identity import ModelUnreadable, identify
 from agent.models import HashCache, ModelRefused, check_fits, resolve
 from agent.spool import Spool
+from specfleet.record import ENGINE_METHODS, ENGINES, JobSpec, ModelIdentity
 
 log = logging.getLogger("specfleet.agent")
 
@@ -144,9 +146,9 @@ class Agent:
         for item in self.spool.items():
             try:
                 retry.call(
-                    lambda: self.api.report_result(item.job_id, item.lease_id, item.run),
+                    lambda: self.api.report_result(item.job_id, item.lease_id, item.record_json),
                     retry.UPLOAD,
-                    f"upload {item.run.run_id}",
+                    f"upload {item.run_id}",
                     self.stop,
                 )
                 self.spool.ack(item)
@@ -156,7 +158,7 @@ class Agent:
                 self.metrics.last_upload.set(self.last_upload)
             except grpc.RpcError as e:
                 if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
-                    log.error("coordinator refused run %s: %s", item.run.run_id, e.details())
+                    log.error("coordinator refused run %s: %s", item.run_id, e.details())
                     self.spool.refuse(item, f"{e.code().name}: {e.details()}")
                 else:
                     raise
@@ -170,32 +172,35 @@ class Agent:
         if self._worker is not None and self._worker.poll() is None:
             self._worker.kill()
 
-    def preflight(self, spec: dict) -> tuple[dict, dict[str, str]]:
-        """Check a job before any worker starts: (spec with resolved model paths, run params).
-        Raises ModelRefused with the reason this agent will not run it."""
-        engine = spec.get("engine")
-        if engine not in ENGINES or engine not in self.engines:
+    def preflight(self, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity]]:
+        """Check a job before any worker starts: (spec with local model paths, the models'
+        identities). Raises ModelRefused with the reason this agent will not run it."""
+        if spec.engine not in ENGINES or spec.engine not in self.engines:
             raise ModelRefused(
-                f"engine {engine!r} is not one this agent runs (it runs: {', '.join(self.engines) or 'none'})"
+                f"engine {spec.engine!r} is not one this agent runs (it runs: {', '.join(self.engines) or 'none'})"
             )
-        unknown = sorted({a.get("method") for a in spec.get("arms", [])} - set(ENGINE_METHODS[engine]), key=str)
+        unknown = sorted({a.method for a in spec.arms} - set(ENGINE_METHODS[spec.engine]), key=str)
         if unknown:
             raise ModelRefused(
-                f"method(s) {', '.join(map(repr, unknown))} unknown to engine {engine} on this agent "
-                f"(it knows: {', '.join(ENGINE_METHODS[engine])})"
+                f"method(s) {', '.join(map(repr, unknown))} unknown to engine {spec.engine} on this agent "
+                f"(it knows: {', '.join(ENGINE_METHODS[spec.engine])})"
             )
-        model = spec.get("model") or {}
-        roles = [r for r in ("target", "draft") if model.get(r)]
+        roles = [r for r in ("target", "draft") if spec.model.get(r)]
         if "target" not in roles:
             raise ModelRefused("the job names no target model")
-        resolved = {r: resolve(model[r], self.model_dirs, self.allow_downloads, self.hf_cache) for r in roles}
-        check_fits(list(resolved.values()), self.fingerprint.memory_bytes, model.get("memory_gb"))
-        params = {}
-        for role, m in resolved.items():
-            params.update(self.hashes.model_params(role, m))
-            params[f"model.{role}.reference"] = m.reference
-        spec = {**spec, "model": {**model, **{r: str(m.path) for r, m in resolved.items()}}}
-        return spec, params
+        resolved = {r: resolve(spec.model[r], self.model_dirs, self.allow_downloads, self.hf_cache) for r in roles}
+        check_fits(list(resolved.values()), self.fingerprint.memory_bytes, spec.memory_gb or None)
+        try:
+            identities = {r: identify(m, self.hashes.digest(m)) for r, m in resolved.items()}
+        except ModelUnreadable as e:
+            raise ModelRefused(str(e)) from None
+        limit = identities["target"].context_length
+        if limit and spec.context_tokens + spec.max_new_tokens > limit:
+            raise ModelRefused(
+                f"context of {spec.context_tokens} tokens and {spec.max_new_tokens} new tokens is longer than "
+                f"{identities['target'].reference}'s own context length of {limit} tokens"
+            )
+        return spec.with_models(**{r: str(m.path) for r, m in resolved.items()}), identities
 
     def _refuse(self, job, reason: str) -> None:
         log.error("job %s refused: %s", job.job_id, reason)
@@ -209,11 +214,11 @@ class Agent:
 
     def run_job(self, job) -> None:
         try:
-            spec, params = self.preflight(json.loads(job.spec_json))
+            spec, models = self.preflight(JobSpec.from_json(job.spec_json))
         except ModelRefused as e:
             self._refuse(job, str(e))
             return
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError, AttributeError) as e:  # InvalidRecord is a ValueError
             self._refuse(job, f"the job's spec is malformed: {type(e).__name__}: {e}")
             return
         except OSError as e:  # a model file this agent may not read, a disk error while hashing
@@ -228,18 +233,18 @@ class Agent:
                     "job_id": job.job_id,
                     "lease_id": job.lease_id,
                     "attempt": job.attempt,
-                    "spec": spec,
-                    "params": params,
+                    "spec": spec.to_json(),
+                    "models": {role: dataclasses.asdict(m) for role, m in models.items()},
                     "memory_bytes": self.fingerprint.memory_bytes,
                 }
             )
         )
         with self._lock:
             self.state.job_id, self.state.lease_id, self.state.lease_lost = job.job_id, job.lease_id, False
-            self.state.status = f"running {job.job_id} ({spec['engine']})"
+            self.state.status = f"running {job.job_id} ({spec.engine})"
         self._beat.set()
-        self.metrics.job_began(spec["engine"], time.time())
-        log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec["engine"], spec["model"]["target"])
+        self.metrics.job_began(spec.engine, time.time())
+        log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec.engine, spec.model["target"])
         out_path, err_path = workdir / "worker.out", workdir / "worker.err"
         with open(out_path, "w") as out, open(err_path, "w") as err:
             self._worker = subprocess.Popen(
@@ -248,7 +253,7 @@ class Agent:
                 stderr=err,
             )
             (workdir / "worker.pid").write_text(str(self._worker.pid))
-            deadline = time.monotonic() + spec.get("deadline_seconds", 3600)
+            deadline = time.monotonic() + spec.deadline_seconds
             while self._worker.poll() is None:
                 self._spooled.set()  # let the uploader take runs as they are measured
                 if time.monotonic() > deadline:

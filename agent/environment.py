@@ -2,6 +2,7 @@
 not starting a job at all (on battery, in low-power mode).
 
 Every reading is a string; one that cannot be taken here is "unavailable", never guessed.
+`reading` turns a sample into the run record's typed `Environment` (None where unavailable).
 macOS readings come from pmset, sysctl and vm_stat; Linux readings from /proc and /sys (under a
 root directory that tests point at a fake tree). Parsers are pure functions of command output
 or file text, tested on captured output (tests/captured/).
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.fingerprint import run_command
+from specfleet.record import Environment
 
 UNAVAILABLE = "unavailable"
 KEYS = ("thermal", "power_source", "low_power_mode", "loadavg_1m", "memory_available_bytes", "swap_used_bytes")
@@ -224,8 +226,32 @@ def not_nominal(s: Sample, cpu_count: int | None = None, memory_total_bytes: int
     return reasons
 
 
-def run_flags(before: Sample, after: Sample, cpu_count=None, memory_total_bytes=None) -> dict[str, str]:
-    """Params for one run: every reading before and after, env.nominal and env.reasons."""
+def reading(s: Sample) -> Environment:
+    """A sample as the run record's typed reading: None where it was unavailable."""
+
+    def value(key, cast):
+        raw = s.get(key, UNAVAILABLE)
+        return None if raw == UNAVAILABLE else cast(raw)
+
+    return Environment(
+        thermal=value("thermal", str),
+        power_source=value("power_source", str),
+        low_power_mode=value("low_power_mode", lambda v: v == "on"),
+        loadavg_1m=value("loadavg_1m", float),
+        memory_available_bytes=value("memory_available_bytes", int),
+        swap_used_bytes=value("swap_used_bytes", int),
+    )
+
+
+# Readings without which a run cannot be called nominal: with any of them unavailable (and
+# nothing else wrong) the run is unknown, not nominal.
+DECIDING_KEYS = ("thermal", "power_source")
+
+
+def judge(before: Sample, after: Sample, cpu_count=None, memory_total_bytes=None) -> tuple[bool | None, list[str]]:
+    """(nominal, reasons) for one run: False with the reasons when a reading before or after
+    was not quiet or swap grew; None (unknown) when nothing was wrong but a deciding reading
+    was unavailable; else True."""
     reasons = []
     for when, s in (("before", before), ("after", after)):
         reasons += [f"{when}: {r}" for r in not_nominal(s, cpu_count, memory_total_bytes)]
@@ -234,11 +260,11 @@ def run_flags(before: Sample, after: Sample, cpu_count=None, memory_total_bytes=
         grown = int(swap[1]) - int(swap[0])
         if grown > SWAP_GROWTH_LIMIT_BYTES:
             reasons.append(f"swap grew by {grown / 2**20:.0f} MiB during the run")
-    params = {f"env.before.{k}": before.get(k, UNAVAILABLE) for k in KEYS}
-    params.update({f"env.after.{k}": after.get(k, UNAVAILABLE) for k in KEYS})
-    params["env.nominal"] = "false" if reasons else "true"
-    params["env.reasons"] = "; ".join(reasons)
-    return params
+    if reasons:
+        return False, reasons
+    if any(s.get(k, UNAVAILABLE) == UNAVAILABLE for s in (before, after) for k in DECIDING_KEYS):
+        return None, []
+    return True, []
 
 
 def refusal_reason(s: Sample) -> str | None:

@@ -153,18 +153,12 @@ class HashCache:
             os.replace(tmp, self.path)
         return digest
 
-    def model_params(self, role: str, model: Resolved) -> dict[str, str]:
-        """Run params for one model: its combined digest, file count and, when short enough,
-        every file's digest."""
-        per_file = {str(f.relative_to(model.path)) if f != model.path else f.name: self.sha256(f) for f in model.files}
-        combined = hashlib.sha256("".join(f"{name}:{d}\n" for name, d in sorted(per_file.items())).encode())
-        params = {
-            f"model.{role}.sha256": combined.hexdigest(),
-            f"model.{role}.files": str(len(per_file)),
-            f"model.{role}.bytes": str(model.size_bytes),
-            f"model.{role}.source": model.source,
-        }
-        listing = json.dumps(per_file, sort_keys=True)
-        if len(listing) <= 4000:
-            params[f"model.{role}.file_sha256"] = listing
-        return params
+    def file_digests(self, model: Resolved) -> dict[str, str]:
+        """Each file's SHA-256, by its name inside the model (the file's name for a GGUF)."""
+        return {str(f.relative_to(model.path)) if f != model.path else f.name: self.sha256(f) for f in model.files}
+
+    def digest(self, model: Resolved) -> str:
+        """The model's content digest: SHA-256 over "name:sha256" lines of its files, sorted. The
+        same weights give the same digest wherever they lie."""
+        lines = "".join(f"{name}:{d}\n" for name, d in sorted(self.file_digests(model).items()))
+        return hashlib.sha256(lines.encode()).hexdigest()

@@ -1,154 +1,171 @@
 """The measurement protocol inside one job (one cell on one machine).
 
-Load once; warm up each arm until two consecutive runs agree or a cap is reached; take one
-unmeasured baseline output per prompt as the reference for `lossless`; then for every repeat
-run every prompt with all arms back to back, rotating the arms' order each repeat, so that
-paired ratios come from adjacent runs in the same thermal window. With `cooldown_seconds`
-in the spec the machine rests that long before every measured run. Environment readings are
-taken before and after every run; a run whose readings were not nominal is flagged
-(params env.nominal = "false", env.reasons).
+Load once. Build every prompt's tokens: the cell's context depth of distinct documents, then
+the prompt (agent/prompts.py), refusing a length the model cannot hold. Then for every repeat
+run every prompt with all arms back to back, in the order of one row of a Williams design
+(agent/design.py: each arm follows every other equally often; the repeats are rounded up to
+complete the design), so that paired ratios come from adjacent runs in the same thermal window.
+Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
+within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the reference for
+`lossless`. With `cooldown_seconds` the machine rests that long before every measured run.
+Environment readings are taken before and after every run (agent/environment.py). Every run is
+emitted as a `RunRecord`, built here once.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from agent import environment
-from agent.engines.base import VERIFY_COST, Engine, Request, Sampler
+from agent import environment, prompts
+from agent.design import rounded_repeats, williams
+from agent.engines.base import Engine, EngineError, Generation, Request
 from agent.summary import acceptance_flags, relative_spread, summarise
+from specfleet.record import VERIFY_COST, Arm, JobSpec, ModelIdentity, RunRecord
 
-WARMUP_AGREEMENT = 0.10  # two consecutive warm-up runs within 10% of each other count as steady
-
-
-@dataclass(frozen=True)
-class Arm:
-    method: str
-    depth: int
+WARMUP_AGREEMENT = 0.05  # two consecutive warm-up runs within 5% of each other count as steady
 
 
-def rotated(arms: list[Arm], repeat: int) -> list[Arm]:
-    k = repeat % len(arms)
-    return arms[k:] + arms[:k]
+class ContextTooLong(EngineError):
+    """A prompt with its context and generation does not fit in the model's own context."""
 
 
-def fit_prompt(engine: Engine, text: str, length: int | None) -> tuple[int, ...]:
-    """The prompt's tokens, exactly `length` of them when given: the text is repeated until it
-    is long enough and then cut, so every model prefills the same number of tokens."""
-    tokens = engine.tokenize(text)
-    if length is None:
-        return tokens
-    while len(tokens) < length:
-        text = f"{text}\n{text}"
-        tokens = engine.tokenize(text)
-    return tokens[:length]
+def engine_version(versions: dict[str, str]) -> str:
+    """Every library version of an engine in one checked string, "k=v k=v" sorted by key."""
+    return " ".join(f"{k}={v}" for k, v in sorted(versions.items()))
+
+
+def check_context(length: int, spec: JobSpec, target: ModelIdentity, prompt_id: str) -> None:
+    """Refuse a run that needs more positions than the model was made for."""
+    needed = length + spec.max_new_tokens + max((a.depth for a in spec.arms), default=0) + 1
+    if target.context_length and needed > target.context_length:
+        raise ContextTooLong(
+            f"prompt {prompt_id} needs {needed} positions ({length} prompt tokens with {spec.context_tokens} of "
+            f"context, {spec.max_new_tokens} new tokens and the draft depth) but the model "
+            f"{target.reference} holds at most {target.context_length} (its own context length)"
+        )
 
 
 def run_job(
-    spec: dict,
+    spec: JobSpec,
     engine: Engine,
-    emit: Callable[[dict], None],
+    emit: Callable[[RunRecord], None],
+    job_id: str,
+    attempt: int,
+    target: ModelIdentity,
+    draft: ModelIdentity | None = None,
     sample: Callable[[], dict[str, str]] = environment.sample,
     sleep: Callable[[float], None] = time.sleep,
-    extra_params: dict[str, str] | None = None,
     memory_total_bytes: int | None = None,
 ) -> int:
-    """Run a job spec on a loaded-or-not engine, calling emit(fields) for every measured run.
-    `sample` reads the environment, `sleep` cools down; `extra_params` (model hashes, ...) go
-    into every run's params. Returns the number of runs emitted."""
-    model = spec["model"]
-    cooldown = float(spec.get("cooldown_seconds", 0) or 0)
-    load_seconds = engine.load(model["target"], model.get("draft"))
-    sampler = Sampler(**spec["sampler"])
-    arms = [Arm(a["method"], a["depth"]) for a in spec["arms"]]
-    prompts = [(p["id"], fit_prompt(engine, p["text"], spec.get("prompt_tokens"))) for p in spec["prompts"]]
-    max_new = spec["max_new_tokens"]
-    ngram = spec.get("ngram", {})
+    """Run a job spec on an engine, calling emit(record) for every measured run. `sample` reads
+    the environment, `sleep` cools down. Returns the number of runs emitted."""
+    load_seconds = engine.load(spec.model["target"], spec.model.get("draft"))
+    arms = list(spec.arms)
+    prompt_tokens = {}
+    for p in spec.prompts:
+        tokens = prompts.build(engine.tokenize, p.text, spec.documents, spec.context_tokens)
+        check_context(len(tokens), spec, target, p.id)
+        prompt_tokens[p.id] = tokens
+    design = williams(len(arms))
+    repeats = rounded_repeats(spec.repeats, len(arms))
+    common = dict(
+        job_id=job_id,
+        attempt=attempt,
+        engine=spec.engine,
+        engine_version=engine_version(engine.versions()),
+        target=target,
+        draft=draft or ModelIdentity(),
+        sampler=spec.sampler,
+        prompt_set=spec.prompt_set,
+        prompt_set_digest=spec.prompt_set_digest,
+        prompt_category=spec.prompt_category,
+        context_tokens=spec.context_tokens,
+        max_new_tokens=spec.max_new_tokens,
+        load_seconds=load_seconds,
+        cooldown_seconds=spec.cooldown_seconds,
+        arm_order="williams" if len(arms) > 1 else "single",
+    )
 
     def request(arm: Arm, tokens) -> Request:
         return Request(
             prompt_tokens=tokens,
-            max_new_tokens=max_new,
+            max_new_tokens=spec.max_new_tokens,
             method=arm.method,
             depth=arm.depth,
-            sampler=sampler,
-            ngram_min=ngram.get("n_min", 1),
-            ngram_max=ngram.get("n_max", 3),
+            sampler=spec.sampler,
+            ngram_min=spec.ngram_min,
+            ngram_max=spec.ngram_max,
         )
 
-    # Warm-up: per arm, on the first prompt, until steady or the cap.
-    warmup_runs = {}
-    for arm in arms:
-        speeds = []
-        for _ in range(spec["warmup"]):
-            speeds.append(summarise(engine.generate(request(arm, prompts[0][1])))["decode_tokens_per_second"])
+    def warm_up(arm: Arm, tokens) -> tuple[int, Generation | None]:
+        """Runs until two consecutive decode speeds agree within WARMUP_AGREEMENT, at most the
+        cap; (runs, the last generation)."""
+        speeds, gen = [], None
+        for _ in range(spec.warmup_cap):
+            gen = engine.generate(request(arm, tokens))
+            speeds.append(summarise(gen)["decode_tokens_per_second"])
             if len(speeds) >= 2 and relative_spread(speeds[-2:]) <= WARMUP_AGREEMENT:
                 break
-        warmup_runs[f"{arm.method}-{arm.depth}"] = len(speeds)
-
-    baseline = Arm("baseline", 0)
-    reference = {pid: engine.generate(request(baseline, tokens)).tokens for pid, tokens in prompts}
-    common = {
-        "load_seconds": f"{load_seconds:.6f}",
-        "sampler": ",".join(f"{k}={v}" for k, v in spec["sampler"].items()),
-        "prompt_set": spec["prompt_set"],
-        "max_new_tokens": str(max_new),
-        "warmup_runs": ",".join(f"{k}:{v}" for k, v in warmup_runs.items()),
-        **{f"version.{k}": v for k, v in engine.versions().items()},
-        "model.target": model["target"],
-        "model.draft": model.get("draft", ""),
-        "cooldown_seconds": f"{cooldown:g}",
-        **(extra_params or {}),
-    }
+        return len(speeds), gen
 
     emitted = 0
-    for repeat in range(spec["repeats"]):
-        for pid, tokens in prompts:
-            for position, arm in enumerate(rotated(arms, repeat)):
-                if cooldown > 0:
-                    sleep(cooldown)
+    for pid, tokens in prompt_tokens.items():
+        warmups = {}
+        reference = None
+        for arm in (arms[i] for i in design[0]):
+            warmups[arm], gen = warm_up(arm, tokens)
+            if arm.method == "baseline" and gen is not None:
+                reference = gen.tokens
+        if reference is None:
+            reference = engine.generate(request(Arm("baseline"), tokens)).tokens
+        for repeat in range(repeats):
+            for position, arm in enumerate(arms[i] for i in design[repeat % len(design)]):
+                if spec.cooldown_seconds > 0:
+                    sleep(spec.cooldown_seconds)
                 env_before = sample()
                 started = time.time()
                 gen = engine.generate(request(arm, tokens))
                 env_after = sample()
-                fields = summarise(gen)
-                fields.update(
-                    engine=spec["engine"],
-                    method=arm.method,
-                    depth=arm.depth,
-                    prompt_id=pid,
-                    repeat=repeat,
-                    position=position,
-                    started_at_unix_seconds=started,
-                    params={
-                        **common,
-                        **environment.run_flags(env_before, env_after, os.cpu_count(), memory_total_bytes),
+                nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), memory_total_bytes)
+                emit(
+                    RunRecord(
+                        run_id=str(uuid.uuid4()),
+                        method=arm.method,
+                        depth=arm.depth,
+                        prompt_id=pid,
+                        repeat=repeat,
+                        position=position,
+                        started_at_unix_seconds=started,
+                        lossless=gen.tokens == reference if spec.sampler.greedy else None,
+                        warmup_runs=warmups[arm],
+                        env_before=environment.reading(env_before),
+                        env_after=environment.reading(env_after),
+                        env_nominal=nominal,
+                        env_reasons=tuple(reasons),
+                        **summarise(gen),
                         **acceptance_flags(arm.method, gen),
-                    },
+                        **common,
+                    )
                 )
-                if sampler.greedy:
-                    fields["lossless"] = gen.tokens == reference[pid]
-                emit(fields)
                 emitted += 1
-    if spec.get("verify_cost"):
+    if spec.verify_cost is not None:
         emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted
 
 
-def verify_cost_runs(spec: dict, engine: Engine, params: dict[str, str], emit: Callable[[dict], None]) -> int:
-    """One run per context depth: the target's forward time for 1..M query rows, and T(M)/T(1),
-    the curve that decides whether verifying K drafted tokens can be cheaper than K decodes."""
-    vc = spec["verify_cost"]
-    for context in vc["context_tokens"]:
+def verify_cost_runs(spec: JobSpec, engine: Engine, common: dict, emit: Callable[[RunRecord], None]) -> int:
+    """One run per context depth: the target's forward time for 1..M query rows, the curve that
+    decides whether verifying K drafted tokens can be cheaper than K decodes."""
+    vc = spec.verify_cost
+    for context in vc.context_tokens:
         started = time.time()
-        seconds = engine.verify_cost(context, vc["max_rows"], vc["repeats"])
-        metrics = {f"rows_{m}_seconds": t for m, t in enumerate(seconds, start=1)}
-        metrics.update({f"rows_{m}_ratio": t / seconds[0] for m, t in enumerate(seconds, start=1)})
+        seconds = engine.verify_cost(context, vc.max_rows, vc.repeats)
         emit(
-            dict(
-                engine=spec["engine"],
+            RunRecord(
+                run_id=str(uuid.uuid4()),
                 method=VERIFY_COST,
                 depth=0,
                 prompt_id=f"context-{context}",
@@ -165,8 +182,8 @@ def verify_cost_runs(spec: dict, engine: Engine, params: dict[str, str], emit: C
                 peak_memory_bytes=0,
                 output_sha256="",
                 started_at_unix_seconds=started,
-                metrics=metrics,
-                params={**params, "verify_cost.repeats": str(vc["repeats"])},
+                verify_cost_seconds=tuple(seconds),
+                **{**common, "context_tokens": context},
             )
         )
-    return len(vc["context_tokens"])
+    return len(vc.context_tokens)

@@ -14,11 +14,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import json_format
+from specfleet.record import RunRecord
 
-from protos.specfleet.v1 import fleet_pb2 as pb
-
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # of the spool file; the record inside carries its own schema
 
 
 @dataclass(frozen=True)
@@ -26,7 +24,11 @@ class Spooled:
     path: Path
     job_id: str
     lease_id: str
-    run: pb.Run
+    record_json: str  # the RunRecord exactly as the worker wrote it: uploaded unchanged
+
+    @property
+    def run_id(self) -> str:
+        return self.path.stem
 
 
 def _fsync_dir(path: Path) -> None:
@@ -45,13 +47,8 @@ class Spool:
         self.pending.mkdir(parents=True, exist_ok=True)
         self.refused.mkdir(parents=True, exist_ok=True)
 
-    def put(self, job_id: str, lease_id: str, run: pb.Run) -> Path:
-        record = {
-            "schema": SCHEMA_VERSION,
-            "job_id": job_id,
-            "lease_id": lease_id,
-            "run": json_format.MessageToDict(run),
-        }
+    def put(self, job_id: str, lease_id: str, run: RunRecord) -> Path:
+        record = {"schema": SCHEMA_VERSION, "job_id": job_id, "lease_id": lease_id, "record": run.to_json()}
         path = self.pending / f"{run.run_id}.json"
         tmp = self.pending / f".{run.run_id}.tmp"
         with open(tmp, "w") as f:
@@ -77,9 +74,7 @@ class Spool:
             record = json.loads(path.read_text())
             if record.get("schema") != SCHEMA_VERSION:
                 raise ValueError(f"{path}: spool schema {record.get('schema')} is not {SCHEMA_VERSION}")
-            out.append(
-                Spooled(path, record["job_id"], record["lease_id"], json_format.ParseDict(record["run"], pb.Run()))
-            )
+            out.append(Spooled(path, record["job_id"], record["lease_id"], record["record"]))
         return out
 
     def depth(self) -> int:

@@ -23,29 +23,20 @@ def output_sha256(tokens: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
 
 
+def arrival_gaps(times: list[float]) -> list[float]:
+    """Gaps between token arrivals as a streaming client sees them: tokens emitted together (a
+    speculative round's accepted tokens and the target's own) are one arrival, so no gap is an
+    artefact of a burst's zero spacing."""
+    arrivals = sorted(set(times))
+    return [b - a for a, b in zip(arrivals, arrivals[1:])]
+
+
 def summarise(gen: Generation) -> dict:
-    """Fields of a pb.Run (and its metrics map) from one generation."""
+    """The RunRecord fields one generation gives (specfleet/record.py), in base units."""
     n = len(gen.tokens)
-    gaps = [b - a for a, b in zip(gen.token_times_seconds, gen.token_times_seconds[1:])]
-    drafted = sum(r.drafted for r in gen.rounds)
-    accepted = sum(r.accepted for r in gen.rounds)
-    metrics = {
-        "inter_token_latency_p50_seconds": percentile(gaps, 50),
-        "inter_token_latency_p90_seconds": percentile(gaps, 90),
-        "inter_token_latency_p99_seconds": percentile(gaps, 99),
-        "rounds": float(len(gen.rounds)),
-        "tokens_drafted": float(drafted),
-        "tokens_accepted": float(accepted),
-        "draft_seconds": sum(r.draft_seconds for r in gen.rounds),
-        "verify_seconds": sum(r.verify_seconds for r in gen.rounds),
-    }
-    if gen.rounds:
-        metrics["mean_accepted_per_round"] = accepted / len(gen.rounds)
-    if drafted:
-        metrics["acceptance_rate"] = accepted / drafted
-    for i, (acc, dr) in enumerate(zip(gen.accepted_by_position, gen.drafted_by_position)):
-        if dr:
-            metrics[f"acceptance_at_position_{i + 1}"] = acc / dr
+    gaps = arrival_gaps(gen.token_times_seconds)
+    round_latency = [r.draft_seconds + r.verify_seconds for r in gen.rounds]
+    acceptance = [acc / dr if dr else 0.0 for acc, dr in zip(gen.accepted_by_position, gen.drafted_by_position)]
     return {
         "prompt_tokens": gen.prompt_tokens,
         "generated_tokens": n,
@@ -58,7 +49,18 @@ def summarise(gen: Generation) -> dict:
         "prefill_tokens_per_second": gen.prompt_tokens / gen.prefill_seconds if gen.prefill_seconds > 0 else 0.0,
         "peak_memory_bytes": gen.peak_memory_bytes,
         "output_sha256": output_sha256(gen.tokens),
-        "metrics": metrics,
+        "inter_token_latency_p50_seconds": percentile(gaps, 50) if gaps else None,
+        "inter_token_latency_p90_seconds": percentile(gaps, 90) if gaps else None,
+        "inter_token_latency_p99_seconds": percentile(gaps, 99) if gaps else None,
+        "round_latency_p50_seconds": percentile(round_latency, 50) if round_latency else None,
+        "round_latency_p90_seconds": percentile(round_latency, 90) if round_latency else None,
+        "rounds": len(gen.rounds),
+        "tokens_drafted": sum(r.drafted for r in gen.rounds),
+        "tokens_accepted": sum(r.accepted for r in gen.rounds),
+        "draft_seconds": sum(r.draft_seconds for r in gen.rounds),
+        "verify_seconds": sum(r.verify_seconds for r in gen.rounds),
+        "drafted_by_position": tuple(gen.drafted_by_position),
+        "acceptance_by_position": tuple(acceptance),
     }
 
 
@@ -75,17 +77,18 @@ _COLLAPSE_CAUSES = {
 }
 
 
-def acceptance_flags(method: str, gen: Generation) -> dict[str, str]:
-    """Run params `acceptance.collapsed` and `acceptance.reason` for model-drafted methods."""
+def acceptance_flags(method: str, gen: Generation) -> dict:
+    """RunRecord fields acceptance_collapsed (None for methods without a model drafter) and
+    acceptance_reason."""
     if method not in _COLLAPSE_CAUSES:
-        return {}
+        return {"acceptance_collapsed": None, "acceptance_reason": ""}
     drafted = sum(r.drafted for r in gen.rounds)
     accepted = sum(r.accepted for r in gen.rounds)
     if drafted < COLLAPSE_MIN_DRAFTED or accepted / drafted >= COLLAPSED_ACCEPTANCE:
-        return {"acceptance.collapsed": "false", "acceptance.reason": ""}
+        return {"acceptance_collapsed": False, "acceptance_reason": ""}
     return {
-        "acceptance.collapsed": "true",
-        "acceptance.reason": f"{accepted} of {drafted} {method} proposals accepted "
+        "acceptance_collapsed": True,
+        "acceptance_reason": f"{accepted} of {drafted} {method} proposals accepted "
         f"({accepted / drafted:.1%}, below {COLLAPSED_ACCEPTANCE:.0%}): {_COLLAPSE_CAUSES[method]}",
     }
 

@@ -7,9 +7,9 @@ import re
 import time
 import uuid
 
-from agent.engines import ENGINES
 from coordinator.auth import consume_token, new_agent_credential
 from coordinator.store import Store, next_seq
+from specfleet.record import ENGINES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_LABELS = 32

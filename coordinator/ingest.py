@@ -1,115 +1,57 @@
-"""Ingestion of runs: validate every figure, store once per run id, refuse stale leases."""
+"""Ingestion of runs: validate every record, store once per run id, refuse stale leases.
+
+A run arrives as a `RunRecord` in JSON (specfleet/record.py); the record's own constructor
+validates every field. It is stored as one column per leaf field (`RunRecord.row()`) beside
+the coordinator's columns, with the SHA-256 of the record as uploaded.
+"""
 
 from __future__ import annotations
 
-import json
-import math
-import re
+import hashlib
 import time
 from dataclasses import dataclass
 
 import duckdb
 
-from agent.engines import ENGINES
-from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIVE_METHODS, VERIFY_COST
 from coordinator.scheduler import Scheduler, SchedulerError
 from coordinator.store import placeholders
+from specfleet.record import InvalidRecord, RunRecord
 
-MAX_MAP_ENTRIES = 256
-MAX_STRING_CHARS = 4096
-MAX_ID_CHARS = 128
-MAX_TOKENS = 10_000_000
-MAX_SECONDS = 7 * 86400.0
-MAX_TOKENS_PER_SECOND = 10_000_000.0
-MAX_MEMORY_BYTES = 2**50
-MAX_METRIC = 1e15  # metrics are counts, seconds, rates and ratios in base units: never negative
-# Metric and parameter names become export columns (metric.<key>, param.<key>).
-KEY_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_RECORD_BYTES = 256 * 1024
 
 
 class InvalidRun(ValueError):
     pass
 
 
-def validate(run) -> None:
-    """Raise InvalidRun naming every field that is missing, non-finite, out of range or too large."""
-    problems = []
-
-    def bounded(name, value, lo, hi):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
-            problems.append(f"{name} = {value!r} is not a finite value in [{lo}, {hi}]")
-
-    def short(name, value, lo=1, hi=MAX_ID_CHARS):
-        if not (lo <= len(value) <= hi):
-            problems.append(f"{name} must be {lo}-{hi} characters, got {len(value)}")
-
-    short("run_id", run.run_id)
-    short("prompt_id", run.prompt_id)
-    if run.engine not in ENGINES:
-        problems.append(f"engine {run.engine!r} is not one of {', '.join(ENGINES)}")
-    if run.method not in (*METHODS, *REFERENCE_METHODS, VERIFY_COST):
-        problems.append(f"method {run.method!r} is unknown")
-    if run.method in SPECULATIVE_METHODS:
-        bounded(f"depth (of {run.method})", run.depth, 1, MAX_DEPTH)
-    else:
-        bounded(f"depth (of {run.method or 'a run without a method'})", run.depth, 0, 0)
-    for name in ("prompt_tokens", "generated_tokens"):
-        bounded(name, getattr(run, name), 0, MAX_TOKENS)
-    bounded("repeat", run.repeat, 0, 100_000)
-    bounded("position", run.position, 0, 1000)
-    for name in ("prefill_seconds", "ttft_seconds", "decode_seconds", "wall_seconds"):
-        bounded(name, getattr(run, name), 0, MAX_SECONDS)
-    for name in ("decode_tokens_per_second", "prefill_tokens_per_second"):
-        bounded(name, getattr(run, name), 0, MAX_TOKENS_PER_SECOND)
-    bounded("peak_memory_bytes", run.peak_memory_bytes, 0, MAX_MEMORY_BYTES)
-    bounded("started_at_unix_seconds", run.started_at_unix_seconds, 0, 2**33)
-    if run.output_sha256 and not SHA256_RE.match(run.output_sha256):
-        problems.append(f"output_sha256 {run.output_sha256[:80]!r} is not 64 lowercase hex digits (or empty)")
-    for field in ("metrics", "params"):
-        mapping = getattr(run, field)
-        if len(mapping) > MAX_MAP_ENTRIES:
-            problems.append(f"{field} holds {len(mapping)} entries; at most {MAX_MAP_ENTRIES} are allowed")
-            continue
-        for key in mapping:
-            if not KEY_RE.match(key):
-                problems.append(f"{field} key {key[:40]!r} must be 1-128 characters of letters, digits, _ . : / -")
-    if len(run.metrics) <= MAX_MAP_ENTRIES:
-        for key, value in run.metrics.items():
-            hi = 1.0 if "acceptance" in key else MAX_METRIC  # acceptance rates are shares of drafted tokens
-            bounded(f"metrics[{key[:40]!r}]", value, 0, hi)
-        drafted, accepted = run.metrics.get("tokens_drafted"), run.metrics.get("tokens_accepted")
-        if drafted is not None and accepted is not None and accepted > drafted:
-            problems.append(f"metrics: tokens_accepted ({accepted}) exceeds tokens_drafted ({drafted})")
-    if len(run.params) <= MAX_MAP_ENTRIES:
-        for key, value in run.params.items():
-            if len(value) > MAX_STRING_CHARS:
-                problems.append(f"params[{key[:40]!r}] is {len(value)} characters; at most {MAX_STRING_CHARS}")
-    short("job_id", run.job_id, hi=MAX_STRING_CHARS)
-    if problems:
-        raise InvalidRun("; ".join(problems))
+def parse(record_json: str) -> RunRecord:
+    """The record of one upload; InvalidRun naming what is wrong with it."""
+    if len(record_json) > MAX_RECORD_BYTES:
+        raise InvalidRun(f"run record is {len(record_json)} bytes; at most {MAX_RECORD_BYTES}")
+    try:
+        return RunRecord.from_json(record_json)
+    except InvalidRecord as e:
+        raise InvalidRun(str(e)) from None
 
 
 @dataclass(frozen=True)
 class Report:
-    """One ReportResult call: who sent it, for which job and lease, and the run."""
+    """One ReportResult call: who sent it, for which job and lease, and the record as JSON."""
 
     agent_id: str
     job_id: str
     lease_id: str
-    run: object  # pb.Run
+    record_json: str
 
 
-RUN_COLUMNS = (
-    "run_id job_id lease_id sweep_id agent_id chip engine method depth prompt_id repeat position prompt_tokens"
-    " generated_tokens prefill_seconds ttft_seconds decode_seconds wall_seconds decode_tokens_per_second"
-    " prefill_tokens_per_second peak_memory_bytes output_sha256 lossless metrics params started_at ingested_at seq"
-).split()
+# The coordinator's columns, then the record's: the table's column names (migration 002).
+COORDINATOR_COLUMNS = ("lease_id", "sweep_id", "agent_id", "chip", "record_sha256", "ingested_at")
+RUN_COLUMNS = (*RunRecord.columns(), *COORDINATOR_COLUMNS, "seq")
 
 
-def ingest(scheduler: Scheduler, agent_id: str, job_id: str, lease_id: str, run) -> tuple[bool, int]:
+def ingest(scheduler: Scheduler, agent_id: str, job_id: str, lease_id: str, record_json: str) -> tuple[bool, int]:
     """Store one run; return (duplicate, ingest sequence). Idempotent on run_id."""
-    (result,) = ingest_many(scheduler, [Report(agent_id, job_id, lease_id, run)])
+    (result,) = ingest_many(scheduler, [Report(agent_id, job_id, lease_id, record_json)])
     if isinstance(result, Exception):
         raise result
     return result
@@ -119,11 +61,12 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     """Store many runs in one transaction; per report (duplicate, ingest sequence), or the
     InvalidRun / SchedulerError that refused it. A refused report does not affect the others."""
     results: list[tuple[bool, int] | Exception | None] = [None] * len(reports)
+    records: list[RunRecord | None] = [None] * len(reports)
     for i, r in enumerate(reports):
         try:
-            validate(r.run)
-            if r.run.job_id != r.job_id:
-                raise InvalidRun(f"run.job_id {r.run.job_id!r} differs from the request's job_id {r.job_id!r}")
+            records[i] = parse(r.record_json)
+            if records[i].job_id != r.job_id:
+                raise InvalidRun(f"record job_id {records[i].job_id!r} differs from the request's job_id {r.job_id!r}")
         except InvalidRun as e:
             results[i] = e
     todo = [i for i, res in enumerate(results) if res is None]
@@ -137,7 +80,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
         rows = {}  # run id -> (report index, column values): the copy of each run to insert
         for i in todo:
             r = reports[i]
-            run = r.run
+            run = records[i]
             if run.run_id in rows:  # the same run twice in one batch: the second is a retry
                 continue
             try:
@@ -145,14 +88,16 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             except SchedulerError as e:
                 results[i] = e  # unless the run is stored already: then a retry (below)
                 continue
-            rows[run.run_id] = (i, [
-                run.run_id, r.job_id, r.lease_id, lease.sweep_id, r.agent_id, lease.chip, run.engine, run.method,
-                run.depth, run.prompt_id, run.repeat, run.position, run.prompt_tokens, run.generated_tokens,
-                run.prefill_seconds, run.ttft_seconds, run.decode_seconds, run.wall_seconds,
-                run.decode_tokens_per_second, run.prefill_tokens_per_second, run.peak_memory_bytes,
-                run.output_sha256, run.lossless if run.has_lossless else None, json.dumps(dict(run.metrics)),
-                json.dumps(dict(run.params)), run.started_at_unix_seconds, now,
-            ])  # fmt: skip
+            values = run.row()
+            values.update(
+                lease_id=r.lease_id,
+                sweep_id=lease.sweep_id,
+                agent_id=r.agent_id,
+                chip=lease.chip,
+                record_sha256=hashlib.sha256(r.record_json.encode()).hexdigest(),
+                ingested_at=now,
+            )
+            rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]])
         if rows:
             columns = [list(column) for column in zip(*(v for _, v in rows.values()))]
             run_ids = columns[0]
@@ -168,7 +113,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 i = rows[run_id][0]
                 results[i] = (False, seq)
                 stored[run_id] = (seq, reports[i].agent_id)
-        earlier = list({reports[i].run.run_id for i in todo} - stored.keys())  # retries, refusals
+        earlier = list({records[i].run_id for i in todo} - stored.keys())  # retries, refusals
         if earlier:
             stored.update(
                 (run_id, (seq, agent_id))
@@ -177,14 +122,12 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 ).fetchall()
             )
     for i in todo:
-        r = reports[i]
-        if isinstance(results[i], tuple) or r.run.run_id not in stored:
+        r, run_id = reports[i], records[i].run_id
+        if isinstance(results[i], tuple) or run_id not in stored:
             continue  # stored now, or refused
-        seq, owner = stored[r.run.run_id]  # a retry: acknowledged, never stored twice
+        seq, owner = stored[run_id]  # a retry: acknowledged, never stored twice
         results[i] = (
-            (True, seq)
-            if owner == r.agent_id
-            else InvalidRun(f"run id {r.run.run_id} was already stored by another agent")
+            (True, seq) if owner == r.agent_id else InvalidRun(f"run id {run_id} was already stored by another agent")
         )
     return results
 

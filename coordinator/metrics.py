@@ -1,7 +1,10 @@
 """Prometheus metrics: counters and the RPC histogram live in-process; fleet, queue and
-latest-result gauges are read from DuckDB at scrape time by a custom collector.
+result gauges are read from DuckDB at scrape time by a custom collector.
 
-Labels are bounded: chip, engine, method, depth, state, RPC method. Never run or job ids.
+Speedups follow the one definition (specfleet/speedup.py), per comparable group: the
+`comparable` label is the group's id, and `specfleet_comparable_group_info` names what the group
+holds (models by reference and digest, engine version, sampler, prompt set, context depth).
+Labels are bounded by the fleet's chips, models and sweeps; never run or job ids.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
+from specfleet import speedup
+from specfleet.record import VERIFY_COST
 
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -32,7 +37,9 @@ class FleetCollector:
                 "SELECT s.name, count(*) FILTER (WHERE j.state IN ('done', 'failed', 'cancelled')) / count(*)"
                 " FROM sweeps s JOIN jobs j USING (sweep_id) WHERE s.state = 'running' GROUP BY ALL"
             ).fetchall()
-            latest = con.execute(LATEST_SQL).fetchall()
+            arm_speeds = con.execute(ARM_SPEEDS_SQL).fetchall()
+            figures = speedup.speedups(con)
+            groups = speedup.groups(con)
         g = GaugeMetricFamily("specfleet_agents", "Enrolled agents by state and chip", labels=["state", "chip"])
         for state, chip, n in agents:
             g.add_metric([state, chip], n)
@@ -47,36 +54,48 @@ class FleetCollector:
         for name, ratio in sweeps:
             g.add_metric([name], ratio)
         yield g
+        arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
         tps = GaugeMetricFamily(
-            "specfleet_latest_decode_tokens_per_second",
-            "Median decode tokens/s of the latest job per chip, engine, method and depth",
-            labels=["chip", "engine", "method", "depth"],
+            "specfleet_decode_tokens_per_second",
+            "Median decode tokens/s per comparable group, chip and arm (nominal and unknown runs)",
+            labels=arm_labels,
         )
-        speedup = GaugeMetricFamily(
-            "specfleet_latest_speedup_ratio",
-            "Median decode tokens/s over the same job's baseline, latest job",
-            labels=["chip", "engine", "method", "depth"],
-        )
-        for chip, engine, method, depth, median_tps, ratio in latest:
-            labels = [chip, engine, method, str(depth)]
-            tps.add_metric(labels, median_tps)
-            if ratio is not None:
-                speedup.add_metric(labels, ratio)
+        for comparable, chip, engine, model, method, depth, median_tps in arm_speeds:
+            tps.add_metric([comparable, chip, engine, model, method, str(depth)], median_tps)
         yield tps
-        yield speedup
+        ratio = GaugeMetricFamily(
+            "specfleet_speedup_ratio",
+            "Speedup over the baseline (docs/speedup.md) per comparable group, chip and arm",
+            labels=arm_labels,
+        )
+        for r in figures.itertuples():
+            ratio.add_metric([r.comparable, r.chip, r.engine, r.target_reference, r.method, str(r.depth)], r.speedup)
+        yield ratio
+        info = GaugeMetricFamily(
+            "specfleet_comparable_group_info",
+            "What each comparable group of runs holds: only runs equal on all of these are pooled",
+            labels=["comparable", "engine", "engine_version", "model", "model_digest", "draft", "draft_digest",
+                    "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens"],
+        )  # fmt: skip
+        for g in groups.itertuples():
+            sampler = (
+                f"temperature={g.sampler_temperature:g},top_p={g.sampler_top_p:g},"
+                f"top_k={g.sampler_top_k},seed={g.sampler_seed}"
+            )
+            info.add_metric(
+                [g.comparable, g.engine, g.engine_version, g.target_reference, g.target_digest[:12],
+                 g.draft_reference, g.draft_digest[:12], sampler, g.prompt_set, g.prompt_set_digest[:12],
+                 str(g.context_tokens), str(g.max_new_tokens)],
+                1,
+            )  # fmt: skip
+        yield info
 
 
-# Per chip and engine, the most recently ingested job; its arms' medians and ratios to baseline.
-LATEST_SQL = """
-WITH latest AS (
-    SELECT chip, engine, arg_max(job_id, seq) AS job_id FROM runs GROUP BY ALL
-), arms AS (
-    SELECT r.chip, r.engine, r.method, r.depth, median(r.decode_tokens_per_second) AS tps
-    FROM runs r JOIN latest l USING (job_id) GROUP BY ALL
-)
-SELECT a.chip, a.engine, a.method, a.depth, a.tps, a.tps / nullif(b.tps, 0)
-FROM arms a LEFT JOIN arms b ON a.chip = b.chip AND a.engine = b.engine AND b.method = 'baseline'
-ORDER BY ALL
+ARM_SPEEDS_SQL = f"""
+SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, any_value(target_reference), method, depth,
+       median(decode_tokens_per_second)
+FROM runs WHERE method != '{VERIFY_COST}' AND env_nominal IS DISTINCT FROM false
+GROUP BY comparable, chip, engine, method, depth ORDER BY ALL
 """
 
 

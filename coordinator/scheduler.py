@@ -196,7 +196,7 @@ class Scheduler:
                         "job-" + uuid.uuid4().hex[:12],
                         sweep_id,
                         agent_id,
-                        json.dumps(cell),
+                        cell.to_json(),
                         sweep.max_attempts,
                         now,
                         now,

@@ -182,10 +182,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         async for request in requests:
             try:
                 duplicate, seq = await self.reports.submit(
-                    Report(agent_id, request.job_id, request.lease_id, request.run)
+                    Report(agent_id, request.job_id, request.lease_id, request.record_json)
                 )
             except InvalidRun as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run {request.run.run_id}: {e}")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             except SchedulerError as e:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
             (self.metrics.runs_duplicate if duplicate else self.metrics.runs_ingested).inc()
@@ -298,7 +298,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NoMatchingAgents as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs)
+        return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs, notes=sweep.notes())
 
     async def GetSweep(self, request, context):
         statuses = await self.db.run(self._statuses, request.sweep_id)

@@ -1,7 +1,8 @@
 """Sweep files: parse, validate, expand into jobs.
 
-A sweep is a matrix. engines x samplers x prompt sets give the cells; methods x depths give
-the arms inside a cell, always with the autoregressive baseline. One job is one cell on one
+A sweep is a matrix. engines x samplers x prompt sets x context depths give the cells; methods
+x depths give the arms inside a cell, always with the autoregressive baseline. A cell is a
+`JobSpec` (specfleet/record.py). One job is one cell on one
 agent, so every speedup is a ratio measured on one machine with the arms interleaved.
 
 Validation collects every problem, each naming its field, before anything is stored.
@@ -12,13 +13,24 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import yaml
 
-from agent.engines import ENGINE_METHODS, ENGINES
-from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS, SPECULATIVE_METHODS
+from agent.design import rounded_repeats
+from coordinator import prompt_library
+from specfleet.record import (
+    ENGINE_METHODS,
+    ENGINES,
+    MAX_DEPTH,
+    METHODS,
+    REFERENCE_METHODS,
+    SPECULATIVE_METHODS,
+    Arm,
+    JobSpec,
+    Sampler,
+    VerifyCost,
+)
 
 ARM_METHODS = tuple(m for m in METHODS + REFERENCE_METHODS if m != "baseline")  # baseline is always an arm
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -29,6 +41,8 @@ TOP_KEYS = {
     "engines",
     "samplers",
     "prompt_sets",
+    "prompts",
+    "context_tokens",
     "methods",
     "ngram",
     "verify_cost",
@@ -46,6 +60,7 @@ TARGET_KEYS = {"chips", "chip_families", "min_memory_gb", "labels", "agents"}
 MODEL_KEYS = {"target", "draft", "memory_gb"}
 SAMPLER_KEYS = {"temperature", "top_p", "top_k", "seed"}
 MAX_YAML_BYTES = 256 * 1024
+MAX_CONTEXT_TOKENS = 131072
 
 
 class SweepError(ValueError):
@@ -54,22 +69,19 @@ class SweepError(ValueError):
         self.problems = problems
 
 
-def prompt_sets() -> dict[str, dict]:
-    """name -> {"tokens": fixed prompt length, "prompts": [{"id", "text"}, ...]}."""
-    return yaml.safe_load(resources.files("coordinator").joinpath("prompt_sets.yaml").read_text())
-
-
 @dataclass(frozen=True)
 class Sweep:
     name: str
     target: dict[str, Any]
-    models: dict[str, dict[str, str]]
+    models: dict[str, dict[str, Any]]
     engines: list[str]
-    samplers: list[dict[str, float]]
+    samplers: list[Sampler]
     prompt_sets: list[str]
-    arms: list[dict[str, Any]]
+    prompts: int | None  # the first N prompts of each set; None: all
+    context_tokens: list[int]
+    arms: list[Arm]
     ngram: dict[str, int]
-    verify_cost: dict[str, Any] | None
+    verify_cost: VerifyCost | None
     max_new_tokens: int
     warmup: int
     repeats: int
@@ -77,30 +89,54 @@ class Sweep:
     deadline_seconds: float
     cooldown_seconds: float = 0.0  # rest before every measured run (thermal recovery)
 
-    def cells(self) -> list[dict[str, Any]]:
-        """One job spec per cell (without agent): what a worker needs to run it."""
-        sets = prompt_sets()
-        return [
-            {
-                "engine": engine,
-                "model": self.models[engine],
-                "sampler": sampler,
-                "prompt_set": ps,
-                "prompts": sets[ps]["prompts"],
-                "prompt_tokens": sets[ps]["tokens"],
-                "arms": [a for a in self.arms if a["method"] in ENGINE_METHODS[engine]],
-                "ngram": self.ngram,
-                "verify_cost": self.verify_cost,
-                "max_new_tokens": self.max_new_tokens,
-                "warmup": self.warmup,
-                "repeats": self.repeats,
-                "deadline_seconds": self.deadline_seconds,
-                "cooldown_seconds": self.cooldown_seconds,
-            }
-            for engine in self.engines
-            for sampler in self.samplers
-            for ps in self.prompt_sets
-        ]
+    def cells(self) -> list[JobSpec]:
+        """One job spec per cell: what a worker needs to run it."""
+        sets = prompt_library.prompt_sets()
+        cells = []
+        for engine in self.engines:
+            model = self.models[engine]
+            for sampler in self.samplers:
+                for name in self.prompt_sets:
+                    prompts = sets[name].prompts[: self.prompts]
+                    for context in self.context_tokens:
+                        docs = prompt_library.context_documents(context)
+                        cells.append(
+                            JobSpec(
+                                engine=engine,
+                                model={k: model[k] for k in ("target", "draft") if k in model},
+                                memory_gb=float(model.get("memory_gb", 0.0)),
+                                prompt_set=name,
+                                prompt_category=sets[name].category,
+                                prompt_set_digest=prompt_library.digest(prompts, docs),
+                                prompts=prompts,
+                                documents=docs,
+                                context_tokens=context,
+                                arms=tuple(a for a in self.arms if a.method in ENGINE_METHODS[engine]),
+                                sampler=sampler,
+                                ngram_min=self.ngram["n_min"],
+                                ngram_max=self.ngram["n_max"],
+                                verify_cost=self.verify_cost,
+                                max_new_tokens=self.max_new_tokens,
+                                warmup_cap=self.warmup,
+                                repeats=self.repeats,
+                                deadline_seconds=self.deadline_seconds,
+                                cooldown_seconds=self.cooldown_seconds,
+                            )
+                        )
+        return cells
+
+    def notes(self) -> list[str]:
+        """What the sweep will do differently from what the file says, for the submitter."""
+        out = []
+        for engine in self.engines:
+            arms = sum(1 for a in self.arms if a.method in ENGINE_METHODS[engine])
+            rounded = rounded_repeats(self.repeats, arms)
+            if rounded != self.repeats:
+                out.append(
+                    f"{engine}: repeats rounded up from {self.repeats} to {rounded} to complete the Williams "
+                    f"design of {arms} arms (each arm follows every other equally often)"
+                )
+        return out
 
 
 class _Checker:
@@ -178,7 +214,7 @@ def parse_sweep(text: str) -> Sweep:
     known_engines = [e for e in engines if e in ENGINES]
 
     methods = doc.get("methods") or {}
-    arms = [{"method": "baseline", "depth": 0}]
+    arms = [Arm("baseline", 0)]
     if not isinstance(methods, dict):
         c.fail("methods", "must be a mapping of method to a list of depths")
         methods = {}
@@ -202,8 +238,8 @@ def parse_sweep(text: str) -> Sweep:
         lo, hi = (1, MAX_DEPTH) if method in SPECULATIVE_METHODS else (0, 0)
         for i, d in enumerate(depths):
             if c.number(f"methods.{method}[{i}]", d, lo, hi, integer=True) is not None:
-                arms.append({"method": method, "depth": d})
-    if len({(a["method"], a["depth"]) for a in arms}) != len(arms):
+                arms.append(Arm(method, d))
+    if len(set(arms)) != len(arms):
         c.fail("methods", "lists a depth twice for one method")
 
     models = doc.get("models")
@@ -237,21 +273,35 @@ def parse_sweep(text: str) -> Sweep:
             continue
         c.unknown_keys(f"samplers[{i}].", s, SAMPLER_KEYS)
         clean_samplers.append(
-            {
-                "temperature": float(c.number(f"samplers[{i}].temperature", s.get("temperature"), 0, 10, default=0.0)),
-                "top_p": float(c.number(f"samplers[{i}].top_p", s.get("top_p"), 0.0001, 1, default=1.0)),
-                "top_k": c.number(f"samplers[{i}].top_k", s.get("top_k"), 0, 1_000_000, integer=True, default=0),
-                "seed": c.number(f"samplers[{i}].seed", s.get("seed"), 0, 2**31 - 1, integer=True, default=0),
-            }
+            Sampler(
+                temperature=float(c.number(f"samplers[{i}].temperature", s.get("temperature"), 0, 10, default=0.0)),
+                top_p=float(c.number(f"samplers[{i}].top_p", s.get("top_p"), 0.0001, 1, default=1.0)),
+                top_k=c.number(f"samplers[{i}].top_k", s.get("top_k"), 0, 1_000_000, integer=True, default=0),
+                seed=c.number(f"samplers[{i}].seed", s.get("seed"), 0, 2**31 - 1, integer=True, default=0),
+            )
         )
 
-    known_sets = prompt_sets()
+    known_sets = prompt_library.prompt_sets()
     sets = c.str_list("prompt_sets", doc.get("prompt_sets"))
     if not sets:
         c.fail("prompt_sets", f"is required: a list drawn from {', '.join(known_sets)}")
     for ps in sets:
         if ps not in known_sets:
             c.fail("prompt_sets", f"unknown prompt set {ps!r} (known: {', '.join(known_sets)})")
+    prompts = None
+    if doc.get("prompts") is not None:
+        prompts = c.number("prompts", doc.get("prompts"), 1, 10_000, integer=True)
+
+    contexts = doc.get("context_tokens", [0])
+    if not isinstance(contexts, list) or not contexts:
+        c.fail("context_tokens", "must be a non-empty list of context depths in tokens, e.g. [512, 4096]")
+        contexts = []
+    contexts = [
+        c.number(f"context_tokens[{i}]", d, 0, MAX_CONTEXT_TOKENS, integer=True, default=0)
+        for i, d in enumerate(contexts)
+    ]
+    if len(set(contexts)) != len(contexts):
+        c.fail("context_tokens", "lists a depth twice")
 
     ngram = doc.get("ngram") or {}
     if not isinstance(ngram, dict):
@@ -273,14 +323,14 @@ def parse_sweep(text: str) -> Sweep:
         if not isinstance(depths, list) or not depths:
             c.fail("verify_cost.context_tokens", "must be a non-empty list of context depths")
             depths = []
-        verify_cost = {
-            "context_tokens": [
-                c.number(f"verify_cost.context_tokens[{i}]", d, 0, 131072, integer=True, default=0)
+        verify_cost = VerifyCost(
+            context_tokens=tuple(
+                c.number(f"verify_cost.context_tokens[{i}]", d, 0, MAX_CONTEXT_TOKENS, integer=True, default=0)
                 for i, d in enumerate(depths)
-            ],
-            "max_rows": c.number("verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True, default=16),
-            "repeats": c.number("verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=5),
-        }
+            ),
+            max_rows=c.number("verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True, default=16),
+            repeats=c.number("verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=5),
+        )
 
     sweep = Sweep(
         name=name if isinstance(name, str) else "",
@@ -289,11 +339,13 @@ def parse_sweep(text: str) -> Sweep:
         engines=engines,
         samplers=clean_samplers,
         prompt_sets=sets,
+        prompts=prompts,
+        context_tokens=contexts,
         arms=arms,
         ngram={"n_min": n_min, "n_max": n_max},
         verify_cost=verify_cost,
         max_new_tokens=c.number("max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=128),
-        warmup=c.number("warmup", doc.get("warmup"), 0, 20, integer=True, default=1),
+        warmup=c.number("warmup", doc.get("warmup"), 0, 20, integer=True, default=JobSpec.warmup_cap),
         repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=3),
         max_attempts=c.number("max_attempts", doc.get("max_attempts"), 1, 20, integer=True, default=3),
         deadline_seconds=float(c.number("deadline_seconds", doc.get("deadline_seconds"), 10, 7 * 86400, default=3600)),
@@ -304,11 +356,11 @@ def parse_sweep(text: str) -> Sweep:
     return sweep
 
 
-def agent_can_run(cell: dict[str, Any], agent: dict[str, Any]) -> bool:
+def agent_can_run(cell: JobSpec, agent: dict[str, Any]) -> bool:
     """Whether an agent (engines, memory_bytes) has the cell's engine and the memory its models need."""
-    if cell["engine"] not in agent["engines"]:
+    if cell.engine not in agent["engines"]:
         return False
-    return agent["memory_bytes"] >= cell["model"].get("memory_gb", 0) * 2**30
+    return agent["memory_bytes"] >= cell.memory_gb * 2**30
 
 
 def agent_matches(target: dict[str, Any], agent: dict[str, Any]) -> bool:

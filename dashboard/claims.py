@@ -12,9 +12,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from agent.engines import ENGINES
-from agent.engines.base import MAX_DEPTH, METHODS, REFERENCE_METHODS
 from dashboard import stats
+from specfleet.record import ENGINES, MAX_DEPTH, METHODS, REFERENCE_METHODS
 
 LEDGER = Path(__file__).with_name("claims.yaml")
 METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "best_depth", "runs")

@@ -171,6 +171,8 @@ def cmd_sweep_submit(args) -> int:
         return 1
     resp = _admin(args).SubmitSweep(pb.SubmitSweepRequest(yaml=text))
     print(f"sweep {resp.sweep_id}: {resp.jobs} job(s) queued")
+    for note in resp.notes:
+        print(f"  note: {note}")
     return 0
 
 

@@ -16,18 +16,21 @@ import time
 import urllib.request
 from pathlib import Path
 
+import duckdb
+import pandas as pd
 import pyarrow.compute as pc
 import yaml
 
 from agent.api import AdminApi, AgentApi, channel
 from agent.credentials import CREDENTIAL_FILE, AgentIdentity
-from agent.engines.base import VERIFY_COST
 from agent.fingerprint import available_engines, fingerprint
 from coordinator.export import fetch_table
 from coordinator.server import ENDPOINTS_FILE, admin_credential
 from dashboard.serve import command as dashboard_command
 from dashboard.serve import environment as dashboard_environment
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet import speedup
+from specfleet.record import VERIFY_COST
 from specfleet.tinymodels import make_tiny
 
 DEMO_AGENT = "demo-agent"
@@ -35,11 +38,12 @@ SWEEP_TIMEOUT_SECONDS = 1800
 START_TIMEOUT_SECONDS = 60
 
 
-# What every demo sweep shares: the demo agent, greedy sampling, the chat prompts.
+# What every demo sweep shares: the demo agent, greedy sampling, two conversation prompts.
 DEMO_COMMON = {
     "target": {"agents": [DEMO_AGENT]},
     "samplers": [{"temperature": 0.0}],
-    "prompt_sets": ["chat"],
+    "prompt_sets": ["conversation"],
+    "prompts": 2,
     "max_new_tokens": 64,
     "warmup": 2,
     "repeats": 3,
@@ -114,54 +118,45 @@ def _enrol(address: str, admin: AdminApi, config_dir: Path) -> None:
 
 
 def summary_table(runs) -> str:
-    """Median decode tokens/s per engine and arm, paired speedup to baseline, acceptance, lossless;
-    then the verify-cost curve per engine."""
-    df = runs.to_pandas()
-    curves = df[df.method == VERIFY_COST]
-    df = df[df.method != VERIFY_COST]
-    df["acceptance"] = [json.loads(m).get("acceptance_rate") for m in df["metrics"]]
-    per_job = (
-        df.groupby(["job_id", "engine", "method", "depth"])
-        .agg(
-            tps=("decode_tokens_per_second", "median"),
-            acceptance=("acceptance", "mean"),
-            lossless=("lossless", "all"),
-            runs=("run_id", "count"),
-        )
-        .reset_index()
-    )
-    base = per_job[per_job.method == "baseline"].set_index("job_id")["tps"]
-    per_job["speedup"] = per_job["tps"] / per_job["job_id"].map(base)
-    rows = (
-        per_job.groupby(["engine", "method", "depth"])
-        .agg(
-            tps=("tps", "median"),
-            speedup=("speedup", "median"),
-            acceptance=("acceptance", "mean"),
-            lossless=("lossless", "all"),
-            runs=("runs", "sum"),
-        )
-        .reset_index()
-    )
-    lines = [
-        f"{'engine':10} {'method':12} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
-        f"{'lossless':>8} {'runs':>5}"
-    ]
-    for r in rows.itertuples():
-        acceptance = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.2f}"  # NaN for baseline
+    """Per comparable group of runs (specfleet/speedup.py): median decode tokens/s per arm, the
+    speedup over the baseline, acceptance and lossless; then the verify-cost curves."""
+    con = duckdb.connect()
+    con.register("runs", runs)
+    figures = speedup.speedups(con).set_index(["comparable", "method", "depth"])["speedup"]
+    arms = con.execute(
+        f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, method, depth,"
+        " median(decode_tokens_per_second) AS tps, sum(tokens_accepted) / nullif(sum(tokens_drafted), 0) AS acceptance,"
+        " bool_and(lossless IS NOT false) AS lossless, count(*) AS runs"
+        f" FROM runs WHERE method != '{VERIFY_COST}' GROUP BY ALL ORDER BY engine, comparable, method, depth"
+    ).df()
+    groups = speedup.groups(con).set_index("comparable")
+    lines = []
+    for comparable, rows in arms.groupby("comparable", sort=False):
+        g = groups.loc[comparable]
+        draft = f", draft {g.draft_reference}@{g.draft_digest[:12]}" if g.draft_reference else ""
+        lines += [
+            f"comparable group {comparable}: {rows.engine.iloc[0]} {g.target_reference}@{g.target_digest[:12]}{draft}, "
+            f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens",
+            f"{'engine':10} {'method':12} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
+            f"{'lossless':>8} {'runs':>5}",
+        ]
+        for r in rows.itertuples():
+            ratio = 1.0 if r.method == "baseline" else figures.get((comparable, r.method, r.depth), float("nan"))
+            acceptance = "-" if pd.isna(r.acceptance) else f"{r.acceptance:.2f}"
+            lines.append(
+                f"{r.engine:10} {r.method:12} {r.depth:>2} {r.tps:13.1f} {ratio:8.2f} {acceptance:>10} "
+                f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
+            )
+        lines.append("")
+    curves = con.execute(
+        f"SELECT engine, context_tokens, verify_cost_seconds FROM runs WHERE method = '{VERIFY_COST}' ORDER BY ALL"
+    ).fetchall()
+    for engine, context, seconds in curves:
         lines.append(
-            f"{r.engine:10} {r.method:12} {r.depth:>2} {r.tps:13.1f} {r.speedup:8.2f} {acceptance:>10} "
-            f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
+            f"verify cost, {engine}, {context} tokens of context: T(M)/T(1) for M = 1..{len(seconds)}: "
+            + " ".join(f"{t / seconds[0]:.2f}" for t in seconds)
         )
-    lines += [""] if len(curves) else []
-    for c in curves.itertuples():
-        metrics = json.loads(c.metrics)
-        ratios = [metrics[f"rows_{m}_ratio"] for m in range(1, 1 + sum(k.endswith("_ratio") for k in metrics))]
-        lines.append(
-            f"verify cost, {c.engine}, {c.prompt_tokens} tokens of context: T(M)/T(1) for M = 1.."
-            f"{len(ratios)}: " + " ".join(f"{r:.2f}" for r in ratios)
-        )
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip()
 
 
 def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501) -> int:
@@ -211,6 +206,8 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         for spec in demo_sweeps(models):
             sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
             print(f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s) submitted", flush=True)
+            for note in sweep.notes:
+                print(f"  note: {note}", flush=True)
             submitted.append((spec, sweep.sweep_id))
         for spec, sweep_id in submitted:
             status = _wait_for_sweep(admin, sweep_id, procs)

@@ -80,20 +80,21 @@ def test_hashes_are_recorded_and_cached_by_path_size_and_mtime(tmp_path):
     snapshot = fake_hub(tmp_path / "hub")
     m = resolve("mlx-community/Tiny-4bit", [], hf_cache=tmp_path / "hub")
     cache = HashCache(tmp_path / "hashes.json")
-    params = cache.model_params("target", m)
+    files = cache.file_digests(m)
+    digest = cache.digest(m)
     expected = hashlib.sha256(b"\x00" * 1024).hexdigest()
-    assert f'"model.safetensors": "{expected}"' in params["model.target.file_sha256"]
-    assert params["model.target.files"] == "2" and len(params["model.target.sha256"]) == 64
+    assert files["model.safetensors"] == expected
+    assert len(files) == 2 and len(digest) == 64
     assert cache.computed == 2
 
     again = HashCache(tmp_path / "hashes.json")  # a new agent life reads the cache from disk
-    assert again.model_params("target", m) == params and again.computed == 0
+    assert again.digest(m) == digest and again.computed == 0
 
     weights = (snapshot / "model.safetensors").resolve()
     weights.write_bytes(b"\x01" * 1024)  # same size, new mtime: rehashed
     os.utime(weights, ns=(1, 1))
-    changed = again.model_params("target", m)
-    assert again.computed == 1 and changed["model.target.sha256"] != params["model.target.sha256"]
+    changed = again.digest(m)
+    assert again.computed == 1 and changed != digest
 
 
 def test_a_model_too_big_for_memory_is_refused_before_loading(tmp_path):

@@ -123,7 +123,7 @@ def test_low_power_mode_alone_refuses():
     assert env.refusal_reason(s).startswith("low-power mode is on")
 
 
-def test_run_flags_mark_runs_not_nominal_with_reasons():
+def test_judge_marks_runs_not_nominal_with_reasons_and_unavailable_as_unknown():
     quiet = {
         "thermal": "nominal",
         "power_source": "ac",
@@ -132,21 +132,26 @@ def test_run_flags_mark_runs_not_nominal_with_reasons():
         "memory_available_bytes": str(8 * 2**30),
         "swap_used_bytes": "0",
     }
-    flags = env.run_flags(quiet, quiet, cpu_count=2, memory_total_bytes=16 * 2**30)
-    assert flags["env.nominal"] == "true" and flags["env.reasons"] == ""
-    assert flags["env.before.thermal"] == "nominal" and flags["env.after.swap_used_bytes"] == "0"
+    assert env.judge(quiet, quiet, cpu_count=2, memory_total_bytes=16 * 2**30) == (True, [])
+    typed = env.reading(quiet)
+    assert typed.thermal == "nominal" and typed.swap_used_bytes == 0 and typed.low_power_mode is False
 
     busy = quiet | {
         "loadavg_1m": "3.50",
         "swap_used_bytes": str(512 * 2**20),
         "thermal": "throttled: CPU_Speed_Limit=50",
     }
-    flags = env.run_flags(quiet, busy, cpu_count=2, memory_total_bytes=16 * 2**30)
-    assert flags["env.nominal"] == "false"
-    assert "after: load average 3.50 above 2 cores" in flags["env.reasons"]
-    assert "after: thermal throttled" in flags["env.reasons"] and "swap grew by 512 MiB" in flags["env.reasons"]
+    nominal, reasons = env.judge(quiet, busy, cpu_count=2, memory_total_bytes=16 * 2**30)
+    assert nominal is False
+    assert "after: load average 3.50 above 2 cores" in reasons
+    assert any(r.startswith("after: thermal throttled") for r in reasons)
+    assert "swap grew by 512 MiB during the run" in reasons
 
     unknown = {k: UNAVAILABLE for k in env.KEYS}
-    flags = env.run_flags(unknown, unknown, cpu_count=os.cpu_count())
-    # Unavailable is recorded as such and is not, by itself, a reason to flag the run.
-    assert flags["env.nominal"] == "true" and flags["env.before.power_source"] == UNAVAILABLE
+    # Unavailable is recorded as None and makes the run unknown: neither nominal nor degraded.
+    assert env.judge(unknown, unknown, cpu_count=os.cpu_count()) == (None, [])
+    assert env.reading(unknown).power_source is None and env.reading(unknown).loadavg_1m is None
+    no_thermal = quiet | {"thermal": UNAVAILABLE}
+    assert env.judge(quiet, no_thermal, cpu_count=2)[0] is None
+    # Something wrong still decides, whatever is unavailable.
+    assert env.judge(unknown, unknown | {"power_source": "battery"}, cpu_count=2)[0] is False

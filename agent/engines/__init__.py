@@ -5,18 +5,14 @@ from __future__ import annotations
 
 from importlib import import_module
 
+from specfleet.record import ENGINE_METHODS  # noqa: F401  (what each engine's generate() accepts)
+
 from .base import Engine, EngineError
 
-# name -> "module:class", relative to this package
+# name -> "module:class", relative to this package; the names are specfleet.record.ENGINES
 ENGINES = {
     "mlx": "mlx:MlxEngine",
     "llama.cpp": "llamacpp:LlamaCppEngine",
-}
-# What each engine's generate() accepts. Kept here, not only on the classes, so that the
-# coordinator can check a sweep without importing mlx or llama.cpp.
-ENGINE_METHODS = {
-    "mlx": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-draft"),
-    "llama.cpp": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-ngram"),
 }
 
 

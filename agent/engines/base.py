@@ -11,34 +11,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# Methods whose decode loop is ours, so every round is accounted for.
-METHODS = ("baseline", "draft", "ngram", "mtp")
-# The same methods run by the library's own generation path (mlx_lm.stream_generate,
-# llama-cpp-python's Llama.generate): controls that show what our loop costs or saves. They
-# report tokens and times but no rounds; their prefill is the time to their first token. An
-# engine lists the ones it has in `Engine.methods`.
-REFERENCE_METHODS = ("ref-baseline", "ref-draft", "ref-ngram")
-SPECULATIVE_METHODS = ("draft", "ngram", "mtp", "ref-draft", "ref-ngram")
-# Not a generation method: the job step that times target forward passes of 1..M query rows
-# (Engine.verify_cost); its runs carry this method name.
-VERIFY_COST = "verify-cost"
-MAX_DEPTH = 16
+from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exported for the engines)
+    MAX_DEPTH,
+    METHODS,
+    REFERENCE_METHODS,
+    SPECULATIVE_METHODS,
+    VERIFY_COST,
+    Sampler,
+)
 
 
 class EngineError(ValueError):
     """A request the engine cannot serve: unknown method, bad depth, incompatible models."""
-
-
-@dataclass(frozen=True)
-class Sampler:
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means no top-k truncation
-    seed: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass(frozen=True)

@@ -45,70 +45,6 @@ class Fingerprint(_message.Message):
     cpu_cores: int
     def __init__(self, hostname: _Optional[str] = ..., os: _Optional[str] = ..., os_version: _Optional[str] = ..., chip: _Optional[str] = ..., gpu_cores: _Optional[int] = ..., performance_cores: _Optional[int] = ..., efficiency_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., model_identifier: _Optional[str] = ..., memory_bandwidth_bytes_per_second: _Optional[float] = ..., gpus: _Optional[_Iterable[str]] = ..., engine_versions: _Optional[_Mapping[str, str]] = ..., unavailable: _Optional[_Iterable[str]] = ..., cpu_cores: _Optional[int] = ...) -> None: ...
 
-class Run(_message.Message):
-    __slots__ = ("run_id", "job_id", "engine", "method", "depth", "prompt_id", "repeat", "position", "prompt_tokens", "generated_tokens", "prefill_seconds", "ttft_seconds", "decode_seconds", "wall_seconds", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes", "output_sha256", "metrics", "params", "lossless", "has_lossless", "started_at_unix_seconds")
-    class MetricsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: float
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    class ParamsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    RUN_ID_FIELD_NUMBER: _ClassVar[int]
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    ENGINE_FIELD_NUMBER: _ClassVar[int]
-    METHOD_FIELD_NUMBER: _ClassVar[int]
-    DEPTH_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
-    REPEAT_FIELD_NUMBER: _ClassVar[int]
-    POSITION_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
-    PREFILL_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
-    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
-    OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
-    METRICS_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_FIELD_NUMBER: _ClassVar[int]
-    LOSSLESS_FIELD_NUMBER: _ClassVar[int]
-    HAS_LOSSLESS_FIELD_NUMBER: _ClassVar[int]
-    STARTED_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    run_id: str
-    job_id: str
-    engine: str
-    method: str
-    depth: int
-    prompt_id: str
-    repeat: int
-    position: int
-    prompt_tokens: int
-    generated_tokens: int
-    prefill_seconds: float
-    ttft_seconds: float
-    decode_seconds: float
-    wall_seconds: float
-    decode_tokens_per_second: float
-    prefill_tokens_per_second: float
-    peak_memory_bytes: int
-    output_sha256: str
-    metrics: _containers.ScalarMap[str, float]
-    params: _containers.ScalarMap[str, str]
-    lossless: bool
-    has_lossless: bool
-    started_at_unix_seconds: float
-    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., engine: _Optional[str] = ..., method: _Optional[str] = ..., depth: _Optional[int] = ..., prompt_id: _Optional[str] = ..., repeat: _Optional[int] = ..., position: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., ttft_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ..., prefill_tokens_per_second: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., output_sha256: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., params: _Optional[_Mapping[str, str]] = ..., lossless: _Optional[bool] = ..., has_lossless: _Optional[bool] = ..., started_at_unix_seconds: _Optional[float] = ...) -> None: ...
-
 class Job(_message.Message):
     __slots__ = ("job_id", "lease_id", "sweep_id", "attempt", "lease_seconds", "spec_json")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -195,14 +131,14 @@ class AcquireJobResponse(_message.Message):
     def __init__(self, has_job: _Optional[bool] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class ReportResultRequest(_message.Message):
-    __slots__ = ("job_id", "lease_id", "run")
+    __slots__ = ("job_id", "lease_id", "record_json")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
-    RUN_FIELD_NUMBER: _ClassVar[int]
+    RECORD_JSON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lease_id: str
-    run: Run
-    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+    record_json: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., record_json: _Optional[str] = ...) -> None: ...
 
 class ReportResultResponse(_message.Message):
     __slots__ = ("duplicate", "ingest_seq")
@@ -308,12 +244,14 @@ class SubmitSweepRequest(_message.Message):
     def __init__(self, yaml: _Optional[str] = ...) -> None: ...
 
 class SubmitSweepResponse(_message.Message):
-    __slots__ = ("sweep_id", "jobs")
+    __slots__ = ("sweep_id", "jobs", "notes")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     jobs: int
-    def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ...) -> None: ...
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepStatus(_message.Message):
     __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures")

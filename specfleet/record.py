@@ -1,0 +1,522 @@
+"""The vocabulary the agent, the coordinator and the dashboard share, and the typed run record.
+
+One module, imported by all three, so that no package imports another for a name. A run is a
+`RunRecord`: immutable, validated in its constructor, schema-versioned (pyperf's `Run`). The
+worker builds it once; the spool, the protocol (`ReportResultRequest.record_json`), ingest, the
+store (one column per leaf field, `RunRecord.row()`) and the export carry it unchanged. A job's
+cell is a `JobSpec`, with every default in one place.
+
+Adding a field to the record touches this file, a numbered store migration that adds its
+column, and the page that shows it: ingest and export follow `RunRecord.columns()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, get_args, get_origin, get_type_hints
+
+SCHEMA_VERSION = 2
+
+ENGINES = ("mlx", "llama.cpp")
+# Methods whose decode loop is ours, so every round is accounted for.
+METHODS = ("baseline", "draft", "ngram", "mtp")
+# The same methods run by the library's own generation path (mlx_lm.stream_generate,
+# llama-cpp-python's Llama.generate): controls that show what our loop costs or saves. They
+# report tokens and times but no rounds; their prefill is the time to their first token.
+REFERENCE_METHODS = ("ref-baseline", "ref-draft", "ref-ngram")
+SPECULATIVE_METHODS = ("draft", "ngram", "mtp", "ref-draft", "ref-ngram")
+# Not a generation method: the job step that times target forward passes of 1..M query rows;
+# its runs carry this method name and are never speedups.
+VERIFY_COST = "verify-cost"
+MAX_DEPTH = 16
+# What each engine accepts, kept here so that the coordinator can check a sweep without
+# importing mlx or llama.cpp.
+ENGINE_METHODS = {
+    "mlx": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-draft"),
+    "llama.cpp": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-ngram"),
+}
+PROMPT_CATEGORIES = ("conversation", "translation", "summarisation", "qa", "math", "rag", "code")
+
+MAX_ID_CHARS = 128
+MAX_TEXT_CHARS = 4096
+MAX_TOKENS = 10_000_000
+MAX_SECONDS = 7 * 86400.0
+MAX_TOKENS_PER_SECOND = 10_000_000.0
+MAX_BYTES = 2**50
+MAX_LIST = 1024
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class InvalidRecord(ValueError):
+    """A record or spec that fails validation; the message names every faulty field."""
+
+
+# ---------------------------------------------------------------- parts
+
+
+@dataclass(frozen=True)
+class Sampler:
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k truncation
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def label(self) -> str:
+        return "greedy" if self.greedy else f"T={self.temperature:g} top_p={self.top_p:g} top_k={self.top_k}"
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """A model as the weights describe it, never by where it lies on one machine.
+
+    reference: a Hugging Face repo id ("org/name") or the file or directory name; revision: the
+    hub commit when known. digest: SHA-256 over the files' own SHA-256s (agent/models.py).
+    quantisation: GGUF file type ("Q8_0", "F16", ...) or MLX "4bit-g64", else the dtype ("bf16").
+    Unknown numbers are 0 and unknown text is empty: never guessed."""
+
+    reference: str = ""
+    revision: str = ""
+    digest: str = ""
+    architecture: str = ""
+    parameters: int = 0
+    quantisation: str = ""
+    tensor_types: str = ""  # "F32:12,Q8_0:40": tensor count per type
+    vocab_size: int = 0
+    context_length: int = 0
+    has_mtp: bool = False
+    bytes: int = 0
+    source: str = ""  # "local" | "huggingface"
+
+    def short(self) -> str:
+        return f"{self.reference}@{self.digest[:12]}" if self.reference else ""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One reading of the machine around a run; None where the reading is not available here."""
+
+    thermal: str | None = None  # "nominal" | "throttled: ..." | ...
+    power_source: str | None = None  # "ac" | "battery" | "ups"
+    low_power_mode: bool | None = None
+    loadavg_1m: float | None = None
+    memory_available_bytes: int | None = None
+    swap_used_bytes: int | None = None
+
+
+# ---------------------------------------------------------------- the run record
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One measured generation (one arm, prompt and repeat of a job), or one verify-cost curve."""
+
+    run_id: str
+    job_id: str
+    attempt: int
+    engine: str
+    engine_version: str  # every library version of the engine, "k=v k=v", sorted
+    method: str
+    depth: int  # draft depth K; 0 for baseline and verify-cost
+    target: ModelIdentity
+    sampler: Sampler
+    prompt_set: str
+    prompt_set_digest: str  # SHA-256 of the set's prompts and of the context documents
+    prompt_category: str
+    prompt_id: str
+    context_tokens: int  # tokens of distinct documents before the prompt (llama-bench -d)
+    max_new_tokens: int
+    repeat: int
+    position: int  # order of this arm inside its repeat
+    prompt_tokens: int  # all tokens prefilled: context and prompt
+    generated_tokens: int
+    prefill_seconds: float
+    ttft_seconds: float
+    decode_seconds: float
+    wall_seconds: float
+    decode_tokens_per_second: float
+    prefill_tokens_per_second: float
+    peak_memory_bytes: int
+    output_sha256: str
+    started_at_unix_seconds: float
+    draft: ModelIdentity = ModelIdentity()
+    lossless: bool | None = None  # greedy output equal to the baseline's; None: not checked
+    # Gaps between token arrivals as a streaming client sees them: a speculative round's tokens
+    # arrive together, so its burst is one arrival (no zero gaps).
+    inter_token_latency_p50_seconds: float | None = None
+    inter_token_latency_p90_seconds: float | None = None
+    inter_token_latency_p99_seconds: float | None = None
+    round_latency_p50_seconds: float | None = None  # draft + verify time of one round
+    round_latency_p90_seconds: float | None = None
+    rounds: int = 0
+    tokens_drafted: int = 0
+    tokens_accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    drafted_by_position: tuple[int, ...] = ()  # proposals at draft position 1, 2, ...
+    acceptance_by_position: tuple[float, ...] = ()  # share of them accepted (0..1)
+    acceptance_collapsed: bool | None = None  # None: not a model-drafted method
+    acceptance_reason: str = ""
+    verify_cost_seconds: tuple[float, ...] = ()  # verify-cost runs: T(M) for M = 1, 2, ...
+    warmup_runs: int = 0  # unmeasured runs of this arm before its first measured one on this prompt
+    arm_order: str = ""  # how arms were ordered: "williams" | "single"
+    load_seconds: float = 0.0
+    cooldown_seconds: float = 0.0
+    env_before: Environment = Environment()
+    env_after: Environment = Environment()
+    env_nominal: bool | None = None  # None: readings unavailable, so unknown
+    env_reasons: tuple[str, ...] = ()
+    schema: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        problems = _problems(self)
+        if problems:
+            raise InvalidRecord("invalid run record: " + "; ".join(problems))
+
+    # -------------------------------------------------------- derived figures
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None
+
+    # -------------------------------------------------------- serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """The record from its dict; InvalidRecord naming unknown, missing or mistyped fields."""
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunRecord:
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InvalidRecord(f"run record is not JSON: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """Store and export columns: one per leaf field, nested parts as `<part>_<field>`."""
+        return list(_flatten(cls, None).keys())
+
+    def row(self) -> dict[str, Any]:
+        """Column -> value, in `columns()` order; tuples become lists (DuckDB LIST columns)."""
+        return _flatten(type(self), self)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunRecord:
+        """The record from a stored row (`row()`'s inverse); extra columns are ignored."""
+        return cls.from_dict(_unflatten(cls, row, ""))
+
+
+def _hints(cls) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _nested(tp) -> type | None:
+    """The dataclass a field holds (ModelIdentity, Sampler, Environment), or None."""
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def _flatten(cls, value, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        v = getattr(value, f.name) if value is not None else None
+        if _nested(tp):
+            out.update(_flatten(tp, v, f"{prefix}{f.name}_"))
+        else:
+            out[f"{prefix}{f.name}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def _unflatten(cls, row: dict[str, Any], prefix: str) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        if _nested(tp):
+            out[f.name] = _unflatten(tp, row, f"{prefix}{f.name}_")
+        elif f"{prefix}{f.name}" in row:
+            out[f.name] = row[f"{prefix}{f.name}"]
+    return out
+
+
+def _coerce(tp, value, where: str):
+    """`value` as type `tp`, or InvalidRecord. Ints may stand for floats; nothing else converts."""
+    origin, args = get_origin(tp), get_args(tp)
+    if _nested(tp):
+        if not isinstance(value, dict):
+            raise InvalidRecord(f"{where}: must be a mapping, got {type(value).__name__}")
+        return _build(tp, value, f"{where}.")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise InvalidRecord(f"{where}: must be a list, got {type(value).__name__}")
+        if len(value) > MAX_LIST:
+            raise InvalidRecord(f"{where}: holds {len(value)} items; at most {MAX_LIST}")
+        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if args and type(None) in args:  # X | None
+        if value is None:
+            return None
+        return _coerce(next(a for a in args if a is not type(None)), value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise InvalidRecord(f"{where}: must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRecord(f"{where}: must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidRecord(f"{where}: must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise InvalidRecord(f"{where}: must be finite, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise InvalidRecord(f"{where}: must be a string, got {type(value).__name__}")
+        return value
+    raise TypeError(f"{where}: unsupported field type {tp}")
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    if not isinstance(data, dict):
+        raise InvalidRecord(f"{where or 'record'}: must be a mapping")
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names, key=str)
+    if unknown:
+        raise InvalidRecord(f"{where}{unknown[0]}: unknown field (schema {SCHEMA_VERSION})")
+    if cls is RunRecord and data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise InvalidRecord(f"schema: record schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise InvalidRecord(f"{where}{f.name}: is required")
+            continue
+        kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}{f.name}")
+    return cls(**kwargs)
+
+
+def _problems(r: RunRecord) -> list[str]:
+    """Every field that is out of range, too long, or inconsistent with another."""
+    problems = []
+
+    def bounded(name, lo, hi):
+        value = getattr(r, name)
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            problems.append(f"{name} = {value!r} is not a finite number")
+        elif not lo <= value <= hi:
+            problems.append(f"{name} = {value!r} is not in [{lo}, {hi}]")
+
+    def text(name, value, lo=0, hi=MAX_TEXT_CHARS):
+        if not isinstance(value, str):
+            problems.append(f"{name} must be a string")
+        elif not lo <= len(value) <= hi:
+            problems.append(f"{name} must be {lo}-{hi} characters, got {len(value)}")
+
+    for name in ("run_id", "job_id", "prompt_id", "prompt_set"):
+        text(name, getattr(r, name), 1, MAX_ID_CHARS)
+    text("engine_version", r.engine_version)
+    text("acceptance_reason", r.acceptance_reason)
+    for role in ("target", "draft"):
+        m = getattr(r, role)
+        for f in dataclasses.fields(ModelIdentity):
+            v = getattr(m, f.name)
+            if isinstance(v, str):
+                text(f"{role}.{f.name}", v, 0, MAX_ID_CHARS * 2)
+            elif isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_BYTES:
+                problems.append(f"{role}.{f.name} = {v} is not in [0, {MAX_BYTES}]")
+        if m.digest and not SHA256_RE.match(m.digest):
+            problems.append(f"{role}.digest {m.digest[:80]!r} is not 64 lowercase hex digits")
+        if "/" in m.reference and m.source != "huggingface":
+            problems.append(f"{role}.reference {m.reference[:80]!r} is a path: a model is named by its file name")
+    if not r.target.reference:
+        problems.append("target.reference is required")
+    if r.engine not in ENGINES:
+        problems.append(f"engine {r.engine!r} is not one of {', '.join(ENGINES)}")
+    if r.method not in (*METHODS, *REFERENCE_METHODS, VERIFY_COST):
+        problems.append(f"method {r.method!r} is unknown")
+    elif r.method in SPECULATIVE_METHODS:
+        bounded("depth", 1, MAX_DEPTH)
+    elif r.depth != 0:
+        problems.append(f"depth of {r.method} must be 0, got {r.depth!r}")
+    if r.prompt_category not in PROMPT_CATEGORIES and r.method != VERIFY_COST:
+        problems.append(f"prompt_category {r.prompt_category!r} is not one of {', '.join(PROMPT_CATEGORIES)}")
+    if r.prompt_set_digest and not SHA256_RE.match(r.prompt_set_digest):
+        problems.append("prompt_set_digest is not 64 lowercase hex digits")
+    for name in ("prompt_tokens", "generated_tokens", "context_tokens", "max_new_tokens"):
+        bounded(name, 0, MAX_TOKENS)
+    for name in ("attempt", "repeat", "rounds", "tokens_drafted", "tokens_accepted", "warmup_runs"):
+        bounded(name, 0, MAX_TOKENS)
+    bounded("position", 0, 1000)
+    for name in (
+        "prefill_seconds",
+        "ttft_seconds",
+        "decode_seconds",
+        "wall_seconds",
+        "draft_seconds",
+        "verify_seconds",
+        "load_seconds",
+        "cooldown_seconds",
+        "inter_token_latency_p50_seconds",
+        "inter_token_latency_p90_seconds",
+        "inter_token_latency_p99_seconds",
+        "round_latency_p50_seconds",
+        "round_latency_p90_seconds",
+    ):
+        bounded(name, 0, MAX_SECONDS)
+    for name in ("decode_tokens_per_second", "prefill_tokens_per_second"):
+        bounded(name, 0, MAX_TOKENS_PER_SECOND)
+    bounded("peak_memory_bytes", 0, MAX_BYTES)
+    bounded("started_at_unix_seconds", 0, 2**33)
+    s = r.sampler
+    if not (0 <= s.temperature <= 10 and 0 < s.top_p <= 1 and 0 <= s.top_k <= 1_000_000 and 0 <= s.seed < 2**32):
+        problems.append(f"sampler {s} out of range (temperature 0-10, top_p (0, 1], top_k >= 0, seed 32-bit)")
+    if r.output_sha256 and not SHA256_RE.match(r.output_sha256):
+        problems.append(f"output_sha256 {r.output_sha256[:80]!r} is not 64 lowercase hex digits (or empty)")
+    if r.tokens_accepted > r.tokens_drafted:
+        problems.append(f"tokens_accepted ({r.tokens_accepted}) exceeds tokens_drafted ({r.tokens_drafted})")
+    if r.drafted_by_position and len(r.drafted_by_position) != len(r.acceptance_by_position):
+        problems.append("drafted_by_position and acceptance_by_position differ in length")
+    if any(not (math.isfinite(a) and 0 <= a <= 1) for a in r.acceptance_by_position):
+        problems.append("acceptance_by_position holds a share outside [0, 1]")
+    if any(d < 0 for d in r.drafted_by_position):
+        problems.append("drafted_by_position holds a negative count")
+    if any(not (math.isfinite(t) and 0 <= t <= MAX_SECONDS) for t in r.verify_cost_seconds):
+        problems.append("verify_cost_seconds holds a value that is not a finite number of seconds")
+    if r.method == VERIFY_COST and not r.verify_cost_seconds:
+        problems.append("a verify-cost run needs verify_cost_seconds")
+    if r.method != VERIFY_COST and r.verify_cost_seconds:
+        problems.append(f"verify_cost_seconds belongs to verify-cost runs, not {r.method}")
+    for i, reason in enumerate(r.env_reasons):
+        text(f"env_reasons[{i}]", reason)
+    return problems
+
+
+# ---------------------------------------------------------------- the job spec
+
+
+@dataclass(frozen=True)
+class Arm:
+    method: str
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    context_tokens: tuple[int, ...] = (256,)
+    max_rows: int = 16
+    repeats: int = 5
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One cell of a sweep, as the coordinator hands it to an agent: what the worker runs.
+
+    `model` maps "target" (and "draft") to the reference the sweep named; the agent replaces
+    them with local paths before the worker starts (`with_models`). Defaults live here only."""
+
+    engine: str
+    model: dict[str, str]
+    prompt_set: str
+    prompt_category: str
+    prompt_set_digest: str
+    prompts: tuple[Prompt, ...]
+    arms: tuple[Arm, ...]
+    documents: tuple[str, ...] = ()  # context documents, in order, for context_tokens > 0
+    context_tokens: int = 0
+    sampler: Sampler = Sampler()
+    memory_gb: float = 0.0  # memory the agent needs for this engine's models; 0: no figure
+    ngram_min: int = 1
+    ngram_max: int = 3
+    verify_cost: VerifyCost | None = None
+    max_new_tokens: int = 128
+    warmup_cap: int = 10  # warm-up runs per arm and prompt until two agree within 5%
+    repeats: int = 3
+    deadline_seconds: float = 3600.0
+    cooldown_seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise InvalidRecord(f"job spec is not JSON: {e}") from None
+        return _spec_from_dict(data)
+
+    def with_models(self, **paths: str) -> JobSpec:
+        return dataclasses.replace(self, model={**self.model, **paths})
+
+
+def _spec_from_dict(data: dict[str, Any]) -> JobSpec:
+    if not isinstance(data, dict):
+        raise InvalidRecord("job spec: must be a mapping")
+    data = dict(data)
+    try:
+        data["prompts"] = tuple(Prompt(**p) for p in data.get("prompts", ()))
+        data["arms"] = tuple(Arm(**a) for a in data.get("arms", ()))
+        data["documents"] = tuple(data.get("documents", ()))
+        data["sampler"] = Sampler(**data.get("sampler", {}))
+        if data.get("verify_cost") is not None:
+            vc = dict(data["verify_cost"])
+            vc["context_tokens"] = tuple(vc.get("context_tokens", (256,)))
+            data["verify_cost"] = VerifyCost(**vc)
+        return JobSpec(**data)
+    except TypeError as e:
+        raise InvalidRecord(f"job spec: {e}") from None
+
+
+# ---------------------------------------------------------------- comparability
+
+# The run record's columns that must be equal for two runs to be pooled in one comparison
+# (pyperf's _CHECKED_METADATA). Chip and machine are not here: they are what a comparison
+# puts side by side.
+CHECKED_KEYS = (
+    "target_digest",
+    "draft_digest",
+    "engine",
+    "engine_version",
+    "sampler_temperature",
+    "sampler_top_p",
+    "sampler_top_k",
+    "sampler_seed",
+    "prompt_set_digest",
+    "context_tokens",
+    "max_new_tokens",
+)
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The checked keys on which two runs (rows, or RunRecord.row()) differ: [] when they may
+    be pooled."""
+    return [k for k in CHECKED_KEYS if a.get(k) != b.get(k)]
+
+
+def comparable(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return not differences(a, b)

@@ -1,0 +1,107 @@
+"""The one definition of speedup, in SQL, for every surface that shows one.
+
+The demo's summary, the dashboard and the coordinator's /metrics all call `speedups()` on a
+DuckDB relation of stored runs (the coordinator's table, the dashboard's mirror, an exported
+Arrow table), so the same runs give the same figure everywhere. docs/speedup.md says it in
+words:
+
+1. Pool only comparable runs: equal on every checked key (specfleet/record.py CHECKED_KEYS).
+   Each comparable group has a `comparable` id, the first 12 hex digits of the MD5 of its keys.
+2. Pair an arm's run with the baseline run of the same attempt (job and lease), prompt and
+   repeat: ratio = arm decode tok/s / baseline decode tok/s. Verify-cost runs are never
+   speedups. A pair is left out when either run was not nominal (env_nominal false), when the
+   arm's greedy output differed from the baseline's (lossless false), or when either speed is 0.
+3. Combine on the log scale, in the order of replication: the mean log ratio over a prompt's
+   repeats, then over a machine's prompts, then over machines; the speedup is its exponential
+   (a geometric mean of geometric means). Every figure carries the machines, the fewest
+   prompts on any machine, and the pairs behind it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specfleet.record import CHECKED_KEYS, VERIFY_COST
+
+_KEYS = ", ".join(CHECKED_KEYS)
+_A_KEYS = ", ".join(f"a.{k}" for k in CHECKED_KEYS)
+# A comparable group's id: from its checked keys' values, the same wherever it is computed.
+COMPARABLE_ID = (
+    "left(md5(concat_ws('|', " + ", ".join(f"coalesce(CAST({k} AS VARCHAR), '')" for k in CHECKED_KEYS) + ")), 12)"
+)
+
+
+def _pairs_sql(source: str) -> str:
+    return f"""
+    SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
+           a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.agent_id,
+           a.method, a.depth, a.prompt_id, a.repeat,
+           ln(a.decode_tokens_per_second / b.decode_tokens_per_second) AS log_ratio
+    FROM {source} a JOIN {source} b
+      ON b.job_id = a.job_id AND b.lease_id = a.lease_id AND b.prompt_id = a.prompt_id
+     AND b.repeat = a.repeat AND b.method = 'baseline'
+    WHERE a.method NOT IN ('baseline', '{VERIFY_COST}')
+      AND a.decode_tokens_per_second > 0 AND b.decode_tokens_per_second > 0
+      AND a.env_nominal IS DISTINCT FROM false AND b.env_nominal IS DISTINCT FROM false
+      AND a.lossless IS DISTINCT FROM false
+    """
+
+
+def per_prompt_sql(source: str) -> str:
+    """One row per comparable group, chip, machine, arm and prompt: the mean log ratio over the
+    prompt's repeats. What intervals resample (machines, then prompts)."""
+    return f"""
+    SELECT comparable, any_value(target_reference) AS target_reference,
+           any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
+           any_value(engine) AS engine, chip, agent_id, method, depth, prompt_id,
+           avg(log_ratio) AS log_ratio, count(*) AS repeats
+    FROM ({_pairs_sql(source)}) GROUP BY comparable, chip, agent_id, method, depth, prompt_id
+    """
+
+
+def speedup_sql(source: str) -> str:
+    """One row per comparable group, chip and arm: the speedup and what stands behind it."""
+    return f"""
+    WITH per_machine AS (
+        SELECT comparable, any_value(target_reference) AS target_reference,
+               any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
+               any_value(engine) AS engine, chip, agent_id, method, depth,
+               avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(repeats) AS pairs
+        FROM ({per_prompt_sql(source)}) GROUP BY comparable, chip, agent_id, method, depth
+    )
+    SELECT comparable, any_value(engine) AS engine, any_value(target_reference) AS target_reference,
+           any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
+           chip, method, depth, exp(avg(log_ratio)) AS speedup, count(*) AS machines,
+           min(prompts) AS prompts, sum(pairs) AS pairs
+    FROM per_machine GROUP BY comparable, chip, method, depth
+    ORDER BY comparable, chip, method, depth
+    """
+
+
+def groups_sql(source: str) -> str:
+    """One row per comparable group of generation runs: its id, checked keys, what it names
+    (models, prompt set) and its run count, most runs first."""
+    return f"""
+    SELECT {COMPARABLE_ID} AS comparable, {_KEYS},
+           any_value(target_reference) AS target_reference, any_value(draft_reference) AS draft_reference,
+           any_value(prompt_set) AS prompt_set, count(*) AS runs
+    FROM {source} WHERE method != '{VERIFY_COST}'
+    GROUP BY ALL ORDER BY runs DESC, comparable
+    """
+
+
+def speedups(con, source: str = "runs") -> pd.DataFrame:
+    """speedup_sql on a DuckDB connection; `source` is a table or view name of the caller's,
+    never user input."""
+    return con.execute(speedup_sql(source)).df()
+
+
+def groups(con, source: str = "runs") -> pd.DataFrame:
+    return con.execute(groups_sql(source)).df()
+
+
+def what_differs(groups: pd.DataFrame) -> list[str]:
+    """The checked keys whose values differ between the given comparable groups."""
+    if len(groups) < 2:
+        return []
+    return [k for k in CHECKED_KEYS if groups[k].astype(str).nunique() > 1]
