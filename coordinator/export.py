@@ -1,4 +1,6 @@
-"""Export runs for anyone's notebook: one row per run, every parameter and metric a column."""
+"""Export runs for anyone's notebook: one row per run, one column per field of the run record
+(specfleet/record.py) and the coordinator's own. Parquet keeps list columns (acceptance by
+position, verify-cost times, reasons) as lists; CSV writes them as JSON arrays."""
 
 from __future__ import annotations
 
@@ -6,20 +8,12 @@ import io
 import json
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
-
-
-def flatten(runs: pd.DataFrame) -> pd.DataFrame:
-    """Spread the metrics and params JSON columns into metric.* and param.* columns."""
-    out = runs.drop(columns=["metrics", "params"])
-    for column, prefix in (("metrics", "metric."), ("params", "param.")):
-        expanded = pd.DataFrame([json.loads(v) for v in runs[column]], index=runs.index).add_prefix(prefix)
-        out = out.join(expanded)
-    return out
 
 
 def arrow_from_ipc(data: bytes) -> pa.Table:
@@ -38,30 +32,34 @@ def fetch_table(admin, table: str, after_seq: int = 0) -> tuple[pa.Table | None,
     return (pa.concat_tables(parts) if parts else None), after_seq
 
 
-def _write(df: pd.DataFrame, output: Path, fmt: str) -> int:
+def _write(table: pa.Table, output: Path, fmt: str) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "parquet":
-        df.to_parquet(output, index=False)
+        pq.write_table(table, output)
     elif fmt == "csv":
-        df.to_csv(output, index=False)
+        for i, field in enumerate(table.schema):
+            if pa.types.is_list(field.type):
+                text = [None if v is None else json.dumps(v) for v in table.column(i).to_pylist()]
+                table = table.set_column(i, field.name, pa.array(text, pa.string()))
+        pa_csv.write_csv(table, output)
     else:
         raise ValueError(f"unknown export format {fmt!r} (parquet or csv)")
-    return len(df)
+    return table.num_rows
 
 
 def export_from_coordinator(admin, output: Path, fmt: str) -> int:
     table, _ = fetch_table(admin, "runs")
     if table is None:
         raise ValueError("the coordinator holds no runs yet; nothing to export")
-    return _write(flatten(table.to_pandas()), output, fmt)
+    return _write(table, output, fmt)
 
 
 def export_from_data_dir(data_dir: Path, output: Path, fmt: str) -> int:
     con = open_readonly(data_dir)
     try:
-        df = con.execute("SELECT * FROM runs ORDER BY seq").df()
+        table = con.sql("SELECT * FROM runs ORDER BY seq").to_arrow_table()
     finally:
         con.close()
-    if df.empty:
+    if table.num_rows == 0:
         raise ValueError(f"{data_dir} holds no runs yet; nothing to export")
-    return _write(flatten(df), output, fmt)
+    return _write(table, output, fmt)

@@ -7,8 +7,8 @@ words:
 
 1. Pool only comparable runs: equal on every checked key (specfleet/record.py CHECKED_KEYS).
    Each comparable group has a `comparable` id, the first 12 hex digits of the MD5 of its keys.
-2. Pair an arm's run with the baseline run of the same attempt (job and lease), prompt and
-   repeat: ratio = arm decode tok/s / baseline decode tok/s. Verify-cost runs are never
+2. Pair an arm's run with the baseline run of the same attempt (job and lease), prompt,
+   repeat and checked keys: ratio = arm decode tok/s / baseline decode tok/s. Verify-cost runs are never
    speedups. A pair is left out when either run was not nominal (env_nominal false), when the
    arm's greedy output differed from the baseline's (lossless false), or when either speed is 0.
 3. Combine on the log scale, in the order of replication: the mean log ratio over a prompt's
@@ -31,6 +31,9 @@ COMPARABLE_ID = (
 )
 
 
+_SAME_KEYS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS)
+
+
 def _pairs_sql(source: str) -> str:
     return f"""
     SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
@@ -39,7 +42,7 @@ def _pairs_sql(source: str) -> str:
            ln(a.decode_tokens_per_second / b.decode_tokens_per_second) AS log_ratio
     FROM {source} a JOIN {source} b
       ON b.job_id = a.job_id AND b.lease_id = a.lease_id AND b.prompt_id = a.prompt_id
-     AND b.repeat = a.repeat AND b.method = 'baseline'
+     AND b.repeat = a.repeat AND b.method = 'baseline' AND {_SAME_KEYS}
     WHERE a.method NOT IN ('baseline', '{VERIFY_COST}')
       AND a.decode_tokens_per_second > 0 AND b.decode_tokens_per_second > 0
       AND a.env_nominal IS DISTINCT FROM false AND b.env_nominal IS DISTINCT FROM false

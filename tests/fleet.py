@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from agent.api import AdminApi, AgentApi, channel
 from coordinator.server import Coordinator, CoordinatorConfig, admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.record import ModelIdentity, RunRecord, Sampler
 
 LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_bytes=16 * 2**30, cpu_cores=2)
 
@@ -31,14 +33,27 @@ def enrol(
     return api
 
 
-def make_run(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **overrides) -> pb.Run:
+TARGET = ModelIdentity(reference="target", digest="cd" * 32, architecture="LlamaForCausalLM", context_length=4096)
+
+
+def run_record(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **overrides) -> RunRecord:
+    """A valid run record of a fake measurement; `overrides` replace any field."""
     fields = dict(
         run_id=str(uuid.uuid4()),
         job_id=job_id,
+        attempt=1,
         engine="mlx",
+        engine_version="mlx=0.0 mlx-lm=0.0",
         method=method,
         depth=depth,
-        prompt_id="code-1",
+        target=TARGET,
+        sampler=Sampler(),
+        prompt_set="code",
+        prompt_set_digest="ef" * 32,
+        prompt_category="code",
+        prompt_id="code-01",
+        context_tokens=0,
+        max_new_tokens=32,
         repeat=0,
         position=0,
         prompt_tokens=20,
@@ -54,7 +69,19 @@ def make_run(job_id: str, method: str = "baseline", depth: int = 0, tps: float =
         started_at_unix_seconds=1.7e9,
     )
     fields.update(overrides)
-    return pb.Run(**fields)
+    return RunRecord(**fields)
+
+
+def make_run(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **overrides) -> str:
+    """The JSON an agent uploads for a fake run. `overrides` are written into the JSON without
+    validation, so that tests can send what a faulty agent would (NaN, unknown methods)."""
+    record = run_record(job_id, tps=tps).to_dict()
+    record.update(method=method, depth=depth, **overrides)
+    return json.dumps(record)
+
+
+def run_id(record_json: str) -> str:
+    return json.loads(record_json)["run_id"]
 
 
 SWEEP_YAML = """
@@ -64,6 +91,7 @@ models:
   llama.cpp: {target: /models/target.gguf}
 engines: [mlx]
 prompt_sets: [code]
+prompts: 2
 methods: {draft: [2]}
 max_new_tokens: 16
 repeats: 1

@@ -1,71 +1,85 @@
-"""`specfleet export`: one row per run with every parameter and metric as a column, through a
-running coordinator and, with --stopped --data-dir, from a stopped one's file."""
+"""`specfleet export`: one row per run, one column per run-record field, through a running
+coordinator and, with --stopped --data-dir, from a stopped one's file; and the round trip of a
+record the real protocol measured: worker -> spool -> upload -> store -> export, equal field
+by field."""
+
+import json
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from agent.api import AdminApi, AgentApi, channel
+from agent.engines import make_engine
+from agent.model_identity import identify
+from agent.models import HashCache, resolve
+from agent.protocol import run_job
+from agent.spool import Spool
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import LINUX_BOX, SWEEP_YAML, make_run
+from specfleet.record import JobSpec, RunRecord
+from tests.fleet import LINUX_BOX, SWEEP_YAML
 from tests.processes import cli, start_coordinator, stop
 
 
-def report_runs(address, data) -> list[pb.Run]:
+def measure_and_upload(address, data, tiny_models, tmp_path) -> list[RunRecord]:
+    """Runs measured by the real protocol on the tiny MLX pair, spooled, then uploaded."""
     admin = AdminApi(channel(address), admin_credential(data))
     token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=1)).token
     resp = AgentApi(channel(address)).enrol(token, "exporter", LINUX_BOX, {}, ["mlx"])
     agent = AgentApi(channel(address), resp.credential)
     admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
     job = agent.acquire_job(1).job
-    runs = [
-        make_run(
-            job.job_id,
-            method,
-            depth,
-            tps=tps,
-            repeat=repeat,
-            metrics={"acceptance_rate": 0.5 + depth / 10, "latency_p50_seconds": 0.004},
-            params={"sampler.temperature": "0.0", "model.target": "/models/target"},
+    paths = {"target": tiny_models.mlx_target, "draft": tiny_models.mlx_draft}
+    spec = JobSpec.from_json(job.spec_json).with_models(**{role: str(p) for role, p in paths.items()})
+    hashes = HashCache(tmp_path / "hashes.json")
+    identities = {
+        role: identify(m, hashes.digest(m)) for role, m in ((r, resolve(str(p), [])) for r, p in paths.items())
+    }
+    spool = Spool(tmp_path / "spool")
+    records = []
+
+    def put(record):
+        records.append(record)
+        spool.put(job.job_id, job.lease_id, record)
+
+    n = run_job(spec, make_engine("mlx"), put, job.job_id, job.attempt, identities["target"], identities["draft"])
+    items = spool.items()
+    assert n == len(records) == len(items) == 2 * 2 * 2  # prompts x repeats (2, the design's rows) x arms
+    for item in items:
+        assert not agent.report_result(item.job_id, item.lease_id, item.record_json).duplicate
+        spool.ack(item)
+    assert agent.report_result(job.job_id, job.lease_id, items[1].record_json).duplicate  # a retry: no second row
+    agent.complete_job(job.job_id, job.lease_id, len(records))
+    return records
+
+
+def check_round_trip(path, records: list[RunRecord]) -> None:
+    rows = pq.read_table(path).to_pylist()
+    assert len(rows) == len(records) and len({r["run_id"] for r in rows}) == len(rows)
+    by_id = {r["run_id"]: r for r in rows}
+    for record in records:
+        row = by_id[record.run_id]
+        assert RunRecord.from_row(row) == record  # every field, nested parts and lists included
+        assert (
+            row["chip"] == LINUX_BOX.chip and row["lease_id"].startswith("lease-") and len(row["record_sha256"]) == 64
         )
-        for repeat in range(2)
-        for method, depth, tps in (("baseline", 0, 100.0 + repeat), ("draft", 2, 130.0 + repeat))
-    ]
-    runs[0].metrics.pop("acceptance_rate")  # a metric only some runs have: empty for the others
-    for run in runs:
-        agent.report_result(job.job_id, job.lease_id, run)
-    agent.report_result(job.job_id, job.lease_id, runs[1])  # a retry must not become a second row
-    agent.complete_job(job.job_id, job.lease_id, len(runs))
-    return runs
+    assert {r.method for r in records} == {"baseline", "draft"}
+    draft = next(r for r in records if r.method == "draft")
+    assert draft.target.reference == "target" and draft.draft.digest and draft.acceptance_by_position  # a name, no path
 
 
-def check(df: pd.DataFrame, runs: list[pb.Run]) -> None:
-    assert len(df) == len(runs) and df["run_id"].is_unique
-    assert set(df["run_id"]) == {r.run_id for r in runs}
-    for column in (
-        "engine",
-        "method",
-        "depth",
-        "chip",
-        "decode_tokens_per_second",
-        "ttft_seconds",
-        "peak_memory_bytes",
-        "metric.acceptance_rate",
-        "metric.latency_p50_seconds",
-        "param.sampler.temperature",
-        "param.model.target",
-    ):
-        assert column in df.columns, (column, list(df.columns))
+def check_csv(path, records: list[RunRecord]) -> None:
+    df = pd.read_csv(path)
+    assert set(df["run_id"]) == {r.run_id for r in records}
+    assert set(RunRecord.columns()) <= set(df.columns)
     by_id = df.set_index("run_id")
-    for run in runs:
-        row = by_id.loc[run.run_id]
-        assert (row["method"], row["depth"]) == (run.method, run.depth)
-        assert row["decode_tokens_per_second"] == run.decode_tokens_per_second
-        assert row["metric.latency_p50_seconds"] == 0.004
-        assert row["param.model.target"] == "/models/target"
-    assert by_id["metric.acceptance_rate"].isna().sum() == 1
+    for r in records:
+        assert by_id.loc[r.run_id, "decode_tokens_per_second"] == r.decode_tokens_per_second
+        assert json.loads(by_id.loc[r.run_id, "acceptance_by_position"]) == list(r.acceptance_by_position)
+        assert "/" not in by_id.loc[r.run_id, "target_reference"]
 
 
-def test_export_running_then_stopped(tmp_path):
+def test_export_running_then_stopped_and_records_round_trip(tmp_path, tiny_models):
     data = tmp_path / "coordinator"
     proc, endpoints = start_coordinator(data)
     address = endpoints["grpc"]
@@ -73,20 +87,21 @@ def test_export_running_then_stopped(tmp_path):
     try:
         empty = cli("export", "--format", "csv", "--output", str(tmp_path / "none.csv"), *admin, check=False)
         assert empty.returncode != 0 and "holds no runs yet" in empty.stderr
-        runs = report_runs(address, data)
-        out = cli("export", "--format", "csv", "--output", str(tmp_path / "live.csv"), *admin).stdout
-        assert out.strip() == f"wrote {len(runs)} runs to {tmp_path / 'live.csv'}"
-        check(pd.read_csv(tmp_path / "live.csv"), runs)
+        records = measure_and_upload(address, data, tiny_models, tmp_path)
+        out = cli("export", "--format", "parquet", "--output", str(tmp_path / "live.parquet"), *admin).stdout
+        assert out.strip() == f"wrote {len(records)} runs to {tmp_path / 'live.parquet'}"
+        check_round_trip(tmp_path / "live.parquet", records)
+        cli("export", "--format", "csv", "--output", str(tmp_path / "live.csv"), *admin)
+        check_csv(tmp_path / "live.csv", records)
         stopped = ["export", "--stopped", "--data-dir", str(data), "--format", "csv"]
         locked = cli(*stopped, "--output", str(tmp_path / "x.csv"), check=False)
         assert locked.returncode != 0 and "is the coordinator still running?" in locked.stderr, locked.stderr
     finally:
         assert stop(proc) == 0
 
-    for fmt in ("csv", "parquet"):
-        output = tmp_path / f"stopped.{fmt}"
-        cli("export", "--stopped", "--data-dir", str(data), "--format", fmt, "--output", str(output))
-        df = pd.read_csv(output) if fmt == "csv" else pd.read_parquet(output)
-        check(df, runs)
+    cli("export", "--stopped", "--data-dir", str(data), "--format", "parquet", "--output", str(tmp_path / "s.parquet"))
+    check_round_trip(tmp_path / "s.parquet", records)
+    cli("export", "--stopped", "--data-dir", str(data), "--format", "csv", "--output", str(tmp_path / "s.csv"))
+    check_csv(tmp_path / "s.csv", records)
     missing = cli("export", "--stopped", "--data-dir", str(tmp_path / "nowhere"), "--output", "x.csv", check=False)
     assert missing.returncode != 0 and "no coordinator database" in missing.stderr

@@ -23,9 +23,13 @@ ALLOWED_LABELS = {
     "specfleet_runs_duplicate": set(),
     "specfleet_lease_expiries": set(),
     "specfleet_rpc_duration_seconds": {"method", "code", "le"},
-    "specfleet_latest_decode_tokens_per_second": {"chip", "engine", "method", "depth"},
-    "specfleet_latest_speedup_ratio": {"chip", "engine", "method", "depth"},
-}
+    "specfleet_decode_tokens_per_second": {"comparable", "chip", "engine", "model", "method", "depth"},
+    "specfleet_speedup_ratio": {"comparable", "chip", "engine", "model", "method", "depth"},
+    "specfleet_comparable_group_info": {
+        "comparable", "engine", "engine_version", "model", "model_digest", "draft", "draft_digest", "sampler",
+        "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens",
+    },
+}  # fmt: skip
 
 
 def scrape(coordinator) -> dict:
@@ -57,11 +61,18 @@ def test_metrics_after_a_scripted_fleet_run(coordinator):
     admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
 
     job = fast.acquire_job(1).job
-    runs = [make_run(job.job_id, "baseline", 0, tps=100.0), make_run(job.job_id, "draft", 2, tps=150.0)]
+    runs = [
+        make_run(job.job_id, "baseline", 0, tps=100.0),
+        make_run(job.job_id, "draft", 2, tps=150.0),
+        # Runs that differ in a checked key (max_new_tokens) form their own comparable group.
+        make_run(job.job_id, "baseline", 0, tps=200.0, max_new_tokens=64),
+        make_run(job.job_id, "draft", 2, tps=100.0, max_new_tokens=64),
+        make_run(job.job_id, "verify-cost", 0, tps=0.0, verify_cost_seconds=[0.01, 0.012]),  # never a speedup
+    ]
     for run in runs:
         fast.report_result(job.job_id, job.lease_id, run)
     fast.report_result(job.job_id, job.lease_id, runs[0])  # a retry: acknowledged, counted as duplicate
-    fast.complete_job(job.job_id, job.lease_id, 2)
+    fast.complete_job(job.job_id, job.lease_id, len(runs))
     slow.acquire_job(1)  # ... and never heartbeats: the lease expires and the job is requeued
     with pytest.raises(grpc.RpcError):
         AgentApi(channel(f"127.0.0.1:{coordinator.port}"), "sfa.nobody.wrong").heartbeat()
@@ -87,19 +98,25 @@ def test_metrics_after_a_scripted_fleet_run(coordinator):
     assert value(families, "specfleet_jobs", state="queued") == 1
     assert value(families, "specfleet_jobs", state="leased") == 0
     assert value(families, "specfleet_sweep_progress_ratio", sweep="test-sweep") == 0.5
-    assert value(families, "specfleet_runs_ingested", "specfleet_runs_ingested_total") == 2
+    assert value(families, "specfleet_runs_ingested", "specfleet_runs_ingested_total") == len(runs)
     assert value(families, "specfleet_runs_duplicate", "specfleet_runs_duplicate_total") == 1
     assert value(families, "specfleet_lease_expiries", "specfleet_lease_expiries_total") == 1
 
     rpc = "specfleet_rpc_duration_seconds"
     assert families[rpc].type == "histogram"
-    assert value(families, rpc, rpc + "_count", method="ReportResult", code="OK") == 3
+    assert value(families, rpc, rpc + "_count", method="ReportResult", code="OK") == len(runs) + 1
     assert value(families, rpc, rpc + "_count", method="Heartbeat", code="UNAUTHENTICATED") == 1
     assert value(families, rpc, rpc + "_bucket", method="CompleteJob", code="OK", le="+Inf") == 1
 
-    chip = {"chip": "Apple M4 Pro", "engine": "mlx"}
-    tps = "specfleet_latest_decode_tokens_per_second"
-    assert value(families, tps, method="baseline", depth="0", **chip) == 100.0
-    assert value(families, tps, method="draft", depth="2", **chip) == 150.0
-    assert value(families, "specfleet_latest_speedup_ratio", method="draft", depth="2", **chip) == 1.5
-    assert value(families, "specfleet_latest_speedup_ratio", method="baseline", depth="0", **chip) == 1.0
+    chip = {"chip": "Apple M4 Pro", "engine": "mlx", "model": "target"}
+    info = families["specfleet_comparable_group_info"].samples
+    groups = {s.labels["max_new_tokens"]: s.labels["comparable"] for s in info}
+    assert set(groups) == {"32", "64"} and all(s.labels["model_digest"] == "cd" * 6 for s in info)
+    tps = "specfleet_decode_tokens_per_second"
+    assert value(families, tps, comparable=groups["32"], method="baseline", depth="0", **chip) == 100.0
+    assert value(families, tps, comparable=groups["32"], method="draft", depth="2", **chip) == 150.0
+    speedup = "specfleet_speedup_ratio"
+    assert value(families, speedup, comparable=groups["32"], method="draft", depth="2", **chip) == 1.5
+    assert value(families, speedup, comparable=groups["64"], method="draft", depth="2", **chip) == 0.5  # not pooled
+    assert not [s for s in families[speedup].samples if s.labels["method"] in ("baseline", "verify-cost")]
+    assert not [s for s in families[tps].samples if s.labels["method"] == "verify-cost"]

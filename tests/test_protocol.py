@@ -1,13 +1,20 @@
 """The measurement protocol with a fake engine that records every call: load once, warm-up
-stopping rule, rotation of the arms, cool-down before every run, paired runs adjacent."""
+stopping rule per prompt, Williams order of the arms, cool-down before every run, paired runs
+adjacent, context depth, typed records."""
+
+from collections import Counter
 
 import pytest
 
+from agent import prompts
+from agent.design import rounded_repeats, williams
 from agent.engines.base import Generation, Request, Round
-from agent.protocol import WARMUP_AGREEMENT, Arm, fit_prompt, rotated, run_job
-from agent.summary import acceptance_flags
+from agent.protocol import WARMUP_AGREEMENT, ContextTooLong, run_job
+from agent.summary import acceptance_flags, summarise
+from specfleet.record import Arm, JobSpec, ModelIdentity, Prompt
 
-ARMS = [{"method": "baseline", "depth": 0}, {"method": "draft", "depth": 2}, {"method": "ngram", "depth": 3}]
+ARMS = (Arm("baseline", 0), Arm("draft", 2), Arm("ngram", 3))
+TARGET = ModelIdentity(reference="t", digest="ab" * 32, context_length=4096)
 
 
 class FakeEngine:
@@ -47,23 +54,24 @@ class FakeEngine:
         return [0.01] * max_rows
 
 
-def spec(**overrides):
-    s = {
-        "engine": "mlx",
-        "model": {"target": "/models/t", "draft": "/models/d"},
-        "sampler": {"temperature": 0.0},
-        "prompt_set": "code",
-        "prompts": [{"id": "p1", "text": "hello"}, {"id": "p2", "text": "world!"}],
-        "arms": ARMS,
-        "max_new_tokens": 5,
-        "warmup": 3,
-        "repeats": 3,
-    }
-    s.update(overrides)
-    return s
+def spec(**overrides) -> JobSpec:
+    fields = dict(
+        engine="mlx",
+        model={"target": "/models/t", "draft": "/models/d"},
+        prompt_set="code",
+        prompt_category="code",
+        prompt_set_digest="cd" * 32,
+        prompts=(Prompt("p1", "hello"), Prompt("p2", "world!")),
+        arms=ARMS,
+        max_new_tokens=5,
+        warmup_cap=3,
+        repeats=3,
+    )
+    fields.update(overrides)
+    return JobSpec(**fields)
 
 
-def run(s, warmup_speeds=None, samples=None):
+def run(s, warmup_speeds=None, samples=None, target=TARGET):
     log, runs = [], []
     engine = FakeEngine(log, warmup_speeds or {})
     readings = iter(samples or [])
@@ -76,87 +84,105 @@ def run(s, warmup_speeds=None, samples=None):
         s,
         engine,
         runs.append,
+        job_id="job-1",
+        attempt=2,
+        target=target,
         sample=sample,
         sleep=lambda seconds: log.append(("sleep", seconds)),
-        extra_params={"model.target.sha256": "ab" * 32},
     )
     assert n == len(runs)
     return engine, log, runs
 
 
-def test_rotation_order():
-    arms = [Arm("a", 0), Arm("b", 1), Arm("c", 2)]
-    assert [[a.method for a in rotated(arms, r)] for r in range(4)] == [
-        ["a", "b", "c"],
-        ["b", "c", "a"],
-        ["c", "a", "b"],
-        ["a", "b", "c"],
-    ]
+def test_williams_design_balances_position_and_carry_over():
+    for n in range(1, 8):
+        rows = williams(n)
+        assert len(rows) == (1 if n == 1 else n if n % 2 == 0 else 2 * n)
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        for position in range(n):  # every arm in every position equally often
+            assert Counter(r[position] for r in rows) == Counter({a: len(rows) // n for a in range(n)})
+        follows = Counter((r[i], r[i + 1]) for r in rows for i in range(n - 1))
+        if n > 1:  # every arm follows every other equally often
+            assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+            assert len(set(follows.values())) == 1, (n, follows)
+    assert [rounded_repeats(r, 3) for r in (1, 6, 7)] == [6, 6, 12] and rounded_repeats(3, 2) == 4
 
 
-def test_warmup_stops_when_two_runs_agree_or_at_the_cap():
-    # baseline: 100 then 150 (50% apart) then 152 (within 10%): 3 runs. draft: 100, 101: 2 runs.
-    # ngram: never steady, capped at warmup=3.
-    speeds = {"baseline": [100, 150, 152], "draft": [100, 101], "ngram": [100, 200, 400]}
+def test_warmup_per_prompt_stops_when_two_runs_agree_within_5_percent_or_at_the_cap():
+    # p1: baseline 100, 150, 154 (within 5%: 3 runs); draft 100, 104 (2 runs); ngram never steady (cap 3).
+    # p2: every arm steady at once (100, 100: 2 runs each).
+    speeds = {"baseline": [100, 150, 154], "draft": [100, 104], "ngram": [100, 200, 400]}
     engine, log, runs = run(spec(), speeds)
     assert engine.loads == 1 and log[0] == ("load", "/models/t", "/models/d")
-    assert runs[0]["params"]["warmup_runs"] == "baseline-0:3,draft-2:2,ngram-3:3"
-    assert abs(152 - 150) / 151 <= WARMUP_AGREEMENT < abs(150 - 100) / 125
+    assert abs(154 - 150) / 152 <= WARMUP_AGREEMENT < abs(150 - 100) / 125
+    warmups = {(r.prompt_id, r.method): r.warmup_runs for r in runs}
+    assert warmups == {
+        ("p1", "baseline"): 3, ("p1", "draft"): 2, ("p1", "ngram"): 3,
+        ("p2", "baseline"): 2, ("p2", "draft"): 2, ("p2", "ngram"): 2,
+    }  # fmt: skip
     generates = [e for e in log if e[0] == "generate"]
-    # 8 warm-up runs on the first prompt, one reference baseline per prompt, then the measured runs.
-    warmups = generates[:8]
-    assert [g[1] for g in warmups] == ["baseline"] * 3 + ["draft"] * 2 + ["ngram"] * 3
-    assert all(g[3] == generates[0][3] for g in warmups)
-    assert [g[1] for g in generates[8:10]] == ["baseline", "baseline"]
-    assert len(generates) == 8 + 2 + 3 * 2 * 3
+    p1, p2 = (FakeEngine([], {}).tokenize(t) for t in ("hello", "world!"))
+    # Each prompt's warm-up comes right before its first measured run, on that prompt.
+    assert [g[1] for g in generates[:8]] == ["baseline"] * 3 + ["draft"] * 2 + ["ngram"] * 3
+    assert all(g[3] == p1 for g in generates[:8])
+    repeats = rounded_repeats(3, 3)
+    first_p2 = 8 + repeats * 3
+    assert all(g[3] == p2 for g in generates[first_p2 : first_p2 + 6])
+    assert len(generates) == 8 + 6 + 2 * repeats * 3  # no separate reference: the baseline's warm-up is it
 
 
-def test_measured_runs_rotate_and_paired_runs_are_adjacent():
-    _, _, runs = run(spec(warmup=0))
-    assert len(runs) == 3 * 2 * 3
-    for repeat in range(3):
+def test_measured_runs_follow_the_williams_design_and_paired_runs_are_adjacent():
+    _, log, runs = run(spec(warmup_cap=0))
+    repeats = rounded_repeats(3, 3)
+    assert repeats == 6 and len(runs) == repeats * 2 * 3
+    design = williams(3)
+    for repeat in range(repeats):
         for pid in ("p1", "p2"):
-            block = [r for r in runs if r["repeat"] == repeat and r["prompt_id"] == pid]
-            expected = [a["method"] for a in ARMS[repeat:] + ARMS[:repeat]]
-            assert [r["method"] for r in block] == expected
-            assert [r["position"] for r in block] == [0, 1, 2]
-            # The arms of one prompt and repeat are back to back in emission order: adjacent.
-            first = runs.index(block[0])
+            block = [r for r in runs if r.repeat == repeat and r.prompt_id == pid]
+            assert [r.method for r in block] == [ARMS[i].method for i in design[repeat]]
+            assert [r.position for r in block] == [0, 1, 2]
+            first = runs.index(block[0])  # the arms of one prompt and repeat are back to back: adjacent
             assert runs[first : first + 3] == block
-    assert all(r["lossless"] is True for r in runs)
+    assert all(r.lossless is True and r.arm_order == "williams" for r in runs)
+    # Without warm-up a reference baseline is generated per prompt, unmeasured.
+    assert sum(1 for e in log if e[0] == "generate") == len(runs) + 2
 
 
 def test_cooldown_before_every_measured_run_and_environment_around_each():
-    _, log, runs = run(spec(warmup=1, repeats=2, cooldown_seconds=1.5))
-    measured = [i for i, e in enumerate(log) if e[0] == "generate"][3 + 2 :]  # after warm-up and references
-    assert len(measured) == len(runs) == 2 * 2 * 3
+    _, log, runs = run(spec(warmup_cap=1, arms=ARMS[:2], repeats=2, cooldown_seconds=1.5))
+    generates = [i for i, e in enumerate(log) if e[0] == "generate"]
+    measured = generates[2:6] + generates[8:12]  # each prompt: 2 warm-up runs, then 2 repeats x 2 arms
+    assert len(measured) == len(runs) == 2 * 2 * 2
     for i in measured:
         assert log[i - 2] == ("sleep", 1.5) and log[i - 1] == ("sample",) and log[i + 1] == ("sample",)
     assert sum(1 for e in log if e[0] == "sleep") == len(runs)  # never during warm-up
-    assert runs[0]["params"]["cooldown_seconds"] == "1.5"
+    assert runs[0].cooldown_seconds == 1.5
 
-    _, log, _ = run(spec(warmup=0))
+    _, log, _ = run(spec(warmup_cap=0))
     assert not any(e[0] == "sleep" for e in log)
 
 
-def test_runs_carry_environment_flags_and_extra_params():
+def test_runs_carry_typed_environment_readings_and_the_jobs_identity():
     battery = {"power_source": "battery", "thermal": "nominal"}
-    _, _, runs = run(spec(warmup=0, repeats=1, arms=ARMS[:1]), samples=[battery])
+    unknown = {"thermal": "nominal"}  # no power reading at all
+    _, _, runs = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1]), samples=[battery, {}, unknown, unknown])
     first, second = runs
-    assert first["params"]["env.nominal"] == "false" and "before: on battery power" in first["params"]["env.reasons"]
-    assert first["params"]["env.before.power_source"] == "battery"
-    assert first["params"]["env.after.power_source"] == "ac"
-    assert first["params"]["env.before.low_power_mode"] == "unavailable"
-    assert second["params"]["env.nominal"] == "true"
-    assert first["params"]["model.target.sha256"] == "ab" * 32 and first["params"]["version.fake"] == "1"
+    assert first.env_nominal is False and "before: on battery power" in first.env_reasons
+    assert first.env_before.power_source == "battery" and first.env_after.power_source is None
+    assert first.env_before.low_power_mode is None  # unavailable is None, never a guess
+    assert second.env_nominal is None and second.env_reasons == ()  # unknown, not nominal
+    _, _, quiet = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1]))
+    assert all(r.env_nominal is True for r in quiet)
+    assert first.target == TARGET and first.engine_version == "fake=1" and first.attempt == 2
+    assert first.job_id == "job-1" and first.prompt_set_digest == "cd" * 32 and first.load_seconds == 0.25
 
 
 def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
     from coordinator.sweeps import SweepError, parse_sweep
 
     base = "name: cool\nmodels: {mlx: {target: /m}}\nengines: [mlx]\nprompt_sets: [code]\n"
-    assert all(c["cooldown_seconds"] == 2.5 for c in parse_sweep(base + "cooldown_seconds: 2.5\n").cells())
-    assert parse_sweep(base).cells()[0]["cooldown_seconds"] == 0
+    assert all(c.cooldown_seconds == 2.5 for c in parse_sweep(base + "cooldown_seconds: 2.5\n").cells())
+    assert parse_sweep(base).cells()[0].cooldown_seconds == 0
     try:
         parse_sweep(base + "cooldown_seconds: -1\n")
     except SweepError as e:
@@ -165,25 +191,23 @@ def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
         raise AssertionError("a negative cool-down was accepted")
 
 
-def test_prompts_are_fitted_to_the_sets_token_length():
+def test_context_depth_puts_distinct_documents_before_every_prompt():
     engine = FakeEngine([], {})
-    assert fit_prompt(engine, "hello", None) == engine.tokenize("hello")
-    fitted = fit_prompt(engine, "hello", 12)  # doubled until at least 12 tokens, then cut
-    assert fitted == engine.tokenize("hello\nhello\nhello\nhello")[:12] and len(fitted) == 12
-    assert fit_prompt(engine, "a long prompt", 4) == engine.tokenize("a long")[:4]
-    log = []
-    run_job(spec(prompt_tokens=20), FakeEngine(log, {}), lambda fields: log.append(("run", fields["prompt_tokens"])))
-    measured = [entry[1] for entry in log if entry[0] == "run"]
-    assert measured and set(measured) == {20}
+    docs = ("first document text", "second one", "third")
+    built = prompts.build(engine.tokenize, "hello", docs, 25)
+    assert built[:25] == engine.tokenize("first document text\n\nsecond one\n\n")[:25]
+    assert built[25:] == engine.tokenize("hello") and len(built) == 30
+    assert prompts.build(engine.tokenize, "hello", docs, 0) == engine.tokenize("hello")
+    with pytest.raises(prompts.NotEnoughText, match="context of 500 tokens was asked for"):
+        prompts.build(engine.tokenize, "hello", docs, 500)
+    _, _, runs = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1], documents=docs, context_tokens=25))
+    assert {r.prompt_tokens for r in runs} == {30, 31} and all(r.context_tokens == 25 for r in runs)
 
 
-def test_every_shipped_prompt_set_has_a_fixed_length():
-    from coordinator.sweeps import parse_sweep, prompt_sets
-
-    for name, ps in prompt_sets().items():
-        assert isinstance(ps["tokens"], int) and ps["tokens"] > 0 and ps["prompts"], name
-    sweep = parse_sweep("name: s\nmodels: {mlx: {target: /m}}\nengines: [mlx]\nprompt_sets: [summarise]\n")
-    assert sweep.cells()[0]["prompt_tokens"] == prompt_sets()["summarise"]["tokens"]
+def test_a_context_longer_than_the_models_own_limit_is_refused_with_the_reason():
+    small = ModelIdentity(reference="t", digest="ab" * 32, context_length=12)
+    with pytest.raises(ContextTooLong, match="needs 14 positions .* holds at most 12 .its own context length."):
+        run(spec(warmup_cap=0, repeats=1), target=small)
 
 
 def _rounds(drafted: int, accepted: int, count: int) -> list[Round]:
@@ -200,25 +224,34 @@ def test_runs_whose_drafted_proposals_collapse_are_flagged_with_the_causes(monke
         return gen
 
     monkeypatch.setattr(FakeEngine, "generate", with_rounds)
-    _, _, runs = run(spec(warmup=0, repeats=1))
-    by_method = {r["method"]: r["params"] for r in runs}
-    assert by_method["draft"]["acceptance.collapsed"] == "true"
-    assert by_method["draft"]["acceptance.reason"].startswith("0 of 20 draft proposals accepted (0.0%, below 3%)")
-    assert "acceptance.collapsed" not in by_method["baseline"]
-    assert "acceptance.collapsed" not in by_method["ngram"]  # prompt lookup legitimately finds nothing
+    _, _, runs = run(spec(warmup_cap=0, repeats=1))
+    by_method = {r.method: r for r in runs}
+    assert by_method["draft"].acceptance_collapsed is True
+    assert by_method["draft"].acceptance_reason.startswith("0 of 20 draft proposals accepted (0.0%, below 3%)")
+    assert by_method["baseline"].acceptance_collapsed is None
+    assert by_method["ngram"].acceptance_collapsed is None  # prompt lookup legitimately finds nothing
 
 
 @pytest.mark.parametrize(
     "method,rounds,collapsed",
     [
-        ("mtp", _rounds(4, 0, 5), "true"),
-        ("mtp", _rounds(4, 1, 5), "false"),  # 5 of 20: low, not collapsed
-        ("mtp", _rounds(3, 0, 5), "false"),  # 15 proposals say too little
-        ("draft", _rounds(1, 0, 40), "true"),
+        ("mtp", _rounds(4, 0, 5), True),
+        ("mtp", _rounds(4, 1, 5), False),  # 5 of 20: low, not collapsed
+        ("mtp", _rounds(3, 0, 5), False),  # 15 proposals say too little
+        ("draft", _rounds(1, 0, 40), True),
     ],
 )
 def test_collapse_threshold(method, rounds, collapsed):
     gen = Generation([1], 1, 0.1, 0.1, [0.1], 0, rounds=rounds)
     flags = acceptance_flags(method, gen)
-    assert flags["acceptance.collapsed"] == collapsed
-    assert ("norm convention" in flags["acceptance.reason"]) == (collapsed == "true" and method == "mtp")
+    assert flags["acceptance_collapsed"] is collapsed
+    assert ("norm convention" in flags["acceptance_reason"]) == (collapsed and method == "mtp")
+
+
+def test_inter_token_gaps_are_between_arrivals_and_rounds_have_their_own_latency():
+    # Tokens 2-4 arrive together (one speculative round): a streaming client sees two gaps.
+    gen = Generation([1, 2, 3, 4, 5], 1, 0.01, 0.04, [0.01, 0.03, 0.03, 0.03, 0.05], 0, rounds=_rounds(2, 2, 2))
+    figures = summarise(gen)
+    assert figures["inter_token_latency_p50_seconds"] == pytest.approx(0.02)  # never 0 from the burst
+    assert figures["round_latency_p50_seconds"] == pytest.approx(0.003)
+    assert summarise(Generation([1], 1, 0.01, 0.0, [0.01], 0))["inter_token_latency_p50_seconds"] is None

@@ -5,7 +5,7 @@ import pytest
 from coordinator import agents, auth
 from coordinator.ingest import ingest
 from coordinator.scheduler import Beat, NoMatchingAgents, Scheduler, SchedulerError
-from coordinator.store import Store, open_readonly
+from coordinator.store import Store, migrations, open_readonly
 from coordinator.sweeps import parse_sweep
 from tests.fleet import SWEEP_YAML, make_run
 
@@ -149,7 +149,7 @@ def test_restart_keeps_everything(tmp_path, fleet):
     reopened.close()
     assert counts == [2, 1, 1, 1]
     ro = open_readonly(path.parent)
-    assert ro.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == 1
+    assert ro.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == len(migrations())
     ro.close()
     scheduler.store = Store(path.parent)  # let the fixture close something open
 
@@ -174,7 +174,8 @@ def test_a_job_goes_only_to_agents_with_the_engine_and_the_memory_for_the_model(
     _, jobs = scheduler.submit(sweep, text)
     assert jobs == 1  # mac-1 has mlx but 48 GB; mac-2 has no mlx; the studio has both
     assert scheduler.acquire(a1) is None and scheduler.acquire(a2) is None
-    assert scheduler.acquire(big).spec["model"] == {"target": "/t", "draft": "/d", "memory_gb": 64}
+    spec = scheduler.acquire(big).spec
+    assert spec["model"] == {"target": "/t", "draft": "/d"} and spec["memory_gb"] == 64
 
     too_big = text.replace("memory_gb: 64", "memory_gb: 256")
     with pytest.raises(NoMatchingAgents, match="mlx with 256 GB of memory"):

@@ -6,7 +6,7 @@ import os
 
 from agent.daemon import Agent
 from agent.spool import Spool
-from tests.fleet import make_run, start_coordinator
+from tests.fleet import run_record, start_coordinator
 from tests.test_agent_daemon import identity_for, submit
 
 
@@ -23,13 +23,13 @@ def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
         agent = Agent(config)
         job = agent.api.acquire_job(1.0).job
         spool = Spool(config / "spool")
-        runs = [make_run(job.job_id) for _ in range(3)]
+        runs = [run_record(job.job_id) for _ in range(3)]
         for run in runs:
             spool.put(job.job_id, job.lease_id, run)
         # The first upload reached the coordinator, then the agent died before deleting the file.
-        assert agent.api.report_result(job.job_id, job.lease_id, runs[0]).duplicate is False
+        assert agent.api.report_result(job.job_id, job.lease_id, runs[0].to_json()).duplicate is False
         # A crash in the middle of a write leaves only a temporary file, which is not a record.
-        (spool.pending / ".half-written.tmp").write_text('{"schema": 1, "run": {')
+        (spool.pending / ".half-written.tmp").write_text('{"schema": 2, "record": "{')
 
         restarted = Agent(config)
         assert restarted.upload_pending() == 3 and spool.depth() == 0
@@ -39,7 +39,7 @@ def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
         assert spool.measured() == [r.run_id for r in runs]
 
         # A run whose lease is gone is refused for good: moved aside with the reason, never dropped.
-        stale = make_run(job.job_id)
+        stale = run_record(job.job_id)
         spool.put(job.job_id, "lease-that-never-was", stale)
         assert restarted.upload_pending() == 0 and spool.depth() == 0
         kept = (spool.refused / f"{stale.run_id}.json").read_text()

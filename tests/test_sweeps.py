@@ -2,7 +2,9 @@
 
 import pytest
 
+from coordinator import prompt_library
 from coordinator.sweeps import SweepError, agent_matches, parse_sweep
+from specfleet.record import Arm, JobSpec, Sampler, VerifyCost
 from tests.fleet import SWEEP_YAML
 
 GOOD = {
@@ -79,9 +81,35 @@ def test_a_good_sweep_expands_into_cells_with_baseline_first():
     sweep = parse_sweep(SWEEP_YAML)
     cells = sweep.cells()
     assert len(cells) == 1
-    assert cells[0]["arms"] == [{"method": "baseline", "depth": 0}, {"method": "draft", "depth": 2}]
-    assert cells[0]["prompts"] and all(p["text"] for p in cells[0]["prompts"])
-    assert cells[0]["sampler"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+    assert cells[0].arms == (Arm("baseline", 0), Arm("draft", 2))
+    assert len(cells[0].prompts) == 2 and all(p.text for p in cells[0].prompts)  # `prompts: 2`
+    assert cells[0].sampler == Sampler(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    assert cells[0].prompt_category == "code" and len(cells[0].prompt_set_digest) == 64
+    assert cells[0].context_tokens == 0 and cells[0].documents == ()
+    # The spec survives its JSON unchanged: what the agent reads is what the coordinator wrote.
+    assert JobSpec.from_json(cells[0].to_json()) == cells[0]
+
+
+def test_context_depth_is_a_cell_dimension_with_its_own_documents_and_digest():
+    sweep = parse_sweep(SWEEP_YAML + "context_tokens: [0, 512, 4096]\n")
+    cells = sweep.cells()
+    assert [c.context_tokens for c in cells] == [0, 512, 4096]
+    assert cells[0].documents == () and 0 < len(cells[1].documents) <= len(cells[2].documents)
+    assert len({c.prompt_set_digest for c in cells}) == 3  # different text read, different digest
+    assert sum(map(len, cells[2].documents)) >= 4096 * 8 or cells[2].documents == prompt_library.documents()
+    with pytest.raises(SweepError, match="context_tokens\\[1\\]: must be between 0 and 131072"):
+        parse_sweep(SWEEP_YAML + "context_tokens: [0, 1000000]\n")
+    with pytest.raises(SweepError, match="context_tokens: lists a depth twice"):
+        parse_sweep(SWEEP_YAML + "context_tokens: [512, 512]\n")
+
+
+def test_repeats_are_rounded_up_to_complete_the_williams_design_and_the_sweep_says_so():
+    sweep = parse_sweep(SWEEP_YAML.replace("repeats: 1", "repeats: 3").replace("{draft: [2]}", "{draft: [2, 4]}"))
+    assert sweep.notes() == [
+        "mlx: repeats rounded up from 3 to 6 to complete the Williams design of 3 arms "
+        "(each arm follows every other equally often)"
+    ]
+    assert parse_sweep(SWEEP_YAML.replace("repeats: 1", "repeats: 4")).notes() == []  # 2 arms: 2 rows
 
 
 def test_each_engine_gets_only_the_arms_it_has():
@@ -93,10 +121,10 @@ def test_each_engine_gets_only_the_arms_it_has():
             verify_cost={"context_tokens": [64, 256]},
         )
     )
-    arms = {c["engine"]: [(a["method"], a["depth"]) for a in c["arms"]] for c in sweep.cells()}
+    arms = {c.engine: [(a.method, a.depth) for a in c.arms] for c in sweep.cells()}
     assert arms["mlx"] == [("baseline", 0), ("ngram", 3), ("ref-draft", 2)]
     assert arms["llama.cpp"] == [("baseline", 0), ("ngram", 3), ("ref-ngram", 3)]
-    assert sweep.cells()[0]["verify_cost"] == {"context_tokens": [64, 256], "max_rows": 16, "repeats": 5}
+    assert sweep.cells()[0].verify_cost == VerifyCost(context_tokens=(64, 256), max_rows=16, repeats=5)
 
 
 @pytest.mark.parametrize(
@@ -124,4 +152,5 @@ def test_the_readme_sweep_example_is_accepted():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     example = readme.split("A sweep file:")[1].split("```yaml")[1].split("```")[0]
     sweep = parse_sweep(example)
-    assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a["method"], a["depth"]) for a in sweep.arms}
+    assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a.method, a.depth) for a in sweep.arms}
+    assert sweep.context_tokens == [512, 4096, 16384, 32768]
