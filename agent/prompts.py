@@ -22,24 +22,27 @@ def _leading_special(tokenize: Callable[[str], Sequence[int]]) -> tuple[int, ...
     return tuple(tokenize(""))
 
 
-def build(
-    tokenize: Callable[[str], Sequence[int]], prompt: str, documents: Sequence[str], context_tokens: int
-) -> tuple[int, ...]:
-    """The tokens of `context_tokens` of context (BOS included) followed by the prompt's."""
-    tokens = tuple(tokenize(prompt))
+def context(tokenize: Callable[[str], Sequence[int]], documents: Sequence[str], context_tokens: int) -> tuple[int, ...]:
+    """Exactly `context_tokens` tokens (BOS included) of the documents, joined in order and cut;
+    () for no context. One tokenization of all the documents the job sent: they are bounded by
+    the coordinator (coordinator/prompt_library.py)."""
     if context_tokens <= 0:
-        return tokens
-    special = _leading_special(tokenize)
-    text, context = "", tuple(special)
-    for doc in documents:
-        text = f"{text}{doc}{DOCUMENT_SEPARATOR}"
-        context = tuple(tokenize(text))
-        if len(context) >= context_tokens:
-            break
-    if len(context) < context_tokens:
+        return ()
+    tokens = tuple(tokenize(DOCUMENT_SEPARATOR.join(documents) + DOCUMENT_SEPARATOR))
+    if len(tokens) < context_tokens:
         raise NotEnoughText(
             f"a context of {context_tokens} tokens was asked for, but the {len(documents)} documents hold "
-            f"{len(context)} tokens for this model's tokenizer"
+            f"{len(tokens)} tokens for this model's tokenizer"
         )
-    body = tokens[len(special) :] if tokens[: len(special)] == special else tokens
-    return context[:context_tokens] + body
+    return tokens[:context_tokens]
+
+
+def build(tokenize: Callable[[str], Sequence[int]], prompt: str, prefix: tuple[int, ...]) -> tuple[int, ...]:
+    """The prompt's tokens after a context `prefix` (from `context`): the prompt's own leading
+    special tokens are dropped when the context already begins with them."""
+    tokens = tuple(tokenize(prompt))
+    if not prefix:
+        return tokens
+    special = _leading_special(tokenize)
+    body = tokens[len(special) :] if special and tokens[: len(special)] == special else tokens
+    return prefix + body

@@ -64,9 +64,10 @@ def run_job(
     the environment, `sleep` cools down. Returns the number of runs emitted."""
     load_seconds = engine.load(spec.model["target"], spec.model.get("draft"))
     arms = list(spec.arms)
+    prefix = prompts.context(engine.tokenize, spec.documents, spec.context_tokens)
     prompt_tokens = {}
     for p in spec.prompts:
-        tokens = prompts.build(engine.tokenize, p.text, spec.documents, spec.context_tokens)
+        tokens = prompts.build(engine.tokenize, p.text, prefix)
         check_context(len(tokens), spec, target, p.id)
         prompt_tokens[p.id] = tokens
     design = williams(len(arms))

@@ -42,6 +42,7 @@ from bench.noise import NoiseProbe  # noqa: E402
 from coordinator.server import quiet_gc  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc  # noqa: E402
+from specfleet.record import ModelIdentity, RunRecord, Sampler  # noqa: E402
 
 FINGERPRINT = pb.Fingerprint(hostname="sim", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)
 
@@ -89,14 +90,27 @@ def bucket_quantile(before, after, q: float) -> tuple[int, float]:
     return int(total), float("inf")
 
 
-def make_run(job_id: str, i: int) -> pb.Run:
-    return pb.Run(
+TARGET = ModelIdentity(reference="Qwen3-8B-4bit", digest="cd" * 32, architecture="qwen3", quantisation="4bit-g64")
+
+
+def make_run(job_id: str, i: int) -> str:
+    """One run record as an agent uploads it (JSON)."""
+    return RunRecord(
         run_id=str(uuid.uuid4()),
         job_id=job_id,
+        attempt=1,
         engine="mlx",
+        engine_version="mlx=0.0 mlx-lm=0.0",
         method="draft" if i % 2 else "baseline",
         depth=2 if i % 2 else 0,
-        prompt_id="code-1",
+        target=TARGET,
+        sampler=Sampler(),
+        prompt_set="code",
+        prompt_set_digest="ef" * 32,
+        prompt_category="code",
+        prompt_id="code-01",
+        context_tokens=0,
+        max_new_tokens=256,
         repeat=i,
         position=i % 2,
         prompt_tokens=128,
@@ -110,9 +124,10 @@ def make_run(job_id: str, i: int) -> pb.Run:
         peak_memory_bytes=6 * 2**30,
         output_sha256="ab" * 32,
         started_at_unix_seconds=time.time(),
-        metrics={"acceptance_rate": 0.7, "tokens_drafted": 300.0, "tokens_accepted": 210.0, "rounds": 100.0},
-        params={"model.target": "/models/Qwen3-8B-4bit", "sampler": "temperature=0.0"},
-    )
+        tokens_drafted=300 if i % 2 else 0,
+        tokens_accepted=210 if i % 2 else 0,
+        rounds=100 if i % 2 else 0,
+    ).to_json()
 
 
 class Sim:
@@ -202,7 +217,9 @@ class Sim:
             next_at += interval
             job = state["job"]
             n += 1
-            return pb.ReportResultRequest(job_id=job.job_id, lease_id=job.lease_id, run=make_run(job.job_id, n - 1))
+            return pb.ReportResultRequest(
+                job_id=job.job_id, lease_id=job.lease_id, record_json=make_run(job.job_id, n - 1)
+            )
 
         tasks = [asyncio.create_task(self.exchange("Heartbeat", stub.Heartbeat, md, next_beat))]
         # Agents start at different times in a real fleet: spread the first polls over a

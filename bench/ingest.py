@@ -26,7 +26,7 @@ from coordinator.ingest import Report, ingest_many  # noqa: E402
 from coordinator.scheduler import Scheduler  # noqa: E402
 from coordinator.store import Store, placeholders  # noqa: E402
 from coordinator.sweeps import parse_sweep  # noqa: E402
-from tests.fleet import make_run  # noqa: E402
+from tests.fleet import make_run, run_id  # noqa: E402
 
 BATCH = 60
 REPEATS = 15
@@ -51,18 +51,19 @@ def measure(stored: int) -> dict[str, float]:
         sweep = {"name": "s", "models": {"mlx": {"target": "/m"}}, "engines": ["mlx"], "prompt_sets": ["code"]}
         scheduler.submit(parse_sweep(json.dumps(sweep)), json.dumps(sweep))
         job = scheduler.acquire(agent)
-        with store.tx() as con:  # the stored history: other jobs' runs
+        (first,) = ingest_many(scheduler, [Report(agent, job.job_id, job.lease_id, make_run(job.job_id))])
+        with store.tx() as con:  # the stored history: other jobs' runs, copies of that one
             con.execute(
-                "INSERT INTO runs SELECT uuid()::VARCHAR, 'job-old', 'lease-old', 'sw-old', 'ag-old', 'Apple M1',"
-                " 'mlx', 'baseline', 0, 'code-1', 0, 0, 128, 256, 0.1, 0.1, 2, 2.1, 128, 1280, 2**30, '', NULL,"
-                f" '{{}}', '{{}}', 0, 0, nextval('ingest_seq') FROM range({stored})"
+                "INSERT INTO runs SELECT r.* REPLACE (uuid()::VARCHAR AS run_id, 'job-old' AS job_id,"
+                " nextval('ingest_seq') AS seq) FROM (SELECT * FROM runs LIMIT 1) r, range(?)",
+                [stored],
             )
 
         def ingest():
             reports = [Report(agent, job.job_id, job.lease_id, make_run(job.job_id)) for _ in range(BATCH)]
             assert all(isinstance(r, tuple) for r in ingest_many(scheduler, reports))
 
-        run_ids = [make_run(job.job_id).run_id for _ in range(BATCH)]
+        run_ids = [run_id(make_run(job.job_id)) for _ in range(BATCH)]
 
         with store.tx() as con:
             in_list = median_ms(

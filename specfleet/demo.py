@@ -45,7 +45,7 @@ DEMO_COMMON = {
     "prompt_sets": ["conversation"],
     "prompts": 2,
     "max_new_tokens": 64,
-    "warmup": 2,
+    "warmup": 3,  # at most 3 warm-up runs per arm and prompt (the default is 10): the demo stays short
     "repeats": 3,
 }
 

@@ -13,6 +13,7 @@ column, and the page that shows it: ingest and export follow `RunRecord.columns(
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -222,8 +223,23 @@ class RunRecord:
         return cls.from_dict(_unflatten(cls, row, ""))
 
 
+@functools.cache
 def _hints(cls) -> dict[str, Any]:
     return get_type_hints(cls)
+
+
+@functools.cache
+def _fields(cls) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, type, has a default) of a dataclass's fields, resolved once per class."""
+    hints = _hints(cls)
+    return tuple(
+        (
+            f.name,
+            hints[f.name],
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    )
 
 
 def _nested(tp) -> type | None:
@@ -233,59 +249,69 @@ def _nested(tp) -> type | None:
 
 def _flatten(cls, value, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        tp = _hints(cls)[f.name]
-        v = getattr(value, f.name) if value is not None else None
+    for name, tp, _ in _fields(cls):
+        v = getattr(value, name) if value is not None else None
         if _nested(tp):
-            out.update(_flatten(tp, v, f"{prefix}{f.name}_"))
+            out.update(_flatten(tp, v, f"{prefix}{name}_"))
         else:
-            out[f"{prefix}{f.name}"] = list(v) if isinstance(v, tuple) else v
+            out[f"{prefix}{name}"] = list(v) if isinstance(v, tuple) else v
     return out
 
 
 def _unflatten(cls, row: dict[str, Any], prefix: str) -> dict[str, Any]:
     out = {}
-    for f in dataclasses.fields(cls):
-        tp = _hints(cls)[f.name]
+    for name, tp, _ in _fields(cls):
         if _nested(tp):
-            out[f.name] = _unflatten(tp, row, f"{prefix}{f.name}_")
-        elif f"{prefix}{f.name}" in row:
-            out[f.name] = row[f"{prefix}{f.name}"]
+            out[name] = _unflatten(tp, row, f"{prefix}{name}_")
+        elif f"{prefix}{name}" in row:
+            out[name] = row[f"{prefix}{name}"]
     return out
+
+
+@functools.cache
+def _shape(tp) -> tuple[str, Any]:
+    """How a field type is checked: ("record", cls), ("list", item type), ("optional", inner
+    type) or ("plain", type). Resolved once per type."""
+    if _nested(tp):
+        return "record", tp
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is tuple:
+        return "list", args[0]
+    if args and type(None) in args:  # X | None
+        return "optional", next(a for a in args if a is not type(None))
+    return "plain", tp
 
 
 def _coerce(tp, value, where: str):
     """`value` as type `tp`, or InvalidRecord. Ints may stand for floats; nothing else converts."""
-    origin, args = get_origin(tp), get_args(tp)
-    if _nested(tp):
+    kind, inner = _shape(tp)
+    if kind == "record":
         if not isinstance(value, dict):
             raise InvalidRecord(f"{where}: must be a mapping, got {type(value).__name__}")
-        return _build(tp, value, f"{where}.")
-    if origin is tuple:
+        return _build(inner, value, f"{where}.")
+    if kind == "list":
         if not isinstance(value, (list, tuple)):
             raise InvalidRecord(f"{where}: must be a list, got {type(value).__name__}")
         if len(value) > MAX_LIST:
             raise InvalidRecord(f"{where}: holds {len(value)} items; at most {MAX_LIST}")
-        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-    if args and type(None) in args:  # X | None
-        if value is None:
-            return None
-        return _coerce(next(a for a in args if a is not type(None)), value, where)
-    if tp is bool:
+        return tuple(_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if kind == "optional":
+        return None if value is None else _coerce(inner, value, where)
+    if inner is bool:
         if not isinstance(value, bool):
             raise InvalidRecord(f"{where}: must be true or false, got {value!r}")
         return value
-    if tp is int:
+    if inner is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidRecord(f"{where}: must be an integer, got {value!r}")
         return value
-    if tp is float:
+    if inner is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidRecord(f"{where}: must be a number, got {value!r}")
         if not math.isfinite(value):
             raise InvalidRecord(f"{where}: must be finite, got {value!r}")
         return float(value)
-    if tp is str:
+    if inner is str:
         if not isinstance(value, str):
             raise InvalidRecord(f"{where}: must be a string, got {type(value).__name__}")
         return value
@@ -295,20 +321,19 @@ def _coerce(tp, value, where: str):
 def _build(cls, data: dict[str, Any], where: str):
     if not isinstance(data, dict):
         raise InvalidRecord(f"{where or 'record'}: must be a mapping")
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names, key=str)
-    if unknown:
+    fields = _fields(cls)
+    if len(data) > len(fields) or not data.keys() <= {name for name, _, _ in fields}:
+        unknown = sorted(set(data) - {name for name, _, _ in fields}, key=str)
         raise InvalidRecord(f"{where}{unknown[0]}: unknown field (schema {SCHEMA_VERSION})")
     if cls is RunRecord and data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise InvalidRecord(f"schema: record schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise InvalidRecord(f"{where}{f.name}: is required")
+    for name, tp, has_default in fields:
+        if name not in data:
+            if not has_default:
+                raise InvalidRecord(f"{where}{name}: is required")
             continue
-        kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}{f.name}")
+        kwargs[name] = _coerce(tp, data[name], f"{where}{name}")
     return cls(**kwargs)
 
 

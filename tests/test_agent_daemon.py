@@ -90,7 +90,8 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
             "name": "refusals",
             "models": {"mlx": {"target": str(tiny_models.mlx_target)}, "llama.cpp": {"target": str(huge)}},
             "engines": ["mlx", "llama.cpp"],
-            "prompt_sets": ["code", "chat"],
+            "prompt_sets": ["code", "conversation"],
+            "prompts": 2,
             "max_attempts": 3,
         },
     )
@@ -100,7 +101,7 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
             "SELECT job_id, spec FROM jobs WHERE sweep_id = ? ORDER BY created_at", [sweep_id]
         ).fetchall()
         specs = {job_id: json.loads(spec) for job_id, spec in jobs}
-        chat = {s["engine"]: j for j, s in specs.items() if s["prompt_set"] == "chat"}
+        chat = {s["engine"]: j for j, s in specs.items() if s["prompt_set"] == "conversation"}
         specs[chat["mlx"]]["engine"] = "vllm"
         specs[chat["llama.cpp"]]["arms"].append({"method": "medusa", "depth": 2})
         for job_id in (chat["mlx"], chat["llama.cpp"]):
@@ -133,7 +134,7 @@ def test_on_battery_no_job_starts_and_the_reason_is_everywhere(tmp_path, coordin
     sweep_id = submit(
         coordinator,
         {"name": "battery", "models": {"mlx": {"target": str(tmp_path / "outside")}}, "engines": ["mlx"],
-         "prompt_sets": ["code"]},
+         "prompt_sets": ["code"], "prompts": 2},
     )  # fmt: skip
     agent = Agent(config, metrics_port=0, sample_environment=lambda: dict(power))
     with Running(agent):
@@ -175,7 +176,7 @@ def test_allow_battery_takes_jobs_anyway(tmp_path, coordinator):
     sweep_id = submit(
         coordinator,
         {"name": "battery-ok", "models": {"mlx": {"target": str(tmp_path / "gone")}}, "engines": ["mlx"],
-         "prompt_sets": ["code"]},
+         "prompt_sets": ["code"], "prompts": 2},
     )  # fmt: skip
     agent = Agent(config, allow_battery=True, sample_environment=lambda: {"power_source": "battery"})
     with Running(agent):

@@ -88,36 +88,44 @@ def test_bad_figures_are_refused_with_the_field_named(coordinator):
         (dict(decode_tokens_per_second=float("nan")), "decode_tokens_per_second"),
         (dict(prefill_seconds=-1.0), "prefill_seconds"),
         (dict(engine="vllm"), "engine"),
-        (dict(metrics={"acceptance_rate": float("inf")}), "acceptance_rate"),
-        (dict(metrics={"acceptance_rate": 1.5}), "metrics['acceptance_rate'] = 1.5 is not a finite value in [0, 1.0]"),
-        (dict(metrics={"rounds": -1.0}), "metrics['rounds'] = -1.0"),
-        (dict(metrics={"bad key": 1.0}), "metrics key 'bad key' must be 1-128 characters"),
-        (dict(metrics={f"m{i}": 1.0 for i in range(300)}), "metrics holds 300 entries; at most 256"),
-        (dict(metrics={"tokens_drafted": 4.0, "tokens_accepted": 5.0}), "tokens_accepted (5.0) exceeds tokens_drafted"),
-        (dict(params={"note": "x" * 5000}), "params['note'] is 5000 characters; at most 4096"),
-        (dict(params={"": "empty key"}), "params key '' must be 1-128 characters"),
-        (dict(depth=3), "depth (of baseline) = 3 is not a finite value in [0, 0]"),
-        (dict(method="draft", depth=0), "depth (of draft) = 0"),
+        (dict(inter_token_latency_p50_seconds=float("inf")), "inter_token_latency_p50_seconds: must be finite"),
+        (dict(acceptance_by_position=[1.5]), "acceptance_by_position holds a share outside [0, 1]"),
+        (dict(rounds=-1), "rounds = -1 is not in"),
+        (dict(env_reasons=["ok", 3]), "env_reasons[1]: must be a string"),
+        (dict(drafted_by_position=list(range(2000))), "drafted_by_position: holds 2000 items; at most 1024"),
+        (dict(tokens_drafted=4, tokens_accepted=5), "tokens_accepted (5) exceeds tokens_drafted (4)"),
+        (dict(acceptance_reason="x" * 5000), "acceptance_reason must be 0-4096 characters, got 5000"),
+        (dict(note="an unknown field"), "note: unknown field"),
+        (dict(depth=3), "depth of baseline must be 0, got 3"),
+        (dict(method="draft", depth=0), "depth = 0 is not in [1, 16]"),
         (dict(method="medusa"), "method 'medusa' is unknown"),
         (dict(generated_tokens=-1), "generated_tokens = -1"),
         (dict(peak_memory_bytes=2**60), "peak_memory_bytes"),
         (dict(output_sha256="not-a-hash"), "output_sha256 'not-a-hash' is not 64 lowercase hex digits"),
         (dict(run_id=""), "run_id must be 1-128 characters, got 0"),
         (dict(prompt_id="p" * 200), "prompt_id must be 1-128 characters, got 200"),
+        (dict(target={"reference": "/Users/me/models/x.gguf"}), "is a path: a model is named by its file name"),
+        (dict(schema=1), "record schema 1 is not 2"),
     ]:
         with pytest.raises(grpc.RpcError) as e:
             agent.report_result(job.job_id, job.lease_id, make_run(job.job_id, **bad))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
-    other = make_run(job.job_id)
-    other.job_id = "job-other"
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details(), e.value.details()
+    other = make_run("job-other")
     with pytest.raises(grpc.RpcError) as e:
         agent.report_result(job.job_id, job.lease_id, other)
-    assert "run.job_id 'job-other' differs from the request's job_id" in e.value.details()
+    assert "record job_id 'job-other' differs from the request's job_id" in e.value.details()
     # Every problem of one run is named at once.
     with pytest.raises(grpc.RpcError) as e:
         agent.report_result(job.job_id, job.lease_id, make_run(job.job_id, engine="vllm", wall_seconds=-2.0))
     assert "engine 'vllm'" in e.value.details() and "wall_seconds = -2.0" in e.value.details()
-    huge = make_run(job.job_id, params={"blob": "x" * (5 * 1024 * 1024)})
+    with pytest.raises(grpc.RpcError) as e:
+        agent.report_result(job.job_id, job.lease_id, "{not json")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "run record is not JSON" in e.value.details()
+    big = make_run(job.job_id, acceptance_reason="x" * 300_000)
+    with pytest.raises(grpc.RpcError) as e:
+        agent.report_result(job.job_id, job.lease_id, big)
+    assert "bytes; at most 262144" in e.value.details()
+    huge = make_run(job.job_id, acceptance_reason="x" * (5 * 1024 * 1024))
     assert code_of(lambda: agent.report_result(job.job_id, job.lease_id, huge)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     with coordinator.store.tx() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0

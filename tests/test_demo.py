@@ -7,6 +7,7 @@ import sys
 import duckdb
 import pytest
 
+from specfleet.speedup import speedups
 from tests.processes import ROOT
 
 pytestmark = pytest.mark.slow
@@ -26,6 +27,17 @@ def run_demo(data_dir):
 
 def _rows(text: str) -> list[tuple]:
     return [m.groups() for line in text.splitlines() if (m := ROW.match(line.strip()))]
+
+
+def _printed_speedups(text: str) -> dict[tuple, float]:
+    """(comparable group, method, K) -> the speedup the summary printed."""
+    out, group = {}, None
+    for line in text.splitlines():
+        if line.startswith("comparable group "):
+            group = line.split()[2].rstrip(":")
+        elif (m := ROW.match(line.strip())) and m.group(2) != "baseline":
+            out[(group, m.group(2), int(m.group(3)))] = float(m.group(5))
+    return out
 
 
 def test_demo_measures_every_arm_on_both_engines(tmp_path):
@@ -65,6 +77,12 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
     # Everything went to --data-dir, and a second run reuses the models and the enrolment.
     db = duckdb.connect(str(tmp_path / "coordinator" / "specfleet.duckdb"), read_only=True)
     assert db.execute("SELECT count(DISTINCT engine), count(*) FROM runs").fetchone()[0] == 2
+    # The summary prints the one definition of speedup (specfleet/speedup.py, as /metrics and the
+    # dashboard compute it), one comparable group at a time: the same runs give the same figures.
+    stored = {(r.comparable, r.method, r.depth): r.speedup for r in speedups(db).itertuples()}
+    printed = _printed_speedups(result.stdout)
+    assert printed.keys() == stored.keys() and len({g for g, *_ in printed}) == 5  # 2 + 2 + 1 groups
+    assert all(abs(printed[k] - stored[k]) <= 0.005 for k in printed), (printed, stored)
     db.close()
     again = run_demo(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr

@@ -2,7 +2,6 @@
 measures and retries uploads, restart both. Every run measured is in DuckDB exactly once and
 the interrupted job is requeued and finished. Real processes on loopback, tiny models."""
 
-import json
 import signal
 import socket
 import time
@@ -62,6 +61,7 @@ def test_kill_9_and_coordinator_downtime_lose_nothing_and_count_nothing_twice(tm
             "models": {"mlx": {"target": str(tiny_models.mlx_target)}},
             "engines": ["mlx"],
             "prompt_sets": ["code"],
+            "prompts": 2,
             "methods": {"ngram": [3]},
             "max_new_tokens": 128,
             "warmup": 0,
@@ -102,7 +102,7 @@ def test_kill_9_and_coordinator_downtime_lose_nothing_and_count_nothing_twice(tm
         stop(coordinator)
 
     con = open_readonly(data)
-    runs = con.execute("SELECT run_id, params FROM runs").fetchall()
+    runs = con.execute("SELECT run_id, attempt FROM runs").fetchall()
     job = con.execute("SELECT state, attempt, reason FROM jobs").fetchone()
     con.close()
     stored = [r[0] for r in runs]
@@ -111,9 +111,8 @@ def test_kill_9_and_coordinator_downtime_lose_nothing_and_count_nothing_twice(tm
     assert sorted(stored) == sorted(measured), "a measured run is missing from DuckDB (or one came from nowhere)"
     assert spool.depth() == 0 and not list(spool.refused.iterdir())
     by_attempt = {}
-    for _, params in runs:
-        attempt = json.loads(params)["attempt"]
+    for _, attempt in runs:
         by_attempt[attempt] = by_attempt.get(attempt, 0) + 1
     # The interrupted attempt kept what it measured; the requeued one ran the whole cell.
     assert job[0] == "done" and job[1] == 2 and "agent restarted while holding the lease" in job[2]
-    assert by_attempt["2"] == PROMPTS * ARMS * REPEATS and 3 <= by_attempt["1"] < PROMPTS * ARMS * REPEATS
+    assert by_attempt[2] == PROMPTS * ARMS * REPEATS and 3 <= by_attempt[1] < PROMPTS * ARMS * REPEATS

@@ -1,7 +1,6 @@
 """The fleet end to end: coordinator and agent as separate processes on loopback, driven
 through the CLI, real engines on the tiny models, rows checked in DuckDB."""
 
-import json
 import stat
 import urllib.request
 
@@ -14,8 +13,9 @@ from tests.processes import cli, spawn, start_coordinator, stop, wait_for_sweep
 pytestmark = pytest.mark.slow
 
 METHODS = {"draft": [2], "ngram": [3]}
-PROMPTS_IN_CODE_SET = 2
-REPEATS = 2
+PROMPTS = 2  # the first two of the code set
+REPEATS = 2  # rounded up to 6 to complete the Williams design of 3 arms
+CONTEXTS = [0, 512]
 
 
 def sweep_file(tmp_path, tiny_models):
@@ -27,6 +27,8 @@ def sweep_file(tmp_path, tiny_models):
         },
         "engines": ["mlx", "llama.cpp"],
         "prompt_sets": ["code"],
+        "prompts": PROMPTS,
+        "context_tokens": CONTEXTS,
         "methods": METHODS,
         "max_new_tokens": 24,
         "warmup": 1,
@@ -80,14 +82,15 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
         agent = spawn("agent", "run", "--config-dir", str(agent_dir), log=tmp_path / "agent.log")
         submitted = cli("sweep", "submit", str(sweep_file(tmp_path, tiny_models)), *admin).stdout
         sweep_id = submitted.split()[1].rstrip(":")
+        assert "repeats rounded up from 2 to 6 to complete the Williams design of 3 arms" in submitted
         status = wait_for_sweep(address, data, sweep_id)
         assert "done" in status and "failed 0" in status, status + (tmp_path / "agent.log").read_text()
 
         agents = cli("agents", "list", *admin).stdout
         assert "e2e-agent" in agents
         metrics = urllib.request.urlopen(f"http://{endpoints['metrics']}/metrics", timeout=10).read().decode()
-        assert 'specfleet_jobs{state="done"} 2.0' in metrics
-        assert "specfleet_latest_decode_tokens_per_second{" in metrics
+        assert 'specfleet_jobs{state="done"} 4.0' in metrics
+        assert "specfleet_speedup_ratio{" in metrics
     finally:
         if agent is not None:
             assert stop(agent) == 0, (tmp_path / "agent.log").read_text()
@@ -95,34 +98,40 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
 
     con = open_readonly(data)
     runs = con.execute(
-        "SELECT engine, method, depth, prompt_id, decode_tokens_per_second, generated_tokens,"
-        " lossless, params, metrics FROM runs"
-    ).fetchall()
+        "SELECT engine, method, depth, prompt_id, decode_tokens_per_second, generated_tokens, lossless,"
+        " tokens_accepted, tokens_drafted, rounds, load_seconds, prompt_set, context_tokens, prompt_tokens,"
+        " prompt_set_digest, target_reference, arm_order FROM runs"
+    ).df()
     jobs = con.execute("SELECT state, attempt FROM jobs").fetchall()
-    prompt_lengths = con.execute("SELECT DISTINCT engine, prompt_tokens FROM runs ORDER BY ALL").fetchall()
     con.close()
     arms = 1 + sum(len(d) for d in METHODS.values())
-    assert len(runs) == 2 * arms * PROMPTS_IN_CODE_SET * REPEATS
-    assert {(r[0], r[1], r[2]) for r in runs} == {
+    assert len(runs) == 2 * len(CONTEXTS) * arms * PROMPTS * 6
+    assert set(zip(runs.engine, runs.method, runs.depth)) == {
         (e, m, d) for e in ("mlx", "llama.cpp") for m, d in [("baseline", 0), ("draft", 2), ("ngram", 3)]
     }
-    assert all(r[4] > 0 and r[5] == 24 and r[6] is True for r in runs)
-    for r in runs:
-        metrics = json.loads(r[8])
-        if r[1] != "baseline":
-            assert 0 <= metrics["tokens_accepted"] <= metrics["tokens_drafted"]
-            assert metrics["rounds"] + metrics["tokens_accepted"] + 1 == r[5]
-    params = json.loads(runs[0][7])
-    assert float(params["load_seconds"]) > 0 and params["prompt_set"] == "code"
-    assert jobs == [("done", 1), ("done", 1)]
-    # Both engines prefilled exactly the code set's fixed length, whatever their tokenizers made of the text.
-    assert prompt_lengths == [("llama.cpp", 128), ("mlx", 128)]
+    assert (runs.decode_tokens_per_second > 0).all() and (runs.generated_tokens == 24).all() and runs.lossless.all()
+    spec = runs[runs.method != "baseline"]
+    assert ((0 <= spec.tokens_accepted) & (spec.tokens_accepted <= spec.tokens_drafted)).all()
+    assert (spec.rounds + spec.tokens_accepted + 1 == spec.generated_tokens).all()
+    assert (runs.load_seconds > 0).all() and set(runs.prompt_set) == {"code"} and set(runs.arm_order) == {"williams"}
+    assert set(runs.target_reference) == {tiny_models.mlx_target.name, tiny_models.gguf_target.name}  # names, no paths
+    assert jobs == [("done", 1)] * 4
+    # Context depth is a cell dimension: 512 tokens of distinct documents before each prompt (BOS
+    # counted once), on both engines; the two depths read different text, so their digests differ,
+    # and both engines read the same text at each depth.
+    lengths = runs.groupby(["engine", "prompt_id", "context_tokens"]).prompt_tokens.unique().map(list)
+    for engine in ("mlx", "llama.cpp"):
+        for pid in runs.prompt_id.unique():
+            (plain,), (deep,) = lengths[(engine, pid, 0)], lengths[(engine, pid, 512)]
+            assert deep - plain == 511, (engine, pid, plain, deep)
+    digests = runs.groupby("context_tokens").prompt_set_digest.nunique()
+    assert (digests == 1).all() and runs.prompt_set_digest.nunique() == 2
 
     # Restart on the same data dir: everything is still there and served.
     coordinator, endpoints = start_coordinator(data)
     try:
         status = cli("sweep", "status", sweep_id, "--coordinator", endpoints["grpc"], "--data-dir", str(data)).stdout
-        assert f"{len(runs)} runs" in status and "2/2 jobs finished" in status
+        assert f"{len(runs)} runs" in status and "4/4 jobs finished" in status
         out = tmp_path / "runs.parquet"
         cli(
             "export",
@@ -138,6 +147,6 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
         import pandas as pd
 
         exported = pd.read_parquet(out)
-        assert len(exported) == len(runs) and "param.load_seconds" in exported.columns
+        assert len(exported) == len(runs) and "load_seconds" in exported.columns
     finally:
         stop(coordinator)

@@ -143,7 +143,7 @@ def test_judge_marks_runs_not_nominal_with_reasons_and_unavailable_as_unknown():
     }
     nominal, reasons = env.judge(quiet, busy, cpu_count=2, memory_total_bytes=16 * 2**30)
     assert nominal is False
-    assert "after: load average 3.50 above 2 cores" in reasons
+    assert "after: load average 3.50 above 3 (1.5 per core on 2 cores)" in reasons
     assert any(r.startswith("after: thermal throttled") for r in reasons)
     assert "swap grew by 512 MiB during the run" in reasons
 

@@ -124,12 +124,12 @@ def test_a_random_mtp_head_collapses_and_the_run_is_flagged(tiny_models, tmp_pat
     engine = _load(broken)
     gen = engine.generate(Request(engine.tokenize(TEXTS[1]), 48, method="mtp", depth=3))
     flags = acceptance_flags("mtp", gen)
-    assert flags["acceptance.collapsed"] == "true", flags
-    assert "norm convention" in flags["acceptance.reason"] and "MTP tensors" in flags["acceptance.reason"]
+    assert flags["acceptance_collapsed"] is True, flags
+    assert "norm convention" in flags["acceptance_reason"] and "MTP tensors" in flags["acceptance_reason"]
 
     good = _load(tiny_models.mlx_mtp_hybrid)
     gen = good.generate(Request(good.tokenize(TEXTS[1]), 48, method="mtp", depth=3))
-    assert acceptance_flags("mtp", gen)["acceptance.collapsed"] == "false"
+    assert acceptance_flags("mtp", gen)["acceptance_collapsed"] is False
 
 
 def test_verify_cost_rolls_back_on_the_hybrid(hybrid):

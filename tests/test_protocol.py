@@ -194,12 +194,14 @@ def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
 def test_context_depth_puts_distinct_documents_before_every_prompt():
     engine = FakeEngine([], {})
     docs = ("first document text", "second one", "third")
-    built = prompts.build(engine.tokenize, "hello", docs, 25)
-    assert built[:25] == engine.tokenize("first document text\n\nsecond one\n\n")[:25]
-    assert built[25:] == engine.tokenize("hello") and len(built) == 30
-    assert prompts.build(engine.tokenize, "hello", docs, 0) == engine.tokenize("hello")
+    prefix = prompts.context(engine.tokenize, docs, 25)
+    assert prefix == engine.tokenize("first document text\n\nsecond one\n\nthird\n\n")[:25]
+    built = prompts.build(engine.tokenize, "hello", prefix)
+    assert built[:25] == prefix and built[25:] == engine.tokenize("hello") and len(built) == 30
+    assert prompts.context(engine.tokenize, docs, 0) == ()
+    assert prompts.build(engine.tokenize, "hello", ()) == engine.tokenize("hello")
     with pytest.raises(prompts.NotEnoughText, match="context of 500 tokens was asked for"):
-        prompts.build(engine.tokenize, "hello", docs, 500)
+        prompts.context(engine.tokenize, docs, 500)
     _, _, runs = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1], documents=docs, context_tokens=25))
     assert {r.prompt_tokens for r in runs} == {30, 31} and all(r.context_tokens == 25 for r in runs)
 

@@ -18,7 +18,7 @@ def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
         submit(
             coordinator,
             {"name": "spool", "models": {"mlx": {"target": str(tiny_models.mlx_target)}}, "engines": ["mlx"],
-             "prompt_sets": ["code"]},
+             "prompt_sets": ["code"], "prompts": 2},
         )  # fmt: skip
         agent = Agent(config)
         job = agent.api.acquire_job(1.0).job

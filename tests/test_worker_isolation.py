@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import urllib.request
 
@@ -24,6 +25,11 @@ def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
         models = tmp_path / "models"
         models.mkdir()
         (models / "garbage.gguf").write_bytes(b"GGUF but not really" * 100)
+        # Weights whose header reads but whose data is not there: the worker crashes loading them.
+        broken = models / "broken-mlx"
+        shutil.copytree(tiny_models.mlx_target, broken)
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:4096])
         config = tmp_path / "agent"
         identity_for(coordinator, config)
 
@@ -31,10 +37,11 @@ def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
             return submit(
                 coordinator,
                 {"name": name, "models": {engine: {"target": str(target)}}, "engines": [engine],
-                 "prompt_sets": ["code"], "max_attempts": 1, "warmup": 0, **extra},
+                 "prompt_sets": ["code"], "prompts": 2, "max_attempts": 1, "warmup": 0, **extra},
             )  # fmt: skip
 
-        crash = cell("crash", "llama.cpp", models / "garbage.gguf")
+        crash = cell("crash", "mlx", broken)
+        refused = cell("refused", "llama.cpp", models / "garbage.gguf")  # unreadable: never reaches a worker
         killed = cell("killed", "mlx", tiny_models.mlx_target, repeats=200, max_new_tokens=64)
         late = cell("late", "mlx", tiny_models.mlx_target, repeats=200, max_new_tokens=64)
         good = cell("good", "llama.cpp", tiny_models.gguf_target, repeats=1, max_new_tokens=8)
@@ -60,6 +67,7 @@ def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
             assert agent.state.job_id == "" and not agent.stop.is_set()
             metrics = scrape()
             assert 'specfleet_agent_jobs_total{outcome="failed"} 3.0' in metrics
+            assert 'specfleet_agent_jobs_total{outcome="refused"} 1.0' in metrics
             assert 'specfleet_agent_jobs_total{outcome="done"} 1.0' in metrics
             assert "specfleet_agent_busy{" not in metrics and "specfleet_agent_spool_depth 0.0" in metrics
             uploaded = float(re.search(r"^specfleet_agent_runs_uploaded_total (\S+)$", metrics, re.M).group(1))
@@ -70,16 +78,20 @@ def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
             assert (s.jobs_failed, s.jobs_done) == (1, 0), s
             return s.failures[0]
 
-        assert "worker exited with status 1" in failure(crash) and "could not load" in failure(crash)
+        assert "worker exited with status 1" in failure(crash), failure(crash)
+        assert "garbage.gguf is not a valid GGUF file" in failure(refused)
         assert "worker killed by SIGKILL (out of memory, or killed by another process)" in failure(killed)
         assert "worker exceeded the job's deadline and was killed" in failure(late)
         assert sweep(coordinator, good).runs == 2  # baseline on the code set's two prompts, one repeat
         with coordinator.store.tx() as con:
-            params = con.execute("SELECT params FROM runs WHERE sweep_id = ?", [good]).fetchone()[0]
-        params = json.loads(params)
-        digest = hashlib.sha256(tiny_models.gguf_target.read_bytes()).hexdigest()
-        assert json.loads(params["model.target.file_sha256"]) == {tiny_models.gguf_target.name: digest}
-        assert params["model.target.reference"] == str(tiny_models.gguf_target)
-        assert params["env.before.power_source"] and params["env.nominal"] in ("true", "false")
+            row = con.execute(
+                "SELECT target_digest, target_reference, target_architecture, target_quantisation, env_nominal"
+                " FROM runs WHERE sweep_id = ?",
+                [good],
+            ).fetchone()
+        file_digest = hashlib.sha256(tiny_models.gguf_target.read_bytes()).hexdigest()
+        combined = hashlib.sha256(f"{tiny_models.gguf_target.name}:{file_digest}\n".encode()).hexdigest()
+        assert row[:4] == (combined, tiny_models.gguf_target.name, "llama", "F32")  # a name, never the path
+        assert row[4] in (True, False, None)
     finally:
         coordinator.stop()

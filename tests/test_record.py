@@ -1,0 +1,150 @@
+"""The typed run record: validated in its constructor, named field by field when wrong, carried
+through JSON and store rows unchanged; the job spec likewise; the checked keys."""
+
+import dataclasses
+import json
+
+import pytest
+
+from specfleet.record import (
+    CHECKED_KEYS,
+    SCHEMA_VERSION,
+    Environment,
+    InvalidRecord,
+    JobSpec,
+    ModelIdentity,
+    RunRecord,
+    Sampler,
+    comparable,
+    differences,
+)
+from tests.fleet import run_record
+
+
+def full_record() -> RunRecord:
+    """A record with every kind of field set: nested parts, lists, None and booleans."""
+    return run_record(
+        "job-1",
+        method="draft",
+        depth=2,
+        draft=ModelIdentity(reference="org/draft", revision="abc123", digest="12" * 32, source="huggingface"),
+        lossless=True,
+        rounds=10,
+        tokens_drafted=20,
+        tokens_accepted=13,
+        drafted_by_position=(10, 10),
+        acceptance_by_position=(0.8, 0.5),
+        inter_token_latency_p50_seconds=0.004,
+        env_before=Environment(thermal="nominal", power_source="ac", low_power_mode=False, loadavg_1m=0.5),
+        env_nominal=None,
+        env_reasons=("after: load average 3.5 above 2 cores",),
+        acceptance_collapsed=False,
+    )
+
+
+def test_a_record_survives_json_and_store_rows_unchanged():
+    record = full_record()
+    assert RunRecord.from_json(record.to_json()) == record
+    row = record.row()
+    assert list(row) == RunRecord.columns()
+    assert row["draft_reference"] == "org/draft" and row["env_before_loadavg_1m"] == 0.5
+    assert row["acceptance_by_position"] == [0.8, 0.5] and row["env_after_thermal"] is None
+    assert RunRecord.from_row({**row, "seq": 7, "chip": "Apple M4"}) == record  # store columns beside it
+    assert record.acceptance_rate == 13 / 20 and record.schema == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"decode_tokens_per_second": float("nan")}, "decode_tokens_per_second: must be finite"),
+        ({"depth": "2"}, "depth: must be an integer"),
+        ({"lossless": "yes"}, "lossless: must be true or false"),
+        ({"method": "medusa"}, "method 'medusa' is unknown"),
+        ({"engine": "vllm"}, "engine 'vllm' is not one of"),
+        ({"depth": 0}, "depth = 0 is not in [1, 16]"),
+        ({"tokens_accepted": 30}, "tokens_accepted (30) exceeds tokens_drafted (20)"),
+        ({"acceptance_by_position": [1.5, 0.5]}, "acceptance_by_position holds a share outside [0, 1]"),
+        ({"drafted_by_position": [1]}, "differ in length"),
+        ({"verify_cost_seconds": [0.1]}, "verify_cost_seconds belongs to verify-cost runs"),
+        ({"prompt_category": "poetry"}, "prompt_category 'poetry' is not one of"),
+        ({"output_sha256": "xyz"}, "output_sha256 'xyz' is not 64 lowercase hex digits"),
+        ({"colour": "red"}, "colour: unknown field"),
+        ({"schema": 1}, "schema: record schema 1 is not 2"),
+        ({"run_id": ""}, "run_id must be 1-128 characters"),
+        ({"prompt_id": "p" * 500}, "prompt_id must be 1-128 characters, got 500"),
+        ({"env_reasons": ["x" * 5000]}, "env_reasons[0] must be 0-4096 characters"),
+        ({"sampler": {"temperature": -1.0}}, "sampler Sampler(temperature=-1.0"),
+        ({"sampler": {"heat": 1}}, "sampler.heat: unknown field"),
+        ({"target": {"reference": "/Users/me/models/x.gguf", "digest": "ab" * 32}}, "is a path"),
+        ({"target": {"reference": "x.gguf", "digest": "nothex"}}, "target.digest 'nothex' is not 64"),
+        ({"env_before": {"loadavg_1m": "high"}}, "env_before.loadavg_1m: must be a number"),
+    ],
+)
+def test_every_bad_field_is_refused_by_name(change, message):
+    data = full_record().to_dict()
+    data.update(change)
+    with pytest.raises(InvalidRecord) as e:
+        RunRecord.from_dict(data)
+    assert message in str(e.value)
+
+
+def test_a_missing_field_and_non_json_are_named():
+    data = full_record().to_dict()
+    del data["job_id"]
+    with pytest.raises(InvalidRecord, match="job_id: is required"):
+        RunRecord.from_dict(data)
+    with pytest.raises(InvalidRecord, match="run record is not JSON"):
+        RunRecord.from_json("{not json")
+    with pytest.raises(InvalidRecord, match="must be finite"):
+        RunRecord.from_json(json.dumps({**full_record().to_dict(), "wall_seconds": float("inf")}))
+
+
+def test_the_constructor_itself_validates():
+    with pytest.raises(InvalidRecord, match="decode_tokens_per_second = -1.0 is not in"):
+        run_record("job-1", decode_tokens_per_second=-1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        full_record().depth = 3  # immutable
+
+
+def test_job_spec_round_trips_with_its_defaults_in_one_place():
+    from specfleet.record import Arm, Prompt
+
+    spec = JobSpec(
+        engine="mlx",
+        model={"target": "t"},
+        prompt_set="code",
+        prompt_category="code",
+        prompt_set_digest="ab" * 32,
+        prompts=(Prompt("code-01", "def f():"),),
+        arms=(Arm("baseline"), Arm("ngram", 3)),
+    )
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert spec.warmup_cap == 10 and spec.sampler == Sampler() and spec.context_tokens == 0
+    assert spec.with_models(target="/local/t").model == {"target": "/local/t"}
+    with pytest.raises(InvalidRecord, match="job spec"):
+        JobSpec.from_json(json.dumps({**json.loads(spec.to_json()), "colour": 1}))
+
+
+# One row per checked key: a change that must keep two runs apart.
+KEY_CHANGES = {
+    "target_digest": {"target": ModelIdentity(reference="target", digest="ee" * 32)},
+    "draft_digest": {"draft": ModelIdentity(reference="draft", digest="ff" * 32)},
+    "engine": {"engine": "llama.cpp"},
+    "engine_version": {"engine_version": "mlx=0.1"},
+    "sampler_temperature": {"sampler": Sampler(temperature=0.7)},
+    "sampler_top_p": {"sampler": Sampler(top_p=0.9)},
+    "sampler_top_k": {"sampler": Sampler(top_k=40)},
+    "sampler_seed": {"sampler": Sampler(seed=1)},
+    "prompt_set_digest": {"prompt_set_digest": "99" * 32},
+    "context_tokens": {"context_tokens": 4096},
+    "max_new_tokens": {"max_new_tokens": 256},
+}
+
+
+def test_every_checked_key_keeps_runs_apart():
+    assert set(KEY_CHANGES) == set(CHECKED_KEYS)
+    base = run_record("job-1")
+    assert comparable(base.row(), run_record("job-2", method="ngram", depth=3, tps=50.0, repeat=4).row())
+    for key, change in KEY_CHANGES.items():
+        other = dataclasses.replace(base, **change)
+        assert differences(base.row(), other.row()) == [key], key
