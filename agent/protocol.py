@@ -3,7 +3,7 @@
 Load once. Build every prompt's tokens: the cell's context depth of distinct documents, then
 the prompt (agent/prompts.py), refusing a length the model cannot hold. Then for every repeat
 run every prompt with all arms back to back, in the order of one row of a Williams design
-(agent/design.py: each arm follows every other equally often; the repeats are rounded up to
+(specfleet/design.py: each arm follows every other equally often; the repeats are rounded up to
 complete the design), so that paired ratios come from adjacent runs in the same thermal window.
 Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
 within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the reference for
@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Callable
 
 from agent import environment, prompts
-from agent.design import rounded_repeats, williams
 from agent.engines.base import Engine, EngineError, Generation, Request
 from agent.summary import acceptance_flags, relative_spread, summarise
+from specfleet.design import rounded_repeats, williams
 from specfleet.record import VERIFY_COST, Arm, JobSpec, ModelIdentity, RunRecord
 
 WARMUP_AGREEMENT = 0.05  # two consecutive warm-up runs within 5% of each other count as steady

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from agent.design import rounded_repeats
 from coordinator import prompt_library
+from specfleet.design import rounded_repeats
 from specfleet.record import (
     ENGINE_METHODS,
     ENGINES,
@@ -308,8 +308,8 @@ def parse_sweep(text: str) -> Sweep:
         c.fail("ngram", "must be a mapping {n_min, n_max}")
         ngram = {}
     c.unknown_keys("ngram.", ngram, {"n_min", "n_max"})
-    n_min = c.number("ngram.n_min", ngram.get("n_min"), 1, 16, integer=True, default=1)
-    n_max = c.number("ngram.n_max", ngram.get("n_max"), 1, 16, integer=True, default=3)
+    n_min = c.number("ngram.n_min", ngram.get("n_min"), 1, 16, integer=True, default=JobSpec.ngram_min)
+    n_max = c.number("ngram.n_max", ngram.get("n_max"), 1, 16, integer=True, default=JobSpec.ngram_max)
     if n_min > n_max:
         c.fail("ngram", f"n_min ({n_min}) must not exceed n_max ({n_max})")
 
@@ -319,7 +319,7 @@ def parse_sweep(text: str) -> Sweep:
             c.fail("verify_cost", "must be a mapping {context_tokens, max_rows, repeats}")
             verify_cost = {}
         c.unknown_keys("verify_cost.", verify_cost, VERIFY_COST_KEYS)
-        depths = verify_cost.get("context_tokens", [256])
+        depths = verify_cost.get("context_tokens", list(VerifyCost.context_tokens))
         if not isinstance(depths, list) or not depths:
             c.fail("verify_cost.context_tokens", "must be a non-empty list of context depths")
             depths = []
@@ -328,8 +328,12 @@ def parse_sweep(text: str) -> Sweep:
                 c.number(f"verify_cost.context_tokens[{i}]", d, 0, MAX_CONTEXT_TOKENS, integer=True, default=0)
                 for i, d in enumerate(depths)
             ),
-            max_rows=c.number("verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True, default=16),
-            repeats=c.number("verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=5),
+            max_rows=c.number(
+                "verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True, default=VerifyCost.max_rows
+            ),
+            repeats=c.number(
+                "verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=VerifyCost.repeats
+            ),
         )
 
     sweep = Sweep(
@@ -344,12 +348,18 @@ def parse_sweep(text: str) -> Sweep:
         arms=arms,
         ngram={"n_min": n_min, "n_max": n_max},
         verify_cost=verify_cost,
-        max_new_tokens=c.number("max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=128),
+        max_new_tokens=c.number(
+            "max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=JobSpec.max_new_tokens
+        ),
         warmup=c.number("warmup", doc.get("warmup"), 0, 20, integer=True, default=JobSpec.warmup_cap),
-        repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=3),
+        repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=JobSpec.repeats),
         max_attempts=c.number("max_attempts", doc.get("max_attempts"), 1, 20, integer=True, default=3),
-        deadline_seconds=float(c.number("deadline_seconds", doc.get("deadline_seconds"), 10, 7 * 86400, default=3600)),
-        cooldown_seconds=float(c.number("cooldown_seconds", doc.get("cooldown_seconds"), 0, 3600, default=0)),
+        deadline_seconds=float(
+            c.number("deadline_seconds", doc.get("deadline_seconds"), 10, 7 * 86400, default=JobSpec.deadline_seconds)
+        ),
+        cooldown_seconds=float(
+            c.number("cooldown_seconds", doc.get("cooldown_seconds"), 0, 3600, default=JobSpec.cooldown_seconds)
+        ),
     )
     if c.problems:
         raise SweepError(c.problems)

@@ -44,8 +44,8 @@ DEMO_COMMON = {
     "samplers": [{"temperature": 0.0}],
     "prompt_sets": ["conversation"],
     "prompts": 2,
-    "max_new_tokens": 64,
-    "warmup": 3,  # at most 3 warm-up runs per arm and prompt (the default is 10): the demo stays short
+    "max_new_tokens": 32,
+    "warmup": 2,  # at most 2 warm-up runs per arm and prompt (the default is 10): the demo stays short
     "repeats": 3,
 }
 
@@ -148,6 +148,9 @@ def summary_table(runs) -> str:
                 f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
             )
         lines.append("")
+    differ = speedup.what_differs(groups.reset_index())
+    if differ:
+        lines += [f"{len(groups)} comparable groups, never pooled: they differ in {', '.join(differ)}", ""]
     curves = con.execute(
         f"SELECT engine, context_tokens, verify_cost_seconds FROM runs WHERE method = '{VERIFY_COST}' ORDER BY ALL"
     ).fetchall()

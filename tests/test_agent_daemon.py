@@ -3,6 +3,7 @@ reason that reaches `sweep status`; on battery it takes no job and says why, in 
 to the coordinator and on its /metrics."""
 
 import json
+import shutil
 import threading
 import time
 import urllib.request
@@ -107,10 +108,28 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
         for job_id in (chat["mlx"], chat["llama.cpp"]):
             con.execute("UPDATE jobs SET spec = ? WHERE job_id = ?", [json.dumps(specs[job_id]), job_id])
 
+    shutil.copy(tiny_models.gguf_target, models / "target.gguf")
+    too_long = submit(
+        coordinator,
+        {
+            "name": "too-long",
+            "models": {"llama.cpp": {"target": str(models / "target.gguf")}},
+            "engines": ["llama.cpp"],
+            "prompt_sets": ["code"],
+            "prompts": 2,
+            "context_tokens": [8192],
+        },
+    )
+
     with Running(Agent(config, model_dirs=[models])) as agent:
         wait_until(lambda: sweep(coordinator, sweep_id).jobs_failed == 4, "four refusals")
-        assert agent.metrics.jobs.labels("refused")._value.get() == 4
+        wait_until(lambda: sweep(coordinator, too_long).jobs_failed == 1, "the refusal of a context too long")
+        assert agent.metrics.jobs.labels("refused")._value.get() == 5
         assert not (config / "jobs").exists()  # no worker was ever started
+    (reason,) = sweep(coordinator, too_long).failures
+    assert "refused: context of 8192 tokens and 128 new tokens is longer than target.gguf's own context length" in (
+        reason
+    ), reason
 
     status = cli(
         "sweep", "status", sweep_id, "--coordinator", f"127.0.0.1:{coordinator.port}",

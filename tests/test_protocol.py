@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from agent import prompts
-from agent.design import rounded_repeats, williams
 from agent.engines.base import Generation, Request, Round
 from agent.protocol import WARMUP_AGREEMENT, ContextTooLong, run_job
 from agent.summary import acceptance_flags, summarise
+from specfleet.design import rounded_repeats, williams
 from specfleet.record import Arm, JobSpec, ModelIdentity, Prompt
 
 ARMS = (Arm("baseline", 0), Arm("draft", 2), Arm("ngram", 3))
