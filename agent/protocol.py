@@ -6,14 +6,19 @@ run every prompt with all arms back to back, in the order of one row of a Willia
 (specfleet/design.py: each arm follows every other equally often; the repeats are rounded up to
 complete the design), so that paired ratios come from adjacent runs in the same thermal window.
 Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
-within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the reference for
-`lossless`. With `cooldown_seconds` the machine rests that long before every measured run.
+within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the greedy
+reference for `lossless`. Sampled runs take a seed per prompt and repeat, derived from the
+sweep's (`run_seed`), shared by the repeat's arms; on engines whose loops reproduce the baseline
+with the same seed a sampled arm must emit the same-seed baseline's tokens. With
+`cooldown_seconds` the machine rests that long before every measured run.
 Environment readings are taken before and after every run (agent/environment.py). Every run is
 emitted as a `RunRecord`, built here once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import time
 import uuid
@@ -23,7 +28,7 @@ from agent import environment, prompts
 from agent.engines.base import Engine, EngineError, Generation, Request
 from agent.summary import acceptance_flags, relative_spread, summarise
 from specfleet.design import rounded_repeats, williams
-from specfleet.record import VERIFY_COST, Arm, JobSpec, ModelIdentity, RunRecord
+from specfleet.record import SAME_SEED_REPRODUCIBLE, VERIFY_COST, Arm, JobSpec, ModelIdentity, RunRecord, Sampler
 
 WARMUP_AGREEMENT = 0.05  # two consecutive warm-up runs within 5% of each other count as steady
 
@@ -35,6 +40,13 @@ class ContextTooLong(EngineError):
 def engine_version(versions: dict[str, str]) -> str:
     """Every library version of an engine in one checked string, "k=v k=v" sorted by key."""
     return " ".join(f"{k}={v}" for k, v in sorted(versions.items()))
+
+
+def run_seed(base: int, repeat: int, prompt_id: str) -> int:
+    """The seed of one (prompt, repeat): derived from the sweep's seed, so that sampled repeats are
+    replicates and every machine samples the same seeds; every arm of the repeat shares it."""
+    digest = hashlib.sha256(f"{base}:{repeat}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def check_context(length: int, spec: JobSpec, target: ModelIdentity, prompt_id: str) -> None:
@@ -90,13 +102,13 @@ def run_job(
         arm_order="williams" if len(arms) > 1 else "single",
     )
 
-    def request(arm: Arm, tokens) -> Request:
+    def request(arm: Arm, tokens, sampler: Sampler = spec.sampler) -> Request:
         return Request(
             prompt_tokens=tokens,
             max_new_tokens=spec.max_new_tokens,
             method=arm.method,
             depth=arm.depth,
-            sampler=spec.sampler,
+            sampler=sampler,
             ngram_min=spec.ngram_min,
             ngram_max=spec.ngram_max,
         )
@@ -123,14 +135,34 @@ def run_job(
         if reference is None:
             reference = engine.generate(request(Arm("baseline"), tokens)).tokens
         for repeat in range(repeats):
+            seed = spec.sampler.seed if spec.sampler.greedy else run_seed(spec.sampler.seed, repeat, pid)
+            sampler = dataclasses.replace(spec.sampler, seed=seed)
+            block = []  # (arm, generation, fields): emitted once the repeat's baseline is known
             for position, arm in enumerate(arms[i] for i in design[repeat % len(design)]):
                 if spec.cooldown_seconds > 0:
                     sleep(spec.cooldown_seconds)
                 env_before = sample()
                 started = time.time()
-                gen = engine.generate(request(arm, tokens))
+                gen = engine.generate(request(arm, tokens, sampler))
                 env_after = sample()
                 nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), memory_total_bytes)
+                block.append(
+                    (
+                        arm,
+                        gen,
+                        dict(
+                            position=position,
+                            started_at_unix_seconds=started,
+                            env_before=environment.reading(env_before),
+                            env_after=environment.reading(env_after),
+                            env_nominal=nominal,
+                            env_reasons=tuple(reasons),
+                        ),
+                    )
+                )
+            same_seed = next((g.tokens for a, g, _ in block if a.method == "baseline"), None)
+            for arm, gen, fields in block:
+                lossless, check = losslessness(spec, gen.tokens, reference, same_seed)
                 emit(
                     RunRecord(
                         run_id=str(uuid.uuid4()),
@@ -138,14 +170,11 @@ def run_job(
                         depth=arm.depth,
                         prompt_id=pid,
                         repeat=repeat,
-                        position=position,
-                        started_at_unix_seconds=started,
-                        lossless=gen.tokens == reference if spec.sampler.greedy else None,
+                        lossless=lossless,
+                        lossless_check=check,
+                        run_seed=seed,
                         warmup_runs=warmups[arm],
-                        env_before=environment.reading(env_before),
-                        env_after=environment.reading(env_after),
-                        env_nominal=nominal,
-                        env_reasons=tuple(reasons),
+                        **fields,
                         **summarise(gen),
                         **acceptance_flags(arm.method, gen),
                         **common,
@@ -155,6 +184,17 @@ def run_job(
     if spec.verify_cost is not None:
         emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted
+
+
+def losslessness(spec: JobSpec, tokens, greedy_reference, same_seed_baseline) -> tuple[bool | None, str]:
+    """(lossless, how it was checked). Greedy: against the prompt's greedy reference. Sampled,
+    on an engine whose loops draw one number per emitted token: against the same-seed baseline
+    of the repeat. Otherwise not checkable."""
+    if spec.sampler.greedy:
+        return tokens == greedy_reference, "greedy reference"
+    if spec.engine in SAME_SEED_REPRODUCIBLE and same_seed_baseline is not None:
+        return tokens == same_seed_baseline, "same-seed baseline"
+    return None, "not checkable"
 
 
 def verify_cost_runs(spec: JobSpec, engine: Engine, common: dict, emit: Callable[[RunRecord], None]) -> int:

@@ -1,5 +1,11 @@
-"""The claims ledger: load and check the records, settle each claim per chip from fleet runs,
-and write the sweep that would test it. No Streamlit here; the Questions page arranges it."""
+"""The claims ledger: load and check the records, settle each claim per comparable group and
+chip from fleet runs, and write the sweep that would test it. No Streamlit here; the
+Questions page arranges it.
+
+A claim's conditions select runs by their recorded fields (engine, arm, chip, the target's
+recorded name, architecture, size and quantisation, sampler, prompt set); the runs it selects
+are then split by comparable group (specfleet/record.py CHECKED_KEYS) and never pooled across
+groups. Ratios are specfleet/speedup.py's speedup, the one definition."""
 
 from __future__ import annotations
 
@@ -8,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import duckdb
 import pandas as pd
 import yaml
 
 from dashboard import stats
-from specfleet.record import ENGINES, MAX_DEPTH, METHODS, REFERENCE_METHODS
+from specfleet import speedup
+from specfleet.record import CHECKED_KEYS, ENGINES, MAX_DEPTH, METHODS, REFERENCE_METHODS
 
 LEDGER = Path(__file__).with_name("claims.yaml")
 METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "best_depth", "runs")
@@ -50,6 +57,10 @@ class Claim:
     rule: stats.Rule
     sweep: dict[str, str] = field(default_factory=dict)
     note: str = ""
+
+    @property
+    def method(self) -> str:
+        return self.conditions["method"]
 
     @property
     def depths(self) -> list[int]:
@@ -189,29 +200,98 @@ def load_claims(path: Path = LEDGER) -> list[Claim]:
 
 # ---------------------------------------------------------------- matching runs
 
+# What evaluate() reads of a run; the nullable flags are cast so that a DataFrame built from
+# Python values reads as the mirror's typed columns do.
+_COLUMNS = (
+    *CHECKED_KEYS,
+    "job_id",
+    "lease_id",
+    "agent_id",
+    "chip",
+    "method",
+    "depth",
+    "prompt_id",
+    "repeat",
+    "prompt_set",
+    "target_reference",
+    "draft_reference",
+    "target_architecture",
+    "target_quantisation",
+    "target_parameters",
+    "decode_tokens_per_second",
+    "prefill_tokens_per_second",
+    "tokens_drafted",
+    "tokens_accepted",
+)
+_SELECT = (
+    ", ".join(_COLUMNS) + ", CAST(env_nominal AS BOOLEAN) AS env_nominal, CAST(lossless AS BOOLEAN) AS lossless"
+    f", {speedup.COMPARABLE_ID} AS comparable"
+)
+# A model family is a size ("9b", "0.8b") or a name and a size ("qwen3.6-27b"); a recorded
+# parameter count must lie within these factors of the size it names.
+SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)b(?![a-z0-9])")
+SIZE_TOLERANCE = (0.7, 1.3)
+
 
 def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", str(text).lower())
 
 
-def parse_sampler(text: str) -> dict[str, float]:
-    """'temperature=0.0,top_p=1.0,top_k=0,seed=0' -> {'temperature': 0.0, ...}."""
-    out = {}
-    for part in str(text or "").split(","):
-        key, _, value = part.partition("=")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            continue
-    return out
+def _norm_sql(expr: str) -> str:
+    return f"regexp_replace(lower({expr}), '[^a-z0-9]', '', 'g')"
 
 
-def _chip_ok(pattern: str | None, chip: str) -> bool:
-    if pattern is None:
-        return True
-    if pattern.endswith("*"):
-        return chip.startswith(pattern[:-1])
-    return chip == pattern
+# The recorded architecture in one spelling for both formats (agent/model_identity.py
+# architecture_family): "Qwen3_5ForCausalLM" and "qwen35" -> "qwen35".
+_ARCHITECTURE = _norm_sql("regexp_replace(target_architecture, '(For[A-Z][A-Za-z0-9_]*|Model)$', '')")
+
+
+def family_size(family: str) -> float | None:
+    """The parameter count a model family names ("qwen3.6-27b" -> 27e9), or None."""
+    m = SIZE_RE.search(str(family).lower())
+    return float(m.group(1)) * 1e9 if m else None
+
+
+def conditions_sql(claim: Claim) -> tuple[str, dict]:
+    """SQL condition on a run's typed columns for the claim's conditions (its arm, and the
+    baselines of the same engine, chips, models and sampler), with its named parameters.
+
+    model_family matches, ignoring case and punctuation, the target's recorded name (its hub
+    id or file name, never a path) or its recorded architecture; a size it names must agree
+    with the recorded parameter count where one is recorded. quantisation matches the
+    recorded quantisation ("q4_k_m" matches Q4_K_M, "4bit" matches 4bit-g64); a run that
+    records none does not match."""
+    c = claim.conditions
+    where = [
+        "engine = $engine",
+        "method IN ('baseline', $method)",
+        "(method = 'baseline' OR list_contains($depths::INTEGER[], depth))",
+    ]
+    params: dict[str, Any] = {"engine": c["engine"], "method": c["method"], "depths": claim.depths}
+    chip = c.get("chip")
+    if chip and chip.endswith("*"):
+        where.append("starts_with(chip, $chip)")
+        params["chip"] = chip[:-1]
+    elif chip:
+        where.append("chip = $chip")
+        params["chip"] = chip
+    if c.get("prompt_set"):
+        where.append("prompt_set = $prompt_set")
+        params["prompt_set"] = c["prompt_set"]
+    if c.get("quantisation"):
+        where.append(f"target_quantisation != '' AND starts_with({_norm_sql('target_quantisation')}, $quantisation)")
+        params["quantisation"] = _norm(c["quantisation"])
+    if c.get("model_family"):
+        where.append(f"(contains({_norm_sql('target_reference')}, $family) OR contains({_ARCHITECTURE}, $family))")
+        params["family"] = _norm(c["model_family"])
+        size = family_size(c["model_family"])
+        if size:
+            where.append("(target_parameters = 0 OR target_parameters BETWEEN $size_low AND $size_high)")
+            params.update(size_low=size * SIZE_TOLERANCE[0], size_high=size * SIZE_TOLERANCE[1])
+    for key, value in c.get("sampler", {}).items():
+        where.append(f"abs(sampler_{key} - $sampler_{key}) < 1e-9")
+        params[f"sampler_{key}"] = float(value)
+    return " AND ".join(where), params
 
 
 def _chip_label(pattern: str | None) -> str:
@@ -222,96 +302,136 @@ def _chip_label(pattern: str | None) -> str:
 
 
 def matching_runs(claim: Claim, runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs inside the claim's conditions (its arm and the baselines of the same cells).
-    `runs` needs engine, method, depth, chip, model, sampler, prompt_set; optional
-    model_family and quantisation (from params) are preferred over the model path."""
-    c = claim.conditions
+    """The runs inside the claim's conditions (its arm and the baselines), the columns
+    evaluate() reads and each run's comparable group. `runs`: the typed run columns
+    (RunRecord.columns() and the coordinator's), as the mirror holds them."""
     if runs.empty:
-        return runs
-    keep = runs["engine"].eq(c["engine"]) & runs["method"].isin(["baseline", c["method"]])
-    keep &= runs["method"].eq("baseline") | runs["depth"].isin(claim.depths)
-    keep &= runs["chip"].map(lambda chip: _chip_ok(c.get("chip"), chip))
-    for name in ("model_family", "quantisation"):
-        if c.get(name):
-            want = _norm(c[name])
-            declared = runs[name] if name in runs else pd.Series("", index=runs.index)
-            text = declared.where(declared.fillna("").astype(bool), runs["model"]).fillna("")
-            keep &= text.map(lambda t, w=want: w in _norm(t))
-    if c.get("prompt_set"):
-        keep &= runs["prompt_set"].eq(c["prompt_set"])
-    wanted = c.get("sampler", {})
-    if wanted:
-        keep &= runs["sampler"].map(
-            lambda s: all(np.isclose(parse_sampler(s).get(k, np.nan), float(v)) for k, v in wanted.items())
+        return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "comparable"])
+    con = _matched(claim, runs)
+    return con.execute("SELECT * FROM matched").df()
+
+
+def _matched(claim: Claim, runs: pd.DataFrame) -> duckdb.DuckDBPyConnection:
+    """A connection holding the claim's runs as table `matched` and its arm's as `arm`."""
+    con = duckdb.connect()
+    con.register("fleet", runs)
+    where, params = conditions_sql(claim)
+    con.execute(f"CREATE TEMP TABLE matched AS SELECT {_SELECT} FROM fleet WHERE {where}", params)
+    con.unregister("fleet")
+    con.execute("CREATE TEMP TABLE arm AS SELECT * FROM matched WHERE method = $method", {"method": claim.method})
+    return con
+
+
+# ---------------------------------------------------------------- verdicts
+
+VERDICT_COLUMNS = [
+    "claim",
+    "chip",
+    "group",
+    "verdict",
+    "figure",
+    "ci_low",
+    "ci_high",
+    "machines",
+    "prompts",
+    "runs",
+    "excluded_runs",
+    "differs",
+    "why",
+]
+
+
+def _figures(claim: Claim, con, seed: int) -> pd.DataFrame:
+    """The claim's figure per comparable group, chip and depth: figure, ci_low, ci_high,
+    machines, prompts, runs (pairs, for a ratio) and excluded_runs (left out: not nominal)."""
+    cols = ["comparable", "chip", "depth", "figure", "ci_low", "ci_high", "machines", "prompts", "runs"]
+    cols.append("excluded_runs")
+
+    def query(sql, params=None):
+        return con.execute(sql, params or []).df()
+
+    if claim.metric == "acceptance_rate":
+        values = query(
+            "SELECT comparable, chip, depth, agent_id, prompt_id, tokens_accepted / tokens_drafted AS rate,"
+            " env_nominal IS NOT DISTINCT FROM false AS degraded FROM arm WHERE tokens_drafted > 0"
         )
-    return runs[keep]
+        out = stats.summarise(values, by=("comparable", "chip", "depth"), column="rate")
+        return out.rename(columns={"median": "figure"})[cols]
+    value = "prefill_tokens_per_second" if claim.metric == "prefill_ratio" else "decode_tokens_per_second"
+    out = stats.speedups(query, "matched", seed=seed, value=value)
+    out = out[out["method"] == claim.method]
+    return out.rename(columns={"speedup": "figure", "pairs": "runs", "excluded_pairs": "excluded_runs"})[cols]
+
+
+def _short(value) -> str:
+    """A checked key's value as the page shows it: a SHA-256 by its first 12 hex digits."""
+    text = str(value)
+    return text[:12] if re.fullmatch(r"[0-9a-f]{64}", text) else text
 
 
 def evaluate(claim: Claim, runs: pd.DataFrame, seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
-    """One row per chip: verdict, figure, interval, machines, runs, excluded runs and why."""
-    cols = ["claim", "chip", "verdict", "figure", "ci_low", "ci_high", "machines", "runs", "excluded_runs", "why"]
-    matched = matching_runs(claim, runs)
-    arm = matched[matched["method"] == claim.conditions["method"]] if not matched.empty else matched
-    rows = []
-    if claim.metric == "runs":
-        for chip, group in arm.groupby("chip", sort=True) if not arm.empty else []:
-            ok = group[group.get("nominal", pd.Series("unknown", index=group.index)) != "degraded"]
-            if ok.empty:
-                continue
-            rows.append(
-                dict(
-                    chip=chip,
-                    verdict=stats.CONTRADICTED,
-                    figure=float(len(ok)),
-                    machines=int(ok["agent_id"].nunique()),
-                    runs=len(ok),
-                    excluded_runs=len(group) - len(ok),
-                    why=f"the fleet holds {len(ok)} run(s) on {ok['agent_id'].nunique()} machine(s)",
-                )
-            )
-        if not rows:
-            rows.append(
-                dict(
-                    chip=_chip_label(claim.conditions.get("chip")),
-                    verdict=stats.REPRODUCED,
-                    figure=0.0,
-                    machines=0,
-                    runs=0,
-                    excluded_runs=len(arm),
-                    why="no such run in the fleet yet",
-                )
-            )
-        return pd.DataFrame([{"claim": claim.id, **r} for r in rows], columns=cols)
-
-    if claim.metric == "acceptance_rate":
-        values = arm.assign(
-            ratio=arm["acceptance_rate"] if "acceptance_rate" in arm else np.nan,
-            degraded=arm.get("nominal", pd.Series("unknown", index=arm.index)).eq("degraded"),
-        ).dropna(subset=["ratio"])
-    else:
-        column = "prefill_tokens_per_second" if claim.metric == "prefill_ratio" else "decode_tokens_per_second"
-        values = stats.paired_ratios(matched, column)
-    summary = stats.summarise(values, by=("chip", "depth"), seed=seed)
-
-    chips = sorted(set(summary["chip"]))
+    """One row per comparable group and chip (VERDICT_COLUMNS): the verdict, the figure
+    (specfleet.speedup's speedup for ratios), its interval, the machines, prompts and runs
+    (pairs, for a ratio) behind it, the runs left out as not nominal, and why. Runs that differ
+    in a checked key are never pooled: each comparable group is settled on its own, and
+    `differs` names its values of the checked keys in which the claim's groups differ."""
     pattern = claim.conditions.get("chip")
-    if not chips:
-        chips = [_chip_label(pattern)]
-    for chip in chips:
-        mine = summary[summary["chip"] == chip]
+    none = dict(chip=_chip_label(pattern), group="", machines=0, prompts=0, runs=0, differs="")
+    if runs.empty:
+        return _rows(claim, [_no_run(claim, none, 0)])
+    con = _matched(claim, runs)
+    cells = con.execute(
+        "SELECT comparable, chip, count(*) AS runs FROM arm GROUP BY ALL ORDER BY chip, runs DESC, comparable"
+    ).df()
+    if cells.empty:
+        return _rows(claim, [_no_run(claim, none, 0)])
+    groups = speedup.groups(con, "arm").set_index("comparable")
+    differs = speedup.what_differs(groups.reset_index())
+    label = {g: "; ".join(f"{k}={_short(groups.loc[g, k])}" for k in differs) for g in groups.index}
+
+    if claim.metric == "runs":
+        counts = con.execute(
+            "SELECT comparable, chip, count(*) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS runs,"
+            " count(*) FILTER (WHERE env_nominal IS NOT DISTINCT FROM false) AS excluded_runs,"
+            " count(DISTINCT agent_id) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS machines,"
+            " count(DISTINCT prompt_id) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS prompts"
+            " FROM arm GROUP BY ALL ORDER BY chip, runs DESC, comparable"
+        ).df()
+        rows = [
+            dict(
+                chip=r.chip,
+                group=r.comparable,
+                verdict=stats.CONTRADICTED,
+                figure=float(r.runs),
+                machines=int(r.machines),
+                prompts=int(r.prompts),
+                runs=int(r.runs),
+                excluded_runs=int(r.excluded_runs),
+                differs=label[r.comparable],
+                why=f"the fleet holds {r.runs} run(s) on {r.machines} machine(s)",
+            )
+            for r in counts.itertuples()
+            if r.runs > 0
+        ]
+        return _rows(claim, rows or [_no_run(claim, none, int(counts["excluded_runs"].sum()))])
+
+    figures = _figures(claim, con, seed)
+    rows = []
+    for cell in cells.itertuples():
+        mine = figures[(figures["comparable"] == cell.comparable) & (figures["chip"] == cell.chip)]
+        where = dict(chip=cell.chip, group=cell.comparable, differs=label[cell.comparable])
         if claim.metric == "best_depth":
             v, best = stats.best_depth_verdict(claim.rule, mine)
-            # The figure is a depth; the interval of its speedup goes into `why`.
             row = {} if best is None else dict(figure=float(best["depth"]))
-            if best is not None:
-                v = stats.Verdict(
-                    v.verdict, f"{v.why}; its speedup 95% CI [{best['ci_low']:.3g}, {best['ci_high']:.3g}]"
-                )
+            if best is not None:  # the figure is a depth; the interval of its speedup goes into `why`
+                why = f"{v.why}; its speedup 95% CI [{best['ci_low']:.3g}, {best['ci_high']:.3g}]"
+                v = stats.Verdict(v.verdict, why)
             rows.append(
                 dict(
-                    chip=chip,
+                    where,
                     verdict=v.verdict,
                     machines=int(mine["machines"].max()) if len(mine) else 0,
+                    prompts=int(mine["prompts"].min()) if len(mine) else 0,
                     runs=int(mine["runs"].sum()),
                     excluded_runs=int(mine["excluded_runs"].sum()),
                     why=v.why,
@@ -319,26 +439,42 @@ def evaluate(claim: Claim, runs: pd.DataFrame, seed: int = stats.BOOTSTRAP_SEED)
                 )
             )
             continue
-        if mine.empty:
-            nan = float("nan")
-            r = dict(median=nan, ci_low=nan, ci_high=nan, machines=0, runs=0, excluded_runs=0)
-        else:
-            r = mine.iloc[0].to_dict()
-        v = stats.verdict(claim.rule, r["median"], r["ci_low"], r["ci_high"], int(r["machines"]), int(r["runs"]))
-        rows.append(
-            dict(
-                chip=chip,
-                verdict=v.verdict,
-                figure=r["median"],
-                ci_low=r["ci_low"],
-                ci_high=r["ci_high"],
-                machines=int(r["machines"]),
-                runs=int(r["runs"]),
-                excluded_runs=int(r["excluded_runs"]),
-                why=v.why,
+        for depth in claim.depths:
+            at = mine[mine["depth"] == depth]
+            if at.empty:
+                nan = float("nan")
+                r = dict(figure=nan, ci_low=nan, ci_high=nan, machines=0, prompts=0, runs=0, excluded_runs=0)
+            else:
+                r = at.iloc[0].to_dict()
+            v = stats.verdict(claim.rule, r["figure"], r["ci_low"], r["ci_high"], int(r["machines"]), int(r["runs"]))
+            rows.append(
+                dict(
+                    where,
+                    verdict=v.verdict,
+                    figure=r["figure"],
+                    ci_low=r["ci_low"],
+                    ci_high=r["ci_high"],
+                    machines=int(r["machines"]),
+                    prompts=int(r["prompts"]),
+                    runs=int(r["runs"]),
+                    excluded_runs=int(r["excluded_runs"]),
+                    why=(f"K={depth}: " if len(claim.depths) > 1 else "") + v.why,
+                )
             )
-        )
-    return pd.DataFrame([{"claim": claim.id, **r} for r in rows], columns=cols)
+    return _rows(claim, rows)
+
+
+def _no_run(claim: Claim, none: dict, excluded: int) -> dict:
+    """The one row of a claim no run matches: an absence claim holds, any other lacks data."""
+    if claim.metric == "runs":
+        why = "no such run in the fleet yet"
+        return dict(none, verdict=stats.REPRODUCED, figure=0.0, excluded_runs=excluded, why=why)
+    why = "no run in the fleet matches its conditions"
+    return dict(none, verdict=stats.NOT_ENOUGH, excluded_runs=excluded, why=why)
+
+
+def _rows(claim: Claim, rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{"claim": claim.id, **r} for r in rows], columns=VERDICT_COLUMNS)
 
 
 # ---------------------------------------------------------------- the sweep that tests a claim
@@ -363,7 +499,7 @@ def sweep_yaml(claim: Claim) -> str:
         models={engine: models},
         engines=[engine],
         samplers=[dict(c.get("sampler") or {"temperature": 0})],
-        prompt_sets=[c.get("prompt_set") or "chat"],
+        prompt_sets=[c.get("prompt_set") or "conversation"],
         methods={c["method"]: claim.depths},
         max_new_tokens=256,
         warmup=3,

@@ -1,40 +1,94 @@
 """Data access for the pages: one cached mirror per process, parameterised cached queries.
 
-Pages call these functions and arrange what they return. SQL never carries user input as
-text: filters travel as bound list parameters. Statistics come from dashboard/stats.py.
+Pages call these functions and arrange what they return. Runs are read from the mirror's typed
+columns (specfleet/record.py RunRecord, one column per field) through `LABELLED`, which adds
+what every page names a run by: its comparable group, its models as reference@digest, its
+sampler and its environment state. SQL never carries user input as text: filters travel as
+bound parameters. Speedups are specfleet/speedup.py's (through dashboard/stats.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
-import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from agent.api import AdminApi, channel
-from coordinator.export import flatten
 from dashboard import claims as ledger
 from dashboard import stats
 from dashboard.mirror import Mirror
+from specfleet import speedup
+from specfleet.record import VERIFY_COST
 
 REFRESH_SECONDS = 5
-# Parameters the agent may write that give the bytes read per decoded token (the model's
-# weights); without one, the roofline share is "not available" rather than a guess.
-MODEL_BYTES_PARAMS = ("model.bytes_per_token", "model.target.bytes")
+
+
+def model_label(prefix: str) -> str:
+    """SQL: a model named by its reference and the first 12 hex digits of its digest
+    ("target.gguf@571b2644b2e8"), never by a path; '' when the run has no such model.
+    `prefix` is "target" or "draft", optionally qualified ("g.target")."""
+    ref, digest = f"{prefix}_reference", f"{prefix}_digest"
+    return f"CASE WHEN {ref} = '' THEN '' WHEN {digest} = '' THEN {ref} ELSE {ref} || '@' || left({digest}, 12) END"
+
+
+def sampler_label(prefix: str = "") -> str:
+    """SQL: "greedy" or "T=0.7 top_p=0.9 top_k=20 seed=1": every checked sampler key that is
+    not its default, so that no two samplers share a label."""
+    s = f"{prefix}sampler_"
+    rest = f"' top_p=' || printf('%g', {s}top_p) || ' top_k=' || {s}top_k || ' seed=' || {s}seed"
+    return (
+        f"CASE WHEN {s}temperature != 0 THEN 'T=' || printf('%g', {s}temperature) || {rest}"
+        f" WHEN {s}top_p != 1 OR {s}top_k != 0 OR {s}seed != 0 THEN 'greedy' || {rest} ELSE 'greedy' END"
+    )
+
+
+NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' ELSE 'unknown' END"
+# Every run with the names the pages filter and group by. A parenthesised relation: a source
+# for specfleet/speedup.py's SQL as well as for the queries here.
+LABELLED = (
+    f"(SELECT *, {speedup.COMPARABLE_ID} AS comparable, {model_label('target')} AS model,"
+    f" {model_label('draft')} AS draft_model, {sampler_label()} AS sampler, {NOMINAL} AS nominal,"
+    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate FROM runs)"
+)
+FILTER_FIELDS = ("model", "engine", "method", "sampler", "prompt_set")
 
 
 @dataclass(frozen=True)
 class Filters:
-    """Selected values per field; an empty tuple selects everything."""
+    """Selected values per field; an empty tuple selects everything. `comparable`: one
+    comparable group's id (specfleet.speedup.COMPARABLE_ID), or '' for every group."""
 
     model: tuple[str, ...] = ()
     engine: tuple[str, ...] = ()
     method: tuple[str, ...] = ()
     sampler: tuple[str, ...] = ()
     prompt_set: tuple[str, ...] = ()
+    comparable: str = ""
+
+
+def selected(f: Filters, generation: bool = True) -> tuple[str, dict]:
+    """A parenthesised relation of the runs `f` selects, and its named parameters. A method
+    filter keeps the baselines (every speedup needs them); `generation` leaves out verify-cost
+    runs, which are never speedups."""
+    where, params = [], {}
+    for name in ("model", "engine", "sampler", "prompt_set"):
+        if getattr(f, name):
+            where.append(f"list_contains(${name}::VARCHAR[], {name})")
+            params[name] = list(getattr(f, name))
+    if f.method:
+        where.append("(list_contains($method::VARCHAR[], method) OR method = 'baseline')")
+        params["method"] = list(f.method)
+    if f.comparable:
+        where.append("comparable = $comparable")
+        params["comparable"] = f.comparable
+    if generation:
+        where.append(f"method != '{VERIFY_COST}'")
+    return f"(SELECT * FROM {LABELLED} WHERE {' AND '.join(where) or 'true'})", params
 
 
 def coordinator() -> tuple[str, str]:
@@ -59,8 +113,12 @@ def version() -> tuple[str, str, int]:
     return address, token, synced(address, token)
 
 
-def _q(v: tuple[str, str, int], sql: str, params: list | None = None) -> pd.DataFrame:
+def _q(v: tuple[str, str, int], sql: str, params: dict | list | None = None) -> pd.DataFrame:
     return mirror(*v[:2]).query(sql, params)
+
+
+def _query(v: tuple[str, str, int]):
+    return lambda sql, params=None: _q(v, sql, params)
 
 
 # ---------------------------------------------------------------- fleet and sweeps
@@ -122,110 +180,115 @@ def failures(v: tuple[str, str, int]) -> pd.DataFrame:
 # ---------------------------------------------------------------- runs
 
 
-def _model_bytes(params: dict) -> float:
-    """Bytes read per decoded token, from the first of MODEL_BYTES_PARAMS that is a number."""
-    for key in MODEL_BYTES_PARAMS:
-        try:
-            value = float(params.get(key, ""))
-        except ValueError:
-            continue
-        if value > 0:
-            return value
-    return float("nan")
-
-
-def _with_params(df: pd.DataFrame) -> pd.DataFrame:
-    """Columns every page filters or computes on, read from the params and metrics JSON."""
-    params = df["params"].map(lambda p: json.loads(p) if p else {})
-    metrics = df["metrics"].map(lambda m: json.loads(m) if m else {})
-    df = df.assign(
-        model=params.map(lambda p: p.get("model.target", "")),
-        model_family=params.map(lambda p: p.get("model.family", "")),
-        quantisation=params.map(lambda p: p.get("model.quantisation", "")),
-        sampler=params.map(lambda p: p.get("sampler", "")),
-        prompt_set=params.map(lambda p: p.get("prompt_set", "")),
-        nominal=params.map(stats.nominal_state),
-        acceptance_collapsed=params.map(lambda p: p.get("acceptance.collapsed") == "true"),
-        acceptance_reason=params.map(lambda p: p.get("acceptance.reason", "")),
-        model_bytes=params.map(_model_bytes),
-        acceptance_rate=metrics.map(lambda m: m.get("acceptance_rate", float("nan"))),
-        draft_seconds=metrics.map(lambda m: m.get("draft_seconds", float("nan"))),
-        verify_seconds=metrics.map(lambda m: m.get("verify_seconds", float("nan"))),
-    )
-    return df
-
-
 @st.cache_data(ttl=REFRESH_SECONDS)
 def all_runs(v: tuple[str, str, int]) -> pd.DataFrame:
-    """Every generation run (verify-cost steps apart) with its parsed parameters."""
-    df = _q(v, "SELECT * FROM runs WHERE method != 'verify-cost' ORDER BY seq")
-    return _with_params(df) if not df.empty else df
+    """Every generation run (verify-cost steps apart): every typed column and LABELLED's."""
+    return _q(v, f"SELECT * FROM {LABELLED} WHERE method != '{VERIFY_COST}' ORDER BY seq")
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def filter_options(v: tuple[str, str, int]) -> dict[str, list[str]]:
-    runs = all_runs(v)
-    fields = ("model", "engine", "method", "sampler", "prompt_set")
-    return {f: sorted(x for x in runs[f].unique() if x) if not runs.empty else [] for f in fields}
-
-
-def _filtered(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    runs = all_runs(v)
-    if runs.empty:
-        return runs
-    keep = pd.Series(True, index=runs.index)
-    for name in ("model", "engine", "sampler", "prompt_set"):
-        if getattr(f, name):
-            keep &= runs[name].isin(getattr(f, name))
-    if f.method:  # the baseline stays: every speedup needs it
-        keep &= runs["method"].isin((*f.method, "baseline"))
-    return runs[keep]
+    out = {}
+    for field in FILTER_FIELDS:
+        df = _q(
+            v,
+            f"SELECT DISTINCT {field} AS value FROM {LABELLED}"
+            f" WHERE method != '{VERIFY_COST}' AND {field} != '' ORDER BY 1",
+        )
+        out[field] = df["value"].tolist() if not df.empty else []
+    return out
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def runs_table(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    """Every run with every parameter and metric as a column, for the Runs page and downloads."""
-    keys = ("model", "engine", "method", "sampler", "prompt_set")
-    df = _q(v, "SELECT * FROM runs ORDER BY seq")
-    if df.empty:
-        return df
-    parsed = _with_params(df)
-    keep = pd.Series(True, index=df.index)
-    for name in keys:
-        if getattr(f, name):
-            keep &= parsed[name].isin(getattr(f, name))
-    out = flatten(df[keep])
-    out.insert(0, "nominal", parsed.loc[keep, "nominal"])
-    for col in ("started_at", "ingested_at"):
-        out[col] = pd.to_datetime(out[col], unit="s", utc=True)
-    return out.reset_index(drop=True)
+    """Every run the filters select (verify-cost runs too), every typed column, the names it
+    goes by first, times as timestamps: for the Runs page and downloads."""
+    source, params = selected(f, generation=False)
+    names = "nominal, model, draft_model, sampler, comparable"
+    return _q(
+        v,
+        f"SELECT {names}, to_timestamp(started_at_unix_seconds) AS started_at,"
+        f" * EXCLUDE ({names}) REPLACE (to_timestamp(ingested_at) AS ingested_at)"
+        f" FROM {source} ORDER BY seq",
+        params,
+    )
 
 
 def downloads(runs: pd.DataFrame) -> tuple[bytes, bytes]:
-    """The runs as CSV and as Parquet, for the download buttons."""
+    """The runs as CSV and as Parquet, for the download buttons. List columns (acceptance by
+    position, verify cost, environment reasons) are lists in Parquet and "[a, b]" in CSV."""
     parquet = io.BytesIO()
     runs.to_parquet(parquet, index=False)
-    return runs.to_csv(index=False).encode(), parquet.getvalue()
+    text = runs.copy()
+    for col in text.columns:
+        if text[col].dtype == object and text[col].map(lambda x: isinstance(x, np.ndarray)).any():
+            text[col] = text[col].map(lambda x: x.tolist() if isinstance(x, np.ndarray) else x)
+    return text.to_csv(index=False).encode(), parquet.getvalue()
 
 
+@st.cache_data(ttl=REFRESH_SECONDS)
 def nominal_counts(v: tuple[str, str, int], f: Filters) -> dict[str, int]:
-    runs = _filtered(v, f)
-    return runs["nominal"].value_counts().to_dict() if not runs.empty else {}
+    source, params = selected(f)
+    df = _q(v, f"SELECT nominal, count(*) AS n FROM {source} GROUP BY ALL", params)
+    return dict(zip(df["nominal"], df["n"].astype(int))) if not df.empty else {}
 
 
+@st.cache_data(ttl=REFRESH_SECONDS)
 def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    """Runs the agent flagged for collapsed acceptance (agent/summary.py), per chip, engine,
-    method and model, with one of their reasons. They stay in every figure: the collapse is
-    the finding, and usually a broken model conversion."""
-    runs = _filtered(v, f)
-    if runs.empty or not runs["acceptance_collapsed"].any():
-        return pd.DataFrame(columns=["chip", "engine", "method", "model", "runs", "reason"])
-    flagged = runs[runs["acceptance_collapsed"]]
-    return (
-        flagged.groupby(["chip", "engine", "method", "model"], as_index=False)
-        .agg(runs=("run_id", "count"), reason=("acceptance_reason", "first"))
-        .sort_values(["chip", "engine", "method"])
+    """Runs the agent flagged for collapsed acceptance (acceptance_collapsed, with its reason),
+    per chip, engine, method and model. They stay in every figure: the collapse is the
+    finding, and usually a broken model conversion."""
+    source, params = selected(f)
+    df = _q(
+        v,
+        "SELECT chip, engine, method, model, count(*) AS runs, arg_min(acceptance_reason, seq) AS reason"
+        f" FROM {source} WHERE acceptance_collapsed GROUP BY ALL ORDER BY chip, engine, method",
+        params,
     )
+    return df if not df.empty else pd.DataFrame(columns=["chip", "engine", "method", "model", "runs", "reason"])
+
+
+# ---------------------------------------------------------------- comparable groups
+
+
+def group_label(g) -> str:
+    """How the selector names a comparable group: engine, models, prompt set, context, sampler."""
+    draft = f"draft {g.draft_model}" if g.draft_model else "no draft"
+    return (
+        f"{g.engine} · {g.model} · {draft} · {g.prompt_set} · context {g.context_tokens} · {g.sampler}"
+        f" · group {g.comparable}"
+    )
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def groups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """The comparable groups (specfleet.speedup.groups) of the runs `f` selects, whichever
+    group `f` names, most runs first; with the names the selector shows and the chips."""
+    source, params = selected(dataclasses.replace(f, comparable=""))
+    df = _q(
+        v,
+        f"SELECT g.comparable, g.engine, {model_label('g.target')} AS model, {model_label('g.draft')} AS draft_model,"
+        f" g.prompt_set, g.context_tokens, {sampler_label('g.')} AS sampler, g.runs, m.machines, m.chips,"
+        " g.* EXCLUDE (comparable, engine, prompt_set, context_tokens, runs)"
+        f" FROM ({speedup.groups_sql(source)}) g JOIN (SELECT comparable, count(DISTINCT agent_id) AS machines,"
+        f" string_agg(DISTINCT chip, ', ' ORDER BY chip) AS chips FROM {source} GROUP BY ALL) m USING (comparable)"
+        " ORDER BY g.runs DESC, g.comparable",
+        params,
+    )
+    if not df.empty:
+        df.insert(1, "label", [group_label(g) for g in df.itertuples()])
+    return df
+
+
+def _group_keys(v: tuple[str, str, int], comparable: str) -> tuple[str, dict]:
+    """SQL condition: a verify-cost run of the group's target model, engine and engine version
+    (its context depth and sampler are its own); true without a group."""
+    if not comparable:
+        return "true", {}
+    return (
+        f"EXISTS (SELECT 1 FROM {LABELLED} g WHERE g.comparable = $comparable AND g.target_digest = r.target_digest"
+        " AND g.engine = r.engine AND g.engine_version = r.engine_version)"
+    ), {"comparable": comparable}
 
 
 # ---------------------------------------------------------------- comparisons
@@ -233,145 +296,123 @@ def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def speedups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    """Median paired speedup per chip, engine, method and depth, with interval, machines, runs."""
-    pairs = stats.paired_ratios(_filtered(v, f))
-    return stats.summarise(pairs, by=("chip", "engine", "method", "depth"))
+    """specfleet.speedup's speedup per comparable group, chip and arm, with its 95% interval,
+    machines, prompts, pairs and the pairs left out for a run that was not nominal."""
+    source, params = selected(f)
+    out = stats.speedups(_query(v), source, params)
+    if out.empty:
+        return out
+    names = groups(v, f)[["comparable", "model", "draft_model"]]  # reference@digest, never a path
+    out = out.merge(names, on="comparable", how="left").drop(columns=["target_reference", "draft_reference"])
+    first = ["comparable", "engine", "model", "draft_model"]
+    return out[first + [c for c in out.columns if c not in first]]
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def decode_speed(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    runs = _filtered(v, f)
-    if runs.empty:
-        return stats.summarise(runs)
-    values = runs.assign(degraded=runs["nominal"].eq("degraded"))
-    values["arm"] = values["method"] + values["depth"].map(lambda d: f" K={d}" if d else "")
+    """Median decode tok/s per chip, engine and arm, with its interval, machines, prompts, runs."""
+    source, params = selected(f)
+    values = _q(
+        v,
+        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
+        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {source}",
+        params,
+    )
     return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def acceptance_by_position(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    runs = _filtered(v, f)
-    rows = []
-    for r in runs[runs["method"] != "baseline"].itertuples() if not runs.empty else []:
-        if r.nominal == "degraded":
-            continue
-        for key, value in json.loads(r.metrics).items():
-            if key.startswith("acceptance_at_position_"):
-                position = int(key.rsplit("_", 1)[1])
-                rows.append(
-                    dict(
-                        chip=r.chip,
-                        engine=r.engine,
-                        method=r.method,
-                        depth=r.depth,
-                        position=position,
-                        agent_id=r.agent_id,
-                        acceptance=value,
-                    )
-                )
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
-    return (
-        df.groupby(["chip", "engine", "method", "depth", "position"])
-        .agg(acceptance=("acceptance", "median"), machines=("agent_id", "nunique"), runs=("acceptance", "size"))
-        .reset_index()
+    """Median share accepted at each draft position (acceptance_by_position), per chip and arm;
+    positions nothing was proposed at are left out."""
+    source, params = selected(f)
+    return _q(
+        v,
+        "SELECT chip, engine, method, depth, position, median(share) AS acceptance,"
+        " count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        " FROM (SELECT chip, engine, method, depth, agent_id, prompt_id, drafted_by_position AS drafted,"
+        " unnest(acceptance_by_position) AS share, generate_subscripts(acceptance_by_position, 1) AS position"
+        f" FROM {source} WHERE method != 'baseline' AND nominal != 'degraded')"
+        " WHERE len(drafted) = 0 OR drafted[position] > 0"
+        " GROUP BY ALL ORDER BY chip, engine, method, depth, position",
+        params,
     )
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def draft_verify(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    """Median draft and verify milliseconds per generated token, per chip and arm."""
-    runs = _filtered(v, f)
-    if runs.empty:
-        return runs
-    spec = runs[(runs["method"] != "baseline") & runs["draft_seconds"].notna() & (runs["nominal"] != "degraded")]
-    # reference arms (the libraries' own loops) report no rounds: nothing to split
-    spec = spec[(spec["generated_tokens"] > 0) & (spec["draft_seconds"] + spec["verify_seconds"] > 0)]
-    if spec.empty:
-        return spec
-    spec = spec.assign(
-        arm=spec["engine"] + " · " + spec["method"] + " K=" + spec["depth"].astype(str),
-        draft=spec["draft_seconds"] / spec["generated_tokens"] * 1e3,
-        verify=spec["verify_seconds"] / spec["generated_tokens"] * 1e3,
+    """Median draft and verify milliseconds per generated token, per chip and arm. Reference
+    arms (the libraries' own loops) report no rounds: nothing to split."""
+    source, params = selected(f)
+    agg = _q(
+        v,
+        "SELECT chip, engine || ' · ' || method || ' K=' || depth AS arm,"
+        " median(draft_seconds / generated_tokens * 1e3) AS draft, median(verify_seconds / generated_tokens * 1e3)"
+        " AS verify, count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        f" FROM {source} WHERE method != 'baseline' AND nominal != 'degraded' AND generated_tokens > 0"
+        " AND draft_seconds + verify_seconds > 0 GROUP BY ALL ORDER BY ALL",
+        params,
     )
-    agg = spec.groupby(["chip", "arm"]).agg(
-        draft=("draft", "median"), verify=("verify", "median"), machines=("agent_id", "nunique"), runs=("draft", "size")
-    )
-    return agg.reset_index().melt(
-        id_vars=["chip", "arm", "machines", "runs"], value_vars=["draft", "verify"], var_name="phase", value_name="ms"
+    if agg.empty:
+        return agg
+    return agg.melt(
+        id_vars=["chip", "arm", "machines", "prompts", "runs"],
+        value_vars=["draft", "verify"],
+        var_name="phase",
+        value_name="ms",
     )
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
-def verify_cost(v: tuple[str, str, int]) -> pd.DataFrame:
-    """T(M)/T(1) per chip, engine and context depth: median over the chip's machines."""
-    curves = _q(
+def verify_cost(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """T(M)/T(1) per chip, engine and context depth (verify_cost_seconds, context_tokens):
+    the median over machines of each machine's latest curve. With a group chosen, the curves
+    of its target model, engine and engine version."""
+    where, params = [f"r.method = '{VERIFY_COST}'", "r.nominal != 'degraded'"], {}
+    for name in ("model", "engine"):
+        if getattr(f, name):
+            where.append(f"list_contains(${name}::VARCHAR[], r.{name})")
+            params[name] = list(getattr(f, name))
+    group, group_params = _group_keys(v, f.comparable)
+    where.append(group)
+    params |= group_params
+    return _q(
         v,
-        "SELECT chip, engine, agent_id, prompt_tokens AS context_tokens, arg_max(metrics, seq) AS metrics"
-        " FROM runs WHERE method = 'verify-cost' GROUP BY ALL ORDER BY ALL",
-    )
-    rows = []
-    for c in curves.itertuples():
-        for key, value in json.loads(c.metrics).items():
-            if key.endswith("_ratio"):
-                rows.append(
-                    dict(
-                        chip=c.chip,
-                        engine=c.engine,
-                        agent_id=c.agent_id,
-                        context_tokens=c.context_tokens,
-                        rows=int(key.split("_")[1]),
-                        ratio=value,
-                    )
-                )
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
-    return (
-        df.groupby(["chip", "engine", "context_tokens", "rows"])
-        .agg(ratio=("ratio", "median"), machines=("agent_id", "nunique"))
-        .reset_index()
+        "WITH curves AS (SELECT chip, engine, agent_id, context_tokens, arg_max(verify_cost_seconds, seq) AS t"
+        f" FROM {LABELLED} r WHERE {' AND '.join(where)} GROUP BY ALL),"
+        " points AS (SELECT chip, engine, agent_id, context_tokens, t, unnest(range(1, len(t) + 1)) AS m FROM curves)"
+        " SELECT chip, engine, context_tokens, m AS rows, median(t[m] / t[1]) AS ratio,"
+        " count(DISTINCT agent_id) AS machines FROM points WHERE t[1] > 0 GROUP BY ALL ORDER BY ALL",
+        params,
     )
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def roofline(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     """Share of the memory-bandwidth roofline of baseline decoding: decode tok/s x bytes read per
-    token / the chip's bandwidth. `share` is NaN and `why` says what is missing when the run has
-    no model size or the machine no bandwidth reading."""
-    runs = _filtered(v, f)
-    if runs.empty:
-        return runs
-    base = runs[(runs["method"] == "baseline") & (runs["nominal"] != "degraded")]
-    bw = agents(v)[["agent_id", "bandwidth_gb_per_s"]]
-    base = base.merge(bw, on="agent_id", how="left")
-    rows = []
-    for (chip, engine, model), g in base.groupby(["chip", "engine", "model"]):
-        tps = g["decode_tokens_per_second"].median()
-        bytes_per_token = g["model_bytes"].median()
-        bandwidth = g["bandwidth_gb_per_s"].median() * 1e9
-        why = ""
-        if pd.isna(bytes_per_token):
-            why = "model size not reported (params model.target.bytes)"
-        elif pd.isna(bandwidth):
-            why = "memory bandwidth unknown for this machine"
-        share = tps * bytes_per_token / bandwidth if not why else float("nan")
-        rows.append(
-            dict(
-                chip=chip,
-                engine=engine,
-                model=model,
-                decode_tokens_per_second=tps,
-                bytes_per_token=bytes_per_token,
-                bandwidth_gb_per_s=bandwidth / 1e9,
-                share=share,
-                machines=g["agent_id"].nunique(),
-                runs=len(g),
-                why=why,
-            )
-        )
-    return pd.DataFrame(rows)
+    token (the target's size, target_bytes) / the chip's bandwidth. `share` is NaN and `why`
+    says what is missing when the runs record no model size or the machine no bandwidth."""
+    source, params = selected(f)
+    df = _q(
+        v,
+        "SELECT r.chip, r.engine, r.model, median(r.decode_tokens_per_second) AS decode_tokens_per_second,"
+        " median(nullif(r.target_bytes, 0)) AS bytes_per_token, median(a.bandwidth) / 1e9 AS bandwidth_gb_per_s,"
+        " count(DISTINCT r.agent_id) AS machines, count(DISTINCT r.prompt_id) AS prompts, count(*) AS runs"
+        f" FROM {source} r LEFT JOIN (SELECT agent_id, nullif(try_cast(fingerprint->>'memoryBandwidthBytesPerSecond'"
+        " AS DOUBLE), 0) AS bandwidth FROM agents) a USING (agent_id)"
+        " WHERE r.method = 'baseline' AND r.nominal != 'degraded' GROUP BY ALL ORDER BY ALL",
+        params,
+    )
+    if df.empty:
+        return df
+    df["why"] = np.where(
+        df["bytes_per_token"].isna(),
+        "model size not recorded (target_bytes)",
+        np.where(df["bandwidth_gb_per_s"].isna(), "memory bandwidth unknown for this machine", ""),
+    )
+    share = df["decode_tokens_per_second"] * df["bytes_per_token"] / (df["bandwidth_gb_per_s"] * 1e9)
+    df.insert(5, "share", share.where(df["why"] == "").astype(float))
+    return df
 
 
 # ---------------------------------------------------------------- claims
@@ -394,7 +435,8 @@ def claims() -> list[ledger.Claim]:
 
 
 def verdicts(v: tuple[str, str, int]) -> pd.DataFrame:
-    """One row per claim and chip; recomputed when the data or the ledger changes."""
+    """One row per claim, comparable group and chip; recomputed when the data or the ledger
+    changes."""
     path = ledger_path()
     return _verdicts(v, path, os.path.getmtime(path))
 

@@ -25,6 +25,7 @@ def chip_colour(chips: list[str], title: str = "chip") -> alt.Color:
 
 def speedup_vs_depth(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
     """One line per chip and method, its 95% band, and the interval at every measured depth."""
+    df = df.dropna(subset=["speedup"])  # a figure whose every pair was left out
     base = alt.Chart(df).encode(
         x=alt.X("depth:Q", title="draft depth K (tokens)", axis=alt.Axis(tickMinStep=1, format="d")),
         color=chip_colour(chips),
@@ -37,14 +38,15 @@ def speedup_vs_depth(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
         "engine",
         "method",
         "depth",
-        alt.Tooltip("median:Q", format=".3f"),
+        alt.Tooltip("speedup:Q", format=".3f"),
         alt.Tooltip("ci_low:Q", format=".3f"),
         alt.Tooltip("ci_high:Q", format=".3f"),
         "machines",
-        "runs",
+        "prompts",
+        "pairs",
     ]
     line = base.mark_line(point=True).encode(
-        y="median:Q", strokeDash=alt.StrokeDash("method:N", title="method"), tooltip=tooltip
+        y="speedup:Q", strokeDash=alt.StrokeDash("method:N", title="method"), tooltip=tooltip
     )
     even = alt.Chart().mark_rule(strokeDash=[4, 4], color="grey").encode(y=alt.datum(1.0))
     return (
@@ -64,7 +66,7 @@ def decode_speed(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
             xOffset="chip:N",
             y=alt.Y("median:Q", title="decode tokens/s (median)"),
             color=chip_colour(chips),
-            tooltip=["chip", "engine", "arm", alt.Tooltip("median:Q", format=".1f"), "machines", "runs"],
+            tooltip=["chip", "engine", "arm", alt.Tooltip("median:Q", format=".1f"), "machines", "prompts", "runs"],
         )
         .properties(height=280)
     )
@@ -80,7 +82,15 @@ def acceptance_by_position(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
             y=alt.Y("acceptance:Q", title="acceptance rate (0-1)", scale=alt.Scale(domain=[0, 1])),
             color=chip_colour(chips),
             strokeDash=alt.StrokeDash("arm:N", title="arm"),
-            tooltip=["chip", "arm", "position", alt.Tooltip("acceptance:Q", format=".2f"), "machines", "runs"],
+            tooltip=[
+                "chip",
+                "arm",
+                "position",
+                alt.Tooltip("acceptance:Q", format=".2f"),
+                "machines",
+                "prompts",
+                "runs",
+            ],
         )
         .properties(width=560, height=260)
     )
@@ -96,7 +106,7 @@ def draft_verify(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
             x=alt.X("ms:Q", title="milliseconds per generated token (median)", stack="zero"),
             color=chip_colour(chips),
             opacity=alt.Opacity("phase:N", title="phase", scale=alt.Scale(domain=["draft", "verify"], range=[0.45, 1])),
-            tooltip=["chip", "arm", "phase", alt.Tooltip("ms:Q", format=".3f"), "machines", "runs"],
+            tooltip=["chip", "arm", "phase", alt.Tooltip("ms:Q", format=".3f"), "machines", "prompts", "runs"],
         )
         .properties(width=560)
     )
@@ -128,7 +138,7 @@ def roofline(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
             yOffset="chip:N",
             x=alt.X("percent:Q", title="share of the memory-bandwidth roofline (%)", scale=alt.Scale(domain=[0, 100])),
             color=chip_colour(chips),
-            tooltip=["chip", "engine", "model", alt.Tooltip("percent:Q", format=".1f"), "machines", "runs"],
+            tooltip=["chip", "engine", "model", alt.Tooltip("percent:Q", format=".1f"), "machines", "prompts", "runs"],
         )
         .properties(width=560)
     )

@@ -40,8 +40,13 @@ ENGINE_METHODS = {
     "mlx": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-draft"),
     "llama.cpp": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-ngram"),
 }
+# Engines whose speculative loops draw one random number per emitted token, as their baseline
+# does: with the same seed a sampled speculative run must emit the baseline's tokens exactly, so
+# losslessness is checked on sampled runs too. MLX's loops share one key and cannot be checked.
+SAME_SEED_REPRODUCIBLE = ("llama.cpp",)
 PROMPT_CATEGORIES = ("conversation", "translation", "summarisation", "qa", "math", "rag", "code")
 
+LOSSLESS_CHECKS = ("", "greedy reference", "same-seed baseline", "not checkable")
 MAX_ID_CHARS = 128
 MAX_TEXT_CHARS = 4096
 MAX_TOKENS = 10_000_000
@@ -148,7 +153,9 @@ class RunRecord:
     output_sha256: str
     started_at_unix_seconds: float
     draft: ModelIdentity = ModelIdentity()
-    lossless: bool | None = None  # greedy output equal to the baseline's; None: not checked
+    lossless: bool | None = None  # output equal to the reference's (lossless_check); None: not checked
+    lossless_check: str = ""  # "greedy reference" | "same-seed baseline" | "not checkable"
+    run_seed: int = 0  # the seed this run sampled with: derived from the sweep's, the repeat and the prompt
     # Gaps between token arrivals as a streaming client sees them: a speculative round's tokens
     # arrive together, so its burst is one arrival (no zero gaps).
     inter_token_latency_p50_seconds: float | None = None
@@ -424,6 +431,9 @@ def _problems(r: RunRecord) -> list[str]:
         problems.append("acceptance_by_position holds a share outside [0, 1]")
     if any(d < 0 for d in r.drafted_by_position):
         problems.append("drafted_by_position holds a negative count")
+    if r.lossless_check not in LOSSLESS_CHECKS:
+        problems.append(f"lossless_check {r.lossless_check!r} is not one of {', '.join(map(repr, LOSSLESS_CHECKS))}")
+    bounded("run_seed", 0, 2**32 - 1)
     if any(not (math.isfinite(t) and 0 <= t <= MAX_SECONDS) for t in r.verify_cost_seconds):
         problems.append("verify_cost_seconds holds a value that is not a finite number of seconds")
     if r.method == VERIFY_COST and not r.verify_cost_seconds:

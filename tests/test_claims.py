@@ -1,14 +1,19 @@
 """The claims ledger: every record checks, every sweep parses, verdicts from known runs, and a
 malformed record is refused with its field named."""
 
+import dataclasses
+
+import duckdb
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from agent.engines import ENGINE_METHODS
 from coordinator.sweeps import parse_sweep
 from dashboard import claims, stats
+from specfleet import speedup
+from specfleet.record import CHECKED_KEYS, ENGINE_METHODS, ModelIdentity, Sampler
+from tests.test_dashboard import MLX_27B, VARIANTS, record, row, sha
 
 REQUIRED = {
     "mtplx-2-3x",
@@ -59,7 +64,7 @@ def test_every_generated_sweep_parses(claim):
     assert method in ENGINE_METHODS[engine]
     sweep = parse_sweep(claims.sweep_yaml(claim))
     assert sweep.engines == [engine]
-    assert {(a["method"], a["depth"]) for a in sweep.arms} == {("baseline", 0)} | {(method, d) for d in claim.depths}
+    assert {(a.method, a.depth) for a in sweep.arms} == {("baseline", 0)} | {(method, d) for d in claim.depths}
     chip = claim.conditions.get("chip")
     if chip == "Apple*":
         assert sweep.target["chip_families"] == list(claims.MAC_FAMILIES)
@@ -102,42 +107,34 @@ def test_ledger_level_mistakes():
         claims.parse_claims(yaml.safe_dump([GOOD, "oops"]))
 
 
-def fleet_runs(
-    chip,
-    agent,
-    job,
-    ratios,
-    engine="llama.cpp",
-    method="mtp",
-    depth=2,
-    model="/m/Qwen3.5-9B-Q4_K_M.gguf",
-    sampler="temperature=0.0,top_p=1.0,top_k=0,seed=0",
-    degraded=(),
-):
+Q9B = ModelIdentity(
+    reference="Qwen3.5-9B-Q4_K_M.gguf",
+    digest=sha("q9b"),
+    architecture="qwen35",
+    parameters=9_400_000_000,
+    quantisation="Q4_K_M",
+)
+
+
+def fleet_runs(chip, agent, job, ratios, engine="llama.cpp", method="mtp", depth=2, model=Q9B, degraded=(), **fields):
+    """Stored rows of one machine's job: per prompt a baseline at 25 tok/s and the arm at
+    25 x ratio; the prompts in `degraded` ran hot (env_nominal false)."""
     rows = []
     for i, ratio in enumerate(ratios):
-        nominal = "degraded" if i in degraded else "nominal"
-        common = dict(
-            job_id=job,
-            agent_id=agent,
-            chip=chip,
-            engine=engine,
-            prompt_id=f"p{i}",
-            repeat=0,
-            model=model,
-            sampler=sampler,
-            prompt_set="chat",
-            nominal=nominal,
-            prefill_tokens_per_second=1000.0,
-            acceptance_rate=np.nan,
-        )
-        rows.append(dict(common, method="baseline", depth=0, decode_tokens_per_second=25.0))
-        rows.append(dict(common, method=method, depth=depth, decode_tokens_per_second=25.0 * ratio))
+        common = {"engine": engine, "target": model, "prompt_id": f"p{i}", "env_nominal": i not in degraded, **fields}
+        for m, d, tps in (("baseline", 0, 25.0), (method, depth, 25.0 * ratio)):
+            rows.append(row(record(job, m, d, tps, **common), agent, chip))
     return rows
 
 
 def claim(claim_id):
     return next(c for c in claims.load_claims() if c.id == claim_id)
+
+
+def geometric(*machines):
+    """specfleet's speedup by hand: a geometric mean per machine, then over machines (one
+    repeat per prompt)."""
+    return float(np.exp(np.mean([np.mean(np.log(m)) for m in machines])))
 
 
 def test_m1_max_net_loss_reproduced_contradicted_and_not_enough():
@@ -148,9 +145,9 @@ def test_m1_max_net_loss_reproduced_contradicted_and_not_enough():
     )
     row = claims.evaluate(c, loss).iloc[0]
     assert (row["chip"], row["verdict"]) == ("Apple M1 Max", stats.REPRODUCED)
-    assert row["figure"] == pytest.approx(np.median([0.86, 0.88, 0.87, 0.85, 0.9, 0.87, 0.86]))
-    assert (row["machines"], row["runs"], row["excluded_runs"]) == (2, 7, 1)
-    assert row["ci_high"] < 1.0
+    assert row["figure"] == pytest.approx(geometric([0.86, 0.88, 0.87, 0.85], [0.9, 0.87, 0.86]))
+    assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (2, 3, 7, 1)
+    assert row["ci_low"] < row["figure"] < row["ci_high"] < 1.0
 
     win = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [1.2, 1.25, 1.22, 1.18, 1.21, 1.24]))
     assert claims.evaluate(c, win).iloc[0]["verdict"] == stats.CONTRADICTED
@@ -163,20 +160,53 @@ def test_m1_max_net_loss_reproduced_contradicted_and_not_enough():
 def test_runs_outside_the_conditions_do_not_count():
     c = claim("llamacpp-mtp-m1-max-net-loss-n2")
     ratios = [0.8] * 8
+    llama = ModelIdentity(reference="Llama-3-8B-Q4_K_M.gguf", digest=sha("llama"), architecture="llama")
     other = pd.DataFrame(
         fleet_runs("Apple M4 Pro", "mini", "j1", ratios)  # another chip
-        + fleet_runs("Apple M1 Max", "a", "j2", ratios, model="/m/Llama-3-8B-Q4_K_M.gguf")  # another model
-        + fleet_runs("Apple M1 Max", "b", "j3", ratios, sampler="temperature=0.7,top_p=0.9,top_k=0,seed=1")
+        + fleet_runs("Apple M1 Max", "a", "j2", ratios, model=llama)  # another model
+        + fleet_runs("Apple M1 Max", "b", "j3", ratios, sampler=Sampler(temperature=0.7, top_p=0.9, seed=1))
         + fleet_runs("Apple M1 Max", "c", "j4", ratios, depth=6)  # another depth
-        + fleet_runs("Apple M1 Max", "d", "j5", ratios, engine="mlx", model="/m/qwen3.5-9b-q4_k_m")
+        + fleet_runs("Apple M1 Max", "d", "j5", ratios, engine="mlx")  # another engine
+        # the name says Q4_K_M, the weights say Q8_0: the recorded quantisation decides
+        + fleet_runs("Apple M1 Max", "e", "j6", ratios, model=dataclasses.replace(Q9B, quantisation="Q8_0"))
+        # the name says 9B, the weights hold 27B parameters
+        + fleet_runs("Apple M1 Max", "f", "j7", ratios, model=dataclasses.replace(Q9B, parameters=27 * 10**9))
     )
     out = claims.evaluate(c, other)
     assert out["chip"].tolist() == ["Apple M1 Max"] and out.iloc[0]["runs"] == 0
     assert out.iloc[0]["verdict"] == stats.NOT_ENOUGH
 
 
+def test_model_family_and_quantisation_read_the_recorded_model():
+    c = claim("llamacpp-mtp-m1-max-net-loss-n2")  # qwen3.5-9b, q4_k_m
+
+    def matched(model):
+        return len(claims.matching_runs(c, pd.DataFrame(fleet_runs("Apple M1 Max", "a", "j1", [0.8] * 6, model=model))))
+
+    assert matched(Q9B) == 12
+    # the file name does not say qwen3.5-9b, and the recorded architecture (qwen35) cannot
+    plain = ModelIdentity(reference="model.gguf", digest=sha("plain"), architecture="qwen35", quantisation="Q4_K_M")
+    assert matched(plain) == 0
+    # an unrecorded size (0) does not contradict the name
+    assert matched(dataclasses.replace(plain, reference="Qwen3.5-9B-MTP.gguf")) == 12
+    # a quantisation the record leaves unknown never matches one the claim names, whatever the name says
+    assert matched(dataclasses.replace(Q9B, quantisation="")) == 0
+    # a family that names the architecture matches it in either format's spelling
+    family = claims.parse_claims(
+        yaml.safe_dump(
+            [{**GOOD, "conditions": {"engine": "llama.cpp", "method": "mtp", "depth": 2, "model_family": "qwen3_5"}}]
+        )
+    )[0]
+    for model in (plain, MLX_27B):  # "qwen35" (GGUF), "Qwen3_5ForCausalLM" (Hugging Face)
+        runs = pd.DataFrame(fleet_runs("Apple M1 Max", "a", "j1", [0.8] * 6, model=model))
+        assert len(claims.matching_runs(family, runs)) == 12
+    assert claims.family_size("qwen3.6-35b-a3b") == 35e9 and claims.family_size("0.8b") == 0.8e9
+    assert claims.family_size("qwen35") is None
+
+
 def test_acceptance_and_prefill_claims():
     acc = claim("matched-truncation-acceptance")
+    model = ModelIdentity(reference="Qwen3.5-9B-MTP-4bit", digest=sha("9b-mlx"), quantisation="4bit-g64")
     rows = fleet_runs(
         "Apple M4 Pro",
         "mini",
@@ -184,20 +214,20 @@ def test_acceptance_and_prefill_claims():
         [1.2] * 6,
         engine="mlx",
         depth=3,
-        model="/m/Qwen3.5-9B-MTP-4bit",
-        sampler="temperature=1.0,top_p=0.95,top_k=20,seed=0",
+        model=model,
+        sampler=Sampler(temperature=1.0, top_p=0.95, top_k=20),
     )
     for r in rows:
         if r["method"] == "mtp":
-            r["acceptance_rate"] = 0.62
+            r["tokens_drafted"], r["tokens_accepted"] = 100, 62
     row = claims.evaluate(acc, pd.DataFrame(rows)).iloc[0]
-    assert (row["verdict"], row["figure"]) == (stats.REPRODUCED, pytest.approx(0.62))
+    assert (row["verdict"], row["figure"], row["runs"]) == (stats.REPRODUCED, pytest.approx(0.62), 6)
 
     pre = claim("mtp-cuts-prefill-m2-ultra")
     rows = fleet_runs("Apple M2 Ultra", "studio", "j1", [1.1] * 6, depth=3)
     for r in rows:
         if r["method"] == "mtp":
-            r["prefill_tokens_per_second"] = 830.0
+            r["prefill_tokens_per_second"] = 1660.0  # the baselines': 2000
     row = claims.evaluate(pre, pd.DataFrame(rows)).iloc[0]
     assert (row["verdict"], row["figure"]) == (stats.REPRODUCED, pytest.approx(0.83))
 
@@ -210,3 +240,46 @@ def test_absence_claim_is_contradicted_by_the_first_mac_run():
     mac = pd.DataFrame(fleet_runs("Apple M3", "air", "j2", [1.05] * 3, method="ngram", depth=3))
     row = claims.evaluate(c, mac).iloc[0]
     assert (row["chip"], row["verdict"], row["machines"], row["runs"]) == ("Apple M3", stats.CONTRADICTED, 1, 3)
+
+
+def test_every_checked_key_has_a_variant():
+    assert set(VARIANTS) == set(CHECKED_KEYS)
+
+
+@pytest.mark.parametrize("key", CHECKED_KEYS)
+def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
+    """Two machines on one chip, one in another comparable group: never pooled. Each group's
+    figure is specfleet.speedup's on that group's runs alone."""
+    c = claims.parse_claims(
+        yaml.safe_dump(
+            [
+                {
+                    **GOOD,
+                    "conditions": {"engine": "mlx", "method": "mtp", "depth": 2},
+                    "verdict": {"rule": "range", "low": 0.75, "high": 0.85, "min_runs": 6},
+                }
+            ]
+        )
+    )[0]
+    base = [0.78, 0.8, 0.82, 0.79, 0.81, 0.8]
+    variant = [0.9, 0.92, 0.88, 0.91, 0.89, 0.9]
+    rows = fleet_runs("Apple M4 Pro", "a", "j1", base, engine="mlx", model=MLX_27B)
+    rows += fleet_runs("Apple M4 Pro", "b", "j2", variant, **{"engine": "mlx", "model": MLX_27B, **VARIANTS[key]})
+    runs = pd.DataFrame(rows)
+    out = claims.evaluate(c, runs).set_index("group")
+    con = duckdb.connect()
+    con.register("runs", runs)
+    truth = speedup.speedups(con).set_index("comparable")
+    assert len(truth) == 2  # the definition itself keeps them apart
+    if key == "engine":  # the claim's conditions name one engine: the other group is not its
+        assert list(out.index) == [truth.index[truth["engine"] == "mlx"][0]]
+    else:
+        assert sorted(out.index) == sorted(truth.index)
+        assert out["differs"].str.startswith(f"{key}=").all()
+        assert out["verdict"].tolist() == [
+            stats.REPRODUCED if truth.loc[g, "speedup"] < 0.85 else stats.CONTRADICTED for g in out.index
+        ]
+    for g, r in out.iterrows():
+        assert r["figure"] == pytest.approx(truth.loc[g, "speedup"])
+        assert (r["machines"], r["prompts"], r["runs"]) == (1, 6, 6)
+    assert out["figure"].min() == pytest.approx(geometric(base))

@@ -3,7 +3,10 @@ but plausible results from several chips."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
+import uuid
 
 import numpy as np
 import pandas as pd
@@ -11,12 +14,124 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, enrol, make_run, start_coordinator
+from specfleet.record import ModelIdentity, RunRecord, Sampler
+from tests.fleet import admin_for, enrol, start_coordinator
 
 APP = "../dashboard/app.py"
-GREEDY = "temperature=0.0,top_p=1.0,top_k=0,seed=0"
-MLX_27B = "/models/Qwen3.6-27B-MTPLX-Optimized-Speed"
-GGUF_9B = "/models/Qwen3.5-9B-MTP-Q4_K_M.gguf"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+MLX_27B = ModelIdentity(
+    reference="Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed",
+    revision="0123abcd",
+    digest=sha("mlx-27b"),
+    architecture="Qwen3_5ForCausalLM",
+    parameters=27_300_000_000,
+    quantisation="4bit-g64",
+    has_mtp=True,
+    bytes=15_200_000_000,
+    source="huggingface",
+)
+# Records no size: its roofline share is "not available".
+GGUF_9B = ModelIdentity(
+    reference="Qwen3.5-9B-MTP-Q4_K_M.gguf",
+    digest=sha("gguf-9b"),
+    architecture="qwen35",
+    parameters=9_400_000_000,
+    quantisation="Q4_K_M",
+    has_mtp=True,
+    source="local",
+)
+PATHS = {MLX_27B: "/models/Qwen3.6-27B-MTPLX-Optimized-Speed", GGUF_9B: "/models/Qwen3.5-9B-MTP-Q4_K_M.gguf"}
+VERSIONS = {"mlx": "mlx=0.29.1 mlx-lm=0.28.0", "llama.cpp": "llama-cpp-python=0.3.16"}
+
+
+def record(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **fields) -> RunRecord:
+    """A valid run record of a fake measurement; `fields` replace any field."""
+    generated = fields.pop("generated_tokens", 256)
+    engine = fields.get("engine", "mlx")
+    values = dict(
+        run_id=str(uuid.uuid4()),
+        job_id=job_id,
+        attempt=1,
+        engine=engine,
+        engine_version=VERSIONS[engine],
+        method=method,
+        depth=depth,
+        target=MLX_27B,
+        sampler=Sampler(),
+        prompt_set="code",
+        prompt_set_digest=sha("code"),
+        prompt_category="code",
+        prompt_id="code-01",
+        context_tokens=0,
+        max_new_tokens=256,
+        repeat=0,
+        position=0,
+        prompt_tokens=200,
+        generated_tokens=generated,
+        prefill_seconds=0.1,
+        ttft_seconds=0.1,
+        decode_seconds=generated / tps if tps else 0.0,
+        wall_seconds=0.1 + (generated / tps if tps else 0.0),
+        decode_tokens_per_second=tps,
+        prefill_tokens_per_second=2000.0,
+        peak_memory_bytes=10**9,
+        output_sha256=sha("output"),
+        started_at_unix_seconds=1.77e9,
+        env_nominal=True,
+    )
+    values.update(fields)
+    return RunRecord(**values)
+
+
+def row(r: RunRecord, agent: str, chip: str, lease: str | None = None, seq: int = 0) -> dict:
+    """A run as the coordinator stores it: the record's columns and the coordinator's."""
+    return {
+        **r.row(),
+        "lease_id": lease or f"lease-{r.job_id}",
+        "sweep_id": "sweep",
+        "agent_id": agent,
+        "chip": chip,
+        "record_sha256": sha(r.to_json()),
+        "ingested_at": 1.77e9,
+        "seq": seq,
+    }
+
+
+# One way to differ from record()'s defaults in each checked key and in nothing else.
+VARIANTS = {
+    "target_digest": dict(target=dataclasses.replace(MLX_27B, digest=sha("another build"))),
+    "draft_digest": dict(draft=ModelIdentity(reference="Qwen3.5-0.8B-draft", digest=sha("draft"))),
+    "engine": dict(engine="llama.cpp", engine_version=VERSIONS["mlx"]),
+    "engine_version": dict(engine_version="mlx=0.30.0 mlx-lm=0.29.0"),
+    "sampler_temperature": dict(sampler=Sampler(temperature=0.7)),
+    "sampler_top_p": dict(sampler=Sampler(top_p=0.9)),
+    "sampler_top_k": dict(sampler=Sampler(top_k=20)),
+    "sampler_seed": dict(sampler=Sampler(seed=1)),
+    "prompt_set_digest": dict(prompt_set_digest=sha("code, second edition")),
+    "context_tokens": dict(context_tokens=4096),
+    "max_new_tokens": dict(max_new_tokens=128),
+}
+
+
+def speculative(depth: int, collapsed: bool = False) -> dict:
+    """What an MTP arm at `depth` records: proposals and their acceptance by position."""
+    drafted = 64 * depth
+    return dict(
+        rounds=64,
+        tokens_drafted=drafted,
+        tokens_accepted=round(drafted * (0.8 - 0.05 * depth)),
+        drafted_by_position=(64,) * depth,
+        acceptance_by_position=tuple(round(0.9 - 0.15 * i, 2) for i in range(1, depth + 1)),
+        draft_seconds=0.3 * depth,
+        verify_seconds=2.0,
+        acceptance_collapsed=collapsed,
+        acceptance_reason=COLLAPSE if collapsed else "",
+    )
 
 
 def fingerprint(host, chip, gpu, gib, bandwidth_gbps=0.0):
@@ -32,7 +147,7 @@ def fingerprint(host, chip, gpu, gib, bandwidth_gbps=0.0):
     )
 
 
-# name, fingerprint, engine, model, baseline tok/s, {depth: speedup}, prompts, repeats, extra params
+# name, fingerprint, engine, model, baseline tok/s, {depth: speedup}, prompts, repeats
 MACHINES = (
     (
         "mini-1",
@@ -58,7 +173,6 @@ MACHINES = (
     ("studio", fingerprint("studio", "Apple M5 Max", 40, 128, 614), "mlx", MLX_27B, 29.7, {3: 1.86}, 1, 2),
 )
 COLLAPSE = "1 of 64 mtp proposals accepted (1.6%, below 3%): check the MTP head"
-MODEL_BYTES = {MLX_27B: 15.2e9}  # reported for the MLX model only: the GGUF's roofline is "not available"
 
 
 def sweep_yaml(name: str, engine: str, model: str, max_attempts: int = 2) -> str:
@@ -69,6 +183,12 @@ def sweep_yaml(name: str, engine: str, model: str, max_attempts: int = 2) -> str
     )
 
 
+def report(agent, job, records) -> None:
+    """Upload records as the agent does: RunRecord JSON through ReportResult."""
+    for r in records:
+        assert not agent.report_result(job.job_id, job.lease_id, r.to_json()).duplicate
+
+
 def seed_fleet(coordinator) -> pd.DataFrame:
     """Enrol the machines above and report their runs through the agent API. Returns what was
     reported (the truth the tests compare the pages with)."""
@@ -77,77 +197,63 @@ def seed_fleet(coordinator) -> pd.DataFrame:
     truth = []
     for name, fp, engine, model, base_tps, arms, prompts, repeats in MACHINES:
         agent = enrol(coordinator, name, fp, engines=[engine])
-        admin.SubmitSweep(pb.SubmitSweepRequest(yaml=sweep_yaml(name, engine, model)))
+        admin.SubmitSweep(pb.SubmitSweepRequest(yaml=sweep_yaml(name, engine, PATHS[model])))
         job = agent.acquire_job(30).job
         assert job.job_id, f"{name} was offered no job"
-        params = {"sampler": GREEDY, "prompt_set": "code", "model.target": model}
-        if model in MODEL_BYTES:
-            params["model.target.bytes"] = str(MODEL_BYTES[model])
-        runs = []
+        records = []
         for repeat in range(repeats):
             for p in range(prompts):
                 # mini-2's first repeat ran hot: flagged by the agent, excluded and counted by the dashboard
                 degraded = name == "mini-2" and repeat == 0
-                run_params = {**params, "env.nominal": "false" if degraded else "true"}
+                common = dict(
+                    engine=engine,
+                    target=model,
+                    prompt_id=f"code-{p + 1:02d}",
+                    repeat=repeat,
+                    env_nominal=not degraded,
+                    env_reasons=("thermal: serious",) if degraded else (),
+                )
                 base = base_tps * (1 + rng.normal(0, 0.01))
-                runs.append(("baseline", 0, base, None, run_params, p, repeat))
-                if name == "mbp":  # its MTP head was converted badly: the agent flagged every run
-                    run_params = {**run_params, "acceptance.collapsed": "true", "acceptance.reason": COLLAPSE}
+                records.append(record(job.job_id, "baseline", 0, base, **common))
                 for depth, ratio in arms.items():
                     tps = base * ratio * (1 + rng.normal(0, 0.02))
-                    accept = {f"acceptance_at_position_{i}": 0.9 - 0.15 * i for i in range(1, depth + 1)}
-                    accept.update(acceptance_rate=0.8 - 0.05 * depth, draft_seconds=0.3 * depth, verify_seconds=2.0)
-                    runs.append(("mtp", depth, tps, accept, run_params, p, repeat))
-        for method, depth, tps, metrics, run_params, p, repeat in runs:
-            run = make_run(
-                job.job_id,
-                method,
-                depth,
-                tps,
-                engine=engine,
-                prompt_id=f"code-{p}",
-                repeat=repeat,
-                generated_tokens=256,
-                metrics=metrics or {},
-                params=run_params,
-            )
-            agent.report_result(job.job_id, job.lease_id, run)
+                    # mbp's MTP head was converted badly: the agent flagged every arm run
+                    records.append(record(job.job_id, "mtp", depth, tps, **common, **speculative(depth, name == "mbp")))
+        for r in records:
             truth.append(
                 dict(
                     agent=name,
                     chip=fp.chip,
                     engine=engine,
-                    method=method,
-                    depth=depth,
-                    tps=tps,
-                    prompt=p,
-                    repeat=repeat,
-                    degraded=run_params["env.nominal"] == "false",
+                    method=r.method,
+                    depth=r.depth,
+                    tps=r.decode_tokens_per_second,
+                    prompt=r.prompt_id,
+                    repeat=r.repeat,
+                    degraded=r.env_nominal is False,
                 )
             )
-        vc = {f"rows_{m}_ratio": 1 + 0.3 * (m - 1) * (1 if engine == "mlx" else 1.4) for m in range(1, 9)}
-        vc |= {f"rows_{m}_seconds": 0.02 * r for m, r in ((int(k.split("_")[1]), r) for k, r in vc.items())}
-        agent.report_result(
-            job.job_id,
-            job.lease_id,
-            make_run(
+        curve = tuple(0.02 * (1 + 0.3 * (m - 1) * (1 if engine == "mlx" else 1.4)) for m in range(1, 9))
+        records.append(
+            record(
                 job.job_id,
                 "verify-cost",
                 0,
                 0.0,
                 engine=engine,
+                target=model,
                 prompt_id="context-512",
+                context_tokens=512,
                 prompt_tokens=512,
                 generated_tokens=0,
-                decode_seconds=0.0,
-                metrics=vc,
-                params=params,
-            ),
+                verify_cost_seconds=curve,
+            )
         )
-        agent.complete_job(job.job_id, job.lease_id, len(runs) + 1)
+        report(agent, job, records)
+        agent.complete_job(job.job_id, job.lease_id, len(records))
     # A sweep whose only cell failed, with its reason, for the Sweeps page.
     agent = enrol(coordinator, "air", fingerprint("air", "Apple M2", 8, 16), engines=["mlx"])
-    admin.SubmitSweep(pb.SubmitSweepRequest(yaml=sweep_yaml("air", "mlx", MLX_27B, max_attempts=1)))
+    admin.SubmitSweep(pb.SubmitSweepRequest(yaml=sweep_yaml("air", "mlx", PATHS[MLX_27B], max_attempts=1)))
     job = agent.acquire_job(30).job
     assert job.job_id, "air was offered no job"
     assert not agent.fail_job(job.job_id, job.lease_id, "Metal out of memory loading the target").will_retry
@@ -155,11 +261,20 @@ def seed_fleet(coordinator) -> pd.DataFrame:
 
 
 def expected_speedup(truth: pd.DataFrame, chip: str, depth: int) -> float:
-    """Median paired ratio computed independently of dashboard/stats.py."""
+    """specfleet's speedup worked out independently of the SQL: the log ratio of each nominal
+    pair, its mean over repeats, then over a machine's prompts, then over machines, exponentiated."""
     t = truth[(truth["chip"] == chip) & ~truth["degraded"]]
-    base = t[t["method"] == "baseline"].set_index(["agent", "prompt", "repeat"])["tps"]
-    arm = t[(t["method"] == "mtp") & (t["depth"] == depth)].set_index(["agent", "prompt", "repeat"])["tps"]
-    return float(np.median((arm / base.reindex(arm.index)).to_numpy()))
+    key = ["agent", "prompt", "repeat"]
+    base = t[t["method"] == "baseline"].set_index(key)["tps"]
+    arm = t[(t["method"] == "mtp") & (t["depth"] == depth)].set_index(key)["tps"]
+    logs = np.log(arm / base.reindex(arm.index)).dropna()
+    per_prompt = logs.groupby(level=["agent", "prompt"]).mean()
+    return float(np.exp(per_prompt.groupby(level="agent").mean().mean()))
+
+
+def group_ids(at: AppTest) -> dict[str, str]:
+    """Label -> comparable group id of the Compare page's selector."""
+    return {label: label.rsplit("group ", 1)[1] for label in at.selectbox(key="compare-group").options}
 
 
 @pytest.fixture(scope="module")
@@ -232,32 +347,47 @@ def test_sweeps_page_shows_progress_and_failures_with_reasons(app):
     assert table.loc["seed-mini-1", "runs"] == 2 * 3 * 5 + 1 and table.loc["seed-air", "failed"] == 1
 
 
-def test_compare_page_speedups_with_machines_runs_and_exclusions(app):
+def test_compare_page_speedups_with_machines_prompts_pairs_and_exclusions(app):
     at = app("compare")
     truth = app.truth
+    # it opens on the comparable group with most runs: the MLX model on three machines
+    labels = group_ids(at)
+    assert len(labels) == 2
+    chosen = at.selectbox(key="compare-group").value
+    mlx = next(g for label, g in labels.items() if label.startswith("mlx · "))
+    assert chosen == mlx
+    assert "they differ in target_digest, engine, engine_version" in texts(at)
     speedups = frame(at, "ci_low", "method", "depth").set_index(["chip", "depth"])
+    assert set(speedups["comparable"]) == {mlx} and set(speedups["engine"]) == {"mlx"}
+    assert set(speedups["model"]) == {f"{MLX_27B.reference}@{MLX_27B.digest[:12]}"}
     m4 = speedups.loc[("Apple M4 Pro", 3)]
-    assert m4["median"] == pytest.approx(expected_speedup(truth, "Apple M4 Pro", 3))
-    assert m4["ci_low"] < m4["median"] < m4["ci_high"]
-    assert m4["machines"] == 2 and m4["runs"] == 2 * 3 + 2 * 2  # mini-2's hot repeat left out
-    assert m4["excluded_runs"] == 2
-    assert speedups.loc[("Apple M1 Max", 2), "median"] == pytest.approx(expected_speedup(truth, "Apple M1 Max", 2))
+    assert m4["speedup"] == pytest.approx(expected_speedup(truth, "Apple M4 Pro", 3))
+    assert m4["ci_low"] < m4["speedup"] < m4["ci_high"]
+    assert (m4["machines"], m4["prompts"], m4["pairs"]) == (2, 2, 2 * 3 + 2 * 2)  # mini-2's hot repeat left out
+    assert m4["excluded_pairs"] == 2
+    assert speedups.loc[("Apple M5 Max", 3), "speedup"] == pytest.approx(expected_speedup(truth, "Apple M5 Max", 3))
+    assert "Apple M1 Max" not in speedups.index.get_level_values("chip")  # another group
     degraded = int(truth["degraded"].sum())
     assert any(f"{degraded} run(s) flagged thermally or power degraded" in w.value for w in at.warning)
-    assert any(
-        w.value.startswith("Acceptance collapsed on Apple M1 Max · llama.cpp · mtp") and COLLAPSE in w.value
-        for w in at.warning
-    )
-    assert not any("Acceptance collapsed on Apple M4 Pro" in w.value for w in at.warning)
-    # the GGUF reports no model size: its roofline share says so instead of guessing
-    assert any("Roofline share not available for Apple M1 Max" in w.value for w in at.warning)
+    assert not any("Acceptance collapsed" in w.value for w in at.warning)
     roof = frame(at, "share").set_index("chip")
     nominal = truth[(truth["chip"] == "Apple M4 Pro") & (truth["method"] == "baseline") & ~truth["degraded"]]
     assert roof.loc["Apple M4 Pro", "share"] == pytest.approx(nominal["tps"].median() * 15.2e9 / 273e9)
-    assert np.isnan(roof.loc["Apple M1 Max", "share"])
-    # every figure shown says how many machines stand behind it
-    for columns in (("arm", "median"), ("position", "acceptance"), ("phase", "ms"), ("rows", "ratio")):
-        assert (frame(at, *columns)["machines"] >= 1).all()
+    assert roof.loc["Apple M4 Pro", "model"] == f"{MLX_27B.reference}@{MLX_27B.digest[:12]}"
+    # acceptance by position, read from acceptance_by_position
+    acceptance = frame(at, "position", "acceptance").set_index(["chip", "depth", "position"])
+    assert acceptance.loc[("Apple M4 Pro", 3, 2), "acceptance"] == pytest.approx(0.6)
+    assert acceptance.loc[("Apple M4 Pro", 3, 2), "runs"] == 2 * 3 + 2 * 2
+    # verify cost from verify_cost_seconds, at the run's context depth
+    cost = frame(at, "rows", "ratio").set_index(["chip", "rows"])
+    assert set(cost["context_tokens"]) == {512} and set(cost["engine"]) == {"mlx"}
+    assert (
+        cost.loc[("Apple M4 Pro", 4), "ratio"] == pytest.approx(1.9) and cost.loc[("Apple M4 Pro", 4), "machines"] == 2
+    )
+    # every figure shown says how many machines, prompts and runs stand behind it
+    for columns in (("arm", "median"), ("position", "acceptance"), ("phase", "ms"), ("share",)):
+        figures = frame(at, *columns)
+        assert (figures["machines"] >= 1).all() and (figures["prompts"] >= 1).all() and (figures["runs"] >= 1).all()
     charts = at.get("vega_lite_chart")
     assert len(charts) == 6  # speedup, decode, acceptance, draft/verify, verify cost, roofline
     # one chip -> colour mapping on every chart
@@ -269,31 +399,71 @@ def test_compare_page_speedups_with_machines_runs_and_exclusions(app):
     assert len(scales) == 1
 
 
+def test_compare_page_switches_to_another_group(app):
+    at = app("compare")
+    truth = app.truth
+    gguf = next(g for label, g in group_ids(at).items() if label.startswith("llama.cpp · "))
+    label = next(label for label, g in group_ids(at).items() if g == gguf)
+    assert f"{GGUF_9B.reference}@{GGUF_9B.digest[:12]}" in label and "no draft" in label and "greedy" in label
+    at.selectbox(key="compare-group").select(gguf).run()
+    assert not at.exception, at.exception
+    speedups = frame(at, "ci_low", "method", "depth").set_index(["chip", "depth"])
+    assert set(speedups["comparable"]) == {gguf} and list(speedups.index) == [("Apple M1 Max", 2)]
+    assert speedups.loc[("Apple M1 Max", 2), "speedup"] == pytest.approx(expected_speedup(truth, "Apple M1 Max", 2))
+    assert any(
+        w.value.startswith("Acceptance collapsed on Apple M1 Max · llama.cpp · mtp") and COLLAPSE in w.value
+        for w in at.warning
+    )
+    # the GGUF records no model size: its roofline share says so instead of guessing
+    assert any("Roofline share not available for Apple M1 Max" in w.value for w in at.warning)
+    roof = frame(at, "share").set_index("chip")
+    assert list(roof.index) == ["Apple M1 Max"] and np.isnan(roof.loc["Apple M1 Max", "share"])
+    assert set(frame(at, "arm", "median")["chip"]) == {"Apple M1 Max"}
+    assert set(frame(at, "rows", "ratio")["engine"]) == {"llama.cpp"}
+    # filters that leave the chosen group out: the page falls back to a group they keep
+    at.sidebar.multiselect(key="compare-engine").select("mlx").run()
+    assert not at.exception, at.exception
+    assert set(frame(at, "ci_low", "method", "depth")["engine"]) == {"mlx"}
+
+
 def test_compare_filters_narrow_every_figure(app):
     at = app("compare")
     at.sidebar.multiselect(key="compare-engine").select("llama.cpp").run()
     assert not at.exception, at.exception
+    assert len(at.selectbox(key="compare-group").options) == 1
     speedups = frame(at, "ci_low", "method", "depth")
     assert set(speedups["chip"]) == {"Apple M1 Max"} and set(speedups["engine"]) == {"llama.cpp"}
+
+
+def test_models_are_named_by_reference_and_digest_never_by_path(app):
+    at = app("compare")
+    models = at.sidebar.multiselect(key="compare-model").options
+    assert sorted(models) == sorted(f"{m.reference}@{m.digest[:12]}" for m in (MLX_27B, GGUF_9B))
+    assert not any("/models/" in label for label in group_ids(at))
 
 
 def test_questions_page_verdicts_per_claim_and_chip(app):
     at = app("questions")
     truth = app.truth
-    verdicts = at.dataframe[0].value.set_index(["claim", "chip"])
+    verdicts = at.dataframe[0].value
+    assert not verdicts.duplicated(["claim", "chip"]).any()  # one comparable group per claim and chip here
+    verdicts = verdicts.set_index(["claim", "chip"])
     row = verdicts.loc[("mtplx-m4-pro-2.6x", "Apple M4 Pro")]
     assert row["verdict"] == "reproduced"
     assert row["figure"] == pytest.approx(expected_speedup(truth, "Apple M4 Pro", 3))
-    assert row["machines"] == 2 and row["runs"] == 10 and row["excluded_runs"] == 2
+    assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (2, 2, 10, 2)
+    assert row["differs"] == "" and len(row["group"]) == 12
     assert verdicts.loc[("optiq-depth-k3", "Apple M4 Pro"), "verdict"] == "contradicted"
+    # model_family qwen3.5-9b and quantisation q4_k_m: from the recorded name and quantisation
     assert verdicts.loc[("llamacpp-mtp-m1-max-net-loss-n2", "Apple M1 Max"), "verdict"] == "reproduced"
     studio = verdicts.loc[("mtplx-m5-max-55.4-vs-29.7", "Apple M5 Max")]
     assert studio["verdict"] == "not enough data" and studio["machines"] == 1 and studio["runs"] == 2
     assert verdicts.loc[("llamacpp-mtp-m1-max-net-loss-n6", "Apple M1 Max"), "verdict"] == "not enough data"
     assert verdicts.loc[("depth-1-3-optimal-on-metal", "Apple M4 Pro"), "figure"] == 3
     assert verdicts.loc[("no-mac-ngram-mod-benchmark", "any Mac"), "verdict"] == "reproduced"
+    assert verdicts.loc[("small-target-loses", "any Mac"), "runs"] == 0  # a 27B model is not a 0.8B one
     page = texts(at)
-    assert "**Apple M4 Pro**: :green-badge[reproduced]" in page and "2 machine(s), 10 run(s)" in page
+    assert "**Apple M4 Pro**: :green-badge[reproduced]" in page and "2 machine(s), 2 prompt(s), 10 pair(s)" in page
     assert ":red-badge[contradicted]" in page and ":gray-badge[not enough data]" in page
     counts = {m.label: int(m.value) for m in at.metric}
     assert counts["reproduced"] == (verdicts["verdict"] == "reproduced").sum() > 0
@@ -331,14 +501,16 @@ def test_a_claim_added_to_the_ledger_is_settled_on_the_page(app, tmp_path, monke
     assert "MTP at depth 2 loses on an M1 Max." in [h.value for h in at.subheader]
 
 
-def test_runs_page_every_parameter_and_downloads(app):
+def test_runs_page_every_field_and_downloads(app):
     at = app("runs")
     runs = at.dataframe[0].value
     truth = app.truth
     assert len(runs) == len(truth) + 4  # and one verify-cost run per machine
-    for column in ("param.env.nominal", "param.sampler", "param.model.target", "metric.acceptance_rate", "nominal"):
+    for column in ("env_nominal", "sampler_temperature", "target_reference", "target_digest", "nominal", "model"):
         assert column in runs.columns
+    assert {"acceptance_by_position", "verify_cost_seconds", "env_reasons", "started_at"} <= set(runs.columns)
     assert (runs["nominal"] == "degraded").sum() == truth["degraded"].sum()
+    assert not runs["model"].str.contains("/models/").any()
     assert any("flagged thermally or power degraded" in w.value for w in at.warning)
     at.multiselect(key="runs-chip").select("Apple M1 Max").run()
     narrowed = at.dataframe[0].value
@@ -357,7 +529,13 @@ def test_runs_downloads_are_csv_and_parquet(app):
     assert list(from_csv.columns) == list(from_parquet.columns) == list(shown.columns)
     assert len(from_csv) == len(from_parquet) == len(shown)
     assert sorted(from_parquet["run_id"]) == sorted(shown["run_id"])
-    assert from_csv["param.env.nominal"].astype(str).str.lower().tolist() == shown["param.env.nominal"].tolist()
+    assert (
+        from_csv["env_nominal"].astype(str).str.lower().tolist()
+        == shown["env_nominal"].astype(str).str.lower().tolist()
+    )
+    arm = shown.index[(shown["method"] == "mtp") & (shown["depth"] == 2)][0]
+    assert list(from_parquet.loc[arm, "acceptance_by_position"]) == pytest.approx([0.75, 0.6])
+    assert from_csv.loc[arm, "acceptance_by_position"] == "[0.75, 0.6]"
 
 
 def test_empty_coordinator_says_what_to_do(tmp_path, monkeypatch):
@@ -378,3 +556,28 @@ def test_empty_coordinator_says_what_to_do(tmp_path, monkeypatch):
         assert "not enough data" in seen[3]
     finally:
         coordinator.stop()
+
+
+def test_sampler_labels_name_every_checked_sampler_key():
+    import duckdb
+
+    from dashboard.data import sampler_label
+
+    samplers = [
+        Sampler(),
+        Sampler(top_k=20),
+        Sampler(seed=1),
+        Sampler(temperature=0.7, top_p=0.9, top_k=20, seed=1),
+        Sampler(temperature=0.7, top_p=0.9, top_k=20, seed=2),
+    ]
+    con = duckdb.connect()
+    labels = [
+        con.execute(
+            f"SELECT {sampler_label()} FROM (SELECT ? AS sampler_temperature, ? AS sampler_top_p,"
+            " ? AS sampler_top_k, ? AS sampler_seed)",
+            [s.temperature, s.top_p, s.top_k, s.seed],
+        ).fetchone()[0]
+        for s in samplers
+    ]
+    assert labels[0] == "greedy" and len(set(labels)) == len(samplers)
+    assert labels[3] == samplers[3].label() + " seed=1"  # specfleet's label, and the seed

@@ -3,6 +3,7 @@ replace their old versions, nothing is counted twice."""
 
 from dashboard.mirror import Mirror
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.record import RunRecord
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 
@@ -24,6 +25,12 @@ def test_incremental_sync(tmp_path):
         assert second > first
         assert mirror.query("SELECT count(*) AS n FROM runs")["n"][0] == 3
         assert mirror.query("SELECT state FROM agents")["state"].tolist() == ["busy"]
+        # the typed run record's columns arrive as they are stored: lists as lists, NULL as NULL
+        columns = mirror.query("DESCRIBE runs").set_index("column_name")["column_type"]
+        assert set(RunRecord.columns()) <= set(columns.index)
+        assert columns["acceptance_by_position"] == "DOUBLE[]" and columns["drafted_by_position"] == "INTEGER[]"
+        assert columns["env_reasons"] == "VARCHAR[]" and columns["env_nominal"] == "BOOLEAN"
+        assert not {"params", "metrics"} & set(columns.index)
 
         agent.complete_job(job.job_id, job.lease_id, 3)
         third = mirror.sync()

@@ -8,10 +8,10 @@ import pytest
 
 from agent import prompts
 from agent.engines.base import Generation, Request, Round
-from agent.protocol import WARMUP_AGREEMENT, ContextTooLong, run_job
+from agent.protocol import WARMUP_AGREEMENT, ContextTooLong, run_job, run_seed
 from agent.summary import acceptance_flags, summarise
 from specfleet.design import rounded_repeats, williams
-from specfleet.record import Arm, JobSpec, ModelIdentity, Prompt
+from specfleet.record import Arm, JobSpec, ModelIdentity, Prompt, Sampler
 
 ARMS = (Arm("baseline", 0), Arm("draft", 2), Arm("ngram", 3))
 TARGET = ModelIdentity(reference="t", digest="ab" * 32, context_length=4096)
@@ -257,3 +257,32 @@ def test_inter_token_gaps_are_between_arrivals_and_rounds_have_their_own_latency
     assert figures["inter_token_latency_p50_seconds"] == pytest.approx(0.02)  # never 0 from the burst
     assert figures["round_latency_p50_seconds"] == pytest.approx(0.003)
     assert summarise(Generation([1], 1, 0.01, 0.0, [0.01], 0))["inter_token_latency_p50_seconds"] is None
+
+
+def test_sampled_repeats_take_derived_seeds_and_are_checked_against_the_same_seed_baseline():
+    sampled = Sampler(temperature=0.8, top_p=0.9, seed=11)
+    _, _, runs = run(spec(warmup_cap=0, repeats=2, arms=ARMS[:2], sampler=sampled))
+    seeds = {(r.prompt_id, r.repeat): {x.run_seed for x in runs if (x.prompt_id, x.repeat) == (r.prompt_id, r.repeat)}
+             for r in runs}  # fmt: skip
+    assert all(len(s) == 1 for s in seeds.values())  # the arms of one repeat share a seed: pairs
+    assert len({next(iter(s)) for s in seeds.values()}) == 4  # different per prompt and per repeat
+    assert all(r.sampler == sampled for r in runs)  # the checked key is the sweep's sampler
+    assert next(iter(seeds[("p1", 0)])) == run_seed(11, 0, "p1")  # the same on every machine
+    assert all(r.lossless is None and r.lossless_check == "not checkable" for r in runs)  # the fake is "mlx"
+
+    class SeededEngine(FakeEngine):
+        name = "llama.cpp"
+
+        def generate(self, request):
+            gen = super().generate(request)
+            gen.tokens = [request.sampler.seed % 7, 2, 3, 4, 5 if request.method != "ngram" else 6]
+            return gen
+
+    log, runs = [], []
+    run_job(spec(engine="llama.cpp", warmup_cap=0, repeats=2, sampler=sampled), SeededEngine(log, {}), runs.append,
+            job_id="job-1", attempt=1, target=TARGET, sample=lambda: {})  # fmt: skip
+    by_method = {m: [r for r in runs if r.method == m] for m in ("baseline", "draft", "ngram")}
+    assert all(r.lossless is True and r.lossless_check == "same-seed baseline" for r in by_method["draft"])
+    assert all(r.lossless is False for r in by_method["ngram"])  # it changed the sampled output: a defect
+    greedy = run(spec(warmup_cap=0, repeats=1))[2]
+    assert all(r.lossless_check == "greedy reference" and r.run_seed == 0 for r in greedy)

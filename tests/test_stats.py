@@ -1,61 +1,112 @@
 """dashboard/stats.py against answers worked out by hand."""
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pytest
 
 from dashboard import stats
+from specfleet import speedup
+from tests.test_dashboard import record, row
 
 
-def run(job, agent, chip, method, depth, prompt, repeat, tps, nominal="unknown"):
-    return dict(
-        job_id=job,
-        agent_id=agent,
-        chip=chip,
-        engine="mlx",
-        method=method,
-        depth=depth,
-        prompt_id=prompt,
-        repeat=repeat,
-        decode_tokens_per_second=tps,
-        nominal=nominal,
-    )
+def stored(job, agent, method, depth, prompt, repeat, tps, **fields):
+    """A stored run (the record's columns and the coordinator's) on chip M4."""
+    return row(record(job, method, depth, tps, prompt_id=prompt, repeat=repeat, **fields), agent, "M4")
 
 
-def test_paired_ratios_by_hand():
+def query_on(runs: pd.DataFrame):
+    con = duckdb.connect()
+    con.register("runs", runs)
+    return con, lambda sql, params=None: con.execute(sql, params or []).df()
+
+
+def test_speedups_by_hand():
+    # Machine a: prompt p1 at 2x and 8x over two repeats (geometric mean 4), p2 at 1x: 2x.
+    # Machine b: p1 at 8x. Over machines: sqrt(2 * 8) = 4x, whatever the count of prompts.
     runs = pd.DataFrame(
         [
-            run("j1", "a", "M4", "baseline", 0, "p1", 0, 10.0),
-            run("j1", "a", "M4", "draft", 2, "p1", 0, 15.0),  # 1.5
-            run("j1", "a", "M4", "baseline", 0, "p2", 0, 20.0),
-            run("j1", "a", "M4", "draft", 2, "p2", 0, 30.0),  # 1.5
-            run("j1", "a", "M4", "baseline", 0, "p1", 1, 10.0, nominal="degraded"),
-            run("j1", "a", "M4", "draft", 2, "p1", 1, 12.0),  # 1.2, degraded through its baseline
-            run("j1", "a", "M4", "draft", 2, "p2", 1, 16.0),  # no baseline for p2 repeat 1: no pair
-            run("j2", "b", "M1", "baseline", 0, "p1", 0, 40.0),
-            run("j2", "b", "M1", "draft", 2, "p1", 0, 32.0),  # 0.8
+            stored("j1", "a", "baseline", 0, "p1", 0, 10.0),
+            stored("j1", "a", "draft", 2, "p1", 0, 20.0),
+            stored("j1", "a", "baseline", 0, "p1", 1, 10.0),
+            stored("j1", "a", "draft", 2, "p1", 1, 80.0),
+            stored("j1", "a", "baseline", 0, "p2", 0, 30.0),
+            stored("j1", "a", "draft", 2, "p2", 0, 30.0),
+            stored("j2", "b", "baseline", 0, "p1", 0, 10.0),
+            stored("j2", "b", "draft", 2, "p1", 0, 80.0),
+            # left out and counted: the baseline ran hot
+            stored("j2", "b", "baseline", 0, "p2", 0, 10.0, env_nominal=False),
+            stored("j2", "b", "draft", 2, "p2", 0, 1.0),
+            # left out, not counted as degraded: greedy output differed from the baseline's
+            stored("j2", "b", "baseline", 0, "p3", 0, 10.0),
+            stored("j2", "b", "draft", 2, "p3", 0, 1.0, lossless=False),
+            # never a speedup
+            stored("j2", "b", "verify-cost", 0, "context-512", 0, 0.0, verify_cost_seconds=(0.01, 0.02)),
+            # no baseline on this job: no pair
+            stored("j3", "b", "draft", 2, "p1", 0, 1.0),
         ]
     )
-    pairs = stats.paired_ratios(runs).sort_values(["job_id", "prompt_id", "repeat"])
-    assert pairs["ratio"].tolist() == pytest.approx([1.5, 1.2, 1.5, 0.8])
-    assert pairs["baseline"].tolist() == [10.0, 10.0, 20.0, 40.0]
-    assert pairs["degraded"].tolist() == [False, True, False, False]
-    assert set(pairs["method"]) == {"draft"}
+    con, query = query_on(runs)
+    out = stats.speedups(query, "runs")
+    assert len(out) == 1
+    r = out.iloc[0]
+    assert r["speedup"] == pytest.approx(4.0)
+    assert (r["machines"], r["prompts"], r["pairs"], r["excluded_pairs"]) == (2, 1, 4, 1)
+    # machine a's value is one of log 4, log 2, 0 (its prompts redrawn), b's is log 8
+    assert 1.0 <= r["ci_low"] < 4.0 < r["ci_high"] <= 8.0
+    # the point estimate is specfleet's, figure for figure
+    truth = speedup.speedups(con).iloc[0]
+    assert (r["speedup"], r["machines"], r["prompts"], r["pairs"]) == (
+        truth["speedup"],
+        truth["machines"],
+        truth["prompts"],
+        truth["pairs"],
+    )
+    prefill = stats.speedups(query, "runs", value="prefill_tokens_per_second").iloc[0]
+    assert prefill["speedup"] == pytest.approx(1.0) and prefill["pairs"] == 4  # every run prefills at 2000 tok/s
+
+
+def test_a_figure_whose_every_pair_ran_hot_is_there_with_no_machines():
+    runs = pd.DataFrame(
+        [
+            stored("j1", "a", "baseline", 0, "p1", 0, 10.0, env_nominal=False),
+            stored("j1", "a", "ngram", 3, "p1", 0, 12.0),
+        ]
+    )
+    out = stats.speedups(query_on(runs)[1], "runs").iloc[0]
+    assert np.isnan(out["speedup"]) and (out["machines"], out["pairs"], out["excluded_pairs"]) == (0, 0, 1)
 
 
 def test_a_baseline_never_pairs_across_jobs():
-    runs = pd.DataFrame(
-        [run("j1", "a", "M4", "baseline", 0, "p1", 0, 10.0), run("j2", "a", "M4", "ngram", 3, "p1", 0, 9.0)]
+    runs = pd.DataFrame([stored("j1", "a", "baseline", 0, "p1", 0, 10.0), stored("j2", "a", "ngram", 3, "p1", 0, 9.0)])
+    assert stats.speedups(query_on(runs)[1], "runs").empty
+
+
+def test_speedup_intervals_draw_machines_then_prompts():
+    per_prompt = pd.DataFrame(
+        dict(
+            comparable="g",
+            chip="M4",
+            method="draft",
+            depth=2,
+            agent_id=["a", "b", "b"],
+            prompt_id=["p1", "p1", "p2"],
+            log_ratio=np.log([1.0, 4.0, 4.0]),
+        )
     )
-    assert stats.paired_ratios(runs).empty
+    out = stats.speedup_intervals(per_prompt, seed=3).iloc[0]
+    # two machines at 1x and 4x: the mean of two drawn machines is 1x, 2x or 4x
+    assert (out["ci_low"], out["ci_high"]) == (pytest.approx(1.0), pytest.approx(4.0))
 
 
-def test_nominal_state_missing_key_counts_as_nominal_but_says_unknown():
-    assert stats.nominal_state({}) == "unknown"
-    assert stats.nominal_state('{"env.nominal": "false"}') == "degraded"
-    assert stats.nominal_state({"env.nominal": "FALSE "}) == "degraded"
-    assert stats.nominal_state({"env.nominal": "true"}) == "nominal"
-    assert stats.nominal_state(None) == "unknown"
+def test_mean_of_means_weighs_machines_equally():
+    # machine a ran one prompt (0), machine b nine (1): pooled, the mean would be 0.9
+    values = np.array([[[0.0] + [np.nan] * 8, [1.0] * 9]])
+    assert stats.mean_of_means(values) == pytest.approx([0.5])
+    assert stats.pooled_median(values) == pytest.approx([1.0])
+    # two draws of the machine means {0, 1}: 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4
+    assert stats.bootstrap_ci([[0.0], [1.0] * 9], seed=3, statistic=stats.mean_of_means) == (0.0, 1.0)
+    assert stats.bootstrap_ci([[2.0] * 5, [2.0]], statistic=stats.mean_of_means) == (2.0, 2.0)
 
 
 def test_bootstrap_of_two_values_by_hand():
@@ -89,21 +140,21 @@ def test_bootstrap_is_deterministic_for_a_seed_and_has_the_expected_width():
     assert first[0] < np.median(values) < first[1]
 
 
-def test_summarise_counts_machines_runs_and_exclusions():
-    pairs = pd.DataFrame(
+def test_summarise_counts_machines_prompts_runs_and_exclusions():
+    values = pd.DataFrame(
         dict(
             chip=["M4"] * 5 + ["M1"],
-            engine="mlx",
-            method="draft",
-            depth=2,
+            arm="draft K=2",
             agent_id=["a", "a", "b", "b", "b", "c"],
-            ratio=[1.4, 1.6, 1.5, 1.7, 9.0, 0.8],
+            prompt_id=["p1", "p2", "p1", "p1", "p2", "p1"],
+            tps=[1.4, 1.6, 1.5, 1.7, 9.0, 0.8],
             degraded=[False, False, False, False, True, False],
         )
     )
-    out = stats.summarise(pairs).set_index("chip")
+    out = stats.summarise(values, by=("chip", "arm"), column="tps").set_index("chip")
     assert out.loc["M4", "median"] == pytest.approx(1.55)  # 9.0 is excluded
-    assert (out.loc["M4", "machines"], out.loc["M4", "runs"], out.loc["M4", "excluded_runs"]) == (2, 4, 1)
+    assert (out.loc["M4", "machines"], out.loc["M4", "prompts"], out.loc["M4", "runs"]) == (2, 2, 4)
+    assert out.loc["M4", "excluded_runs"] == 1
     assert (out.loc["M1", "machines"], out.loc["M1", "runs"], out.loc["M1", "excluded_runs"]) == (1, 1, 0)
     assert out.loc["M1", "ci_low"] == out.loc["M1", "ci_high"] == 0.8
 
@@ -136,7 +187,7 @@ def test_too_few_machines_or_runs_is_not_enough_data():
 def depth_rows(medians, spread=0.05, runs=6):
     return pd.DataFrame(
         [
-            dict(depth=d, median=m, ci_low=m - spread, ci_high=m + spread, machines=1, runs=runs)
+            dict(depth=d, figure=m, ci_low=m - spread, ci_high=m + spread, machines=1, runs=runs)
             for d, m in medians.items()
         ]
     )

@@ -64,6 +64,8 @@ CREATE TABLE runs_v2 (
     draft_bytes     BIGINT NOT NULL,
     draft_source    VARCHAR NOT NULL,
     lossless        BOOLEAN,               -- NULL: not checked
+    lossless_check  VARCHAR NOT NULL,      -- greedy reference | same-seed baseline | not checkable | ''
+    run_seed        BIGINT NOT NULL,       -- the seed the run sampled with
     inter_token_latency_p50_seconds DOUBLE,
     inter_token_latency_p90_seconds DOUBLE,
     inter_token_latency_p99_seconds DOUBLE,
@@ -145,6 +147,8 @@ SELECT
     '', coalesce(params->>'model.draft.sha256', ''), '', 0, '', '', 0, 0, false,
     coalesce(try_cast(params->>'model.draft.bytes' AS BIGINT), 0), coalesce(params->>'model.draft.source', ''),
     lossless,
+    CASE WHEN lossless IS NOT NULL THEN 'greedy reference' ELSE '' END,  -- schema 1 checked greedy runs only
+    coalesce(try_cast(regexp_extract(params->>'sampler', 'seed=([^,]+)', 1) AS BIGINT), 0),  -- one seed for all
     try_cast(metrics->>'inter_token_latency_p50_seconds' AS DOUBLE),
     try_cast(metrics->>'inter_token_latency_p90_seconds' AS DOUBLE),
     try_cast(metrics->>'inter_token_latency_p99_seconds' AS DOUBLE),

@@ -1,11 +1,12 @@
-"""Compare: chips side by side, every figure with the machines and runs behind it."""
+"""Compare: chips side by side inside one comparable group, every figure with the machines,
+prompts and pairs or runs behind it. Runs that differ in a checked key are never pooled."""
 
 import streamlit as st
 
 from dashboard import data, plots, widgets
 
 
-def chart_section(frame, chart, empty: str | None, details: str = "Figures, machines and runs") -> None:
+def chart_section(frame, chart, empty: str | None, details: str = "Figures, machines, prompts and runs") -> None:
     """A chart of `frame` with its table folded beneath, or a note saying why there is none."""
     if frame.empty:
         if empty:
@@ -20,21 +21,24 @@ st.title("Compare chips")
 v = data.version()
 f = widgets.filters(v, "compare")
 chips = data.chips(v)
-speedups = data.speedups(v, f)
 if data.all_runs(v).empty:
     st.info("No results yet: submit a sweep with `specfleet sweep submit FILE`.")
     st.stop()
+f, groups = widgets.comparable_group(v, f, "compare-group")
+if groups.empty:
+    st.info("No run in these filters.")
+    st.stop()
 widgets.nominal_note(data.nominal_counts(v, f))
-if len(f.model) != 1 and data.filter_options(v)["model"][1:]:
-    st.caption("Several models are pooled below; choose one model in the filters to compare like with like.")
 
 st.header("Speedup over the baseline against draft depth")
 st.caption(
-    "Median of paired ratios (arm over baseline, same prompt and repeat on one machine); bands are 95%"
-    " bootstrap intervals over machines and runs. Below the dashed line speculation loses."
+    "specfleet's one speedup: arm over baseline decode tok/s on the same attempt, prompt and repeat,"
+    " as a geometric mean over repeats, then prompts, then machines. Bands are 95% bootstrap intervals"
+    " drawing machines, then prompts. Below the dashed line speculation loses."
 )
+speedups = data.speedups(v, f)
 if speedups.empty:
-    st.info("No arm with a baseline in these filters.")
+    st.info("No arm with a baseline in this group.")
 else:
     st.altair_chart(plots.speedup_vs_depth(speedups, chips))
     st.dataframe(speedups, hide_index=True)
@@ -48,20 +52,23 @@ for r in data.collapsed_acceptance(v, f).itertuples():
 chart_section(
     data.acceptance_by_position(v, f),
     plots.acceptance_by_position,
-    "No speculative run with acceptance by position in these filters.",
+    "No speculative run with acceptance by position in this group.",
 )
 
 st.header("Draft versus verify time")
 chart_section(
-    data.draft_verify(v, f), plots.draft_verify, "No speculative run with draft and verify times in these filters."
+    data.draft_verify(v, f), plots.draft_verify, "No speculative run with draft and verify times in this group."
 )
 
 st.header("Verify cost: T(M)/T(1) per chip")
-st.caption("Forward time for M query rows over one row. Depth K can only pay where T(K+1)/T(1) stays well below K+1.")
+st.caption(
+    "Forward time for M query rows over one row, for this group's target model, engine and engine version,"
+    " at each context depth measured. Depth K can only pay where T(K+1)/T(1) stays well below K+1."
+)
 chart_section(
-    data.verify_cost(v),
+    data.verify_cost(v, f),
     plots.verify_cost,
-    "No verify-cost run yet: add `verify_cost:` to a sweep.",
+    "No verify-cost run for this group's model yet: add `verify_cost:` to a sweep.",
     "Figures and machines",
 )
 
@@ -69,7 +76,7 @@ st.header("Share of the memory-bandwidth roofline")
 st.caption("Baseline decode tok/s × bytes read per token (the model's size) / the chip's memory bandwidth.")
 roof = data.roofline(v, f)
 if roof.empty:
-    st.info("No baseline run in these filters.")
+    st.info("No baseline run in this group.")
 else:
     missing = roof[roof["why"] != ""]
     if not roof.dropna(subset=["share"]).empty:

@@ -1,4 +1,4 @@
-"""Questions: every claim of the ledger settled per chip from the fleet's runs."""
+"""Questions: every claim of the ledger settled per comparable group and chip from the fleet's runs."""
 
 import streamlit as st
 
@@ -14,9 +14,10 @@ BADGE = {
 
 st.title("Open questions")
 st.caption(
-    "Each claim from the field is checked per chip against the fleet's paired measurements: reproduced,"
-    " contradicted, or not enough data, with the measured figure, its 95% interval and the machines behind it."
-    f" Add a claim by adding a record to {data.ledger_path()}."
+    "Each claim from the field is checked per comparable group and chip against the fleet's measurements:"
+    " reproduced, contradicted, or not enough data, with the measured figure (specfleet's one speedup for"
+    " ratios), its 95% interval and the machines, prompts and pairs behind it. Runs that differ in a checked"
+    f" key are never pooled. Add a claim by adding a record to {data.ledger_path()}."
 )
 try:
     claims = data.claims()
@@ -41,13 +42,22 @@ for claim in claims:
         f" · depth {', '.join(map(str, claim.depths))} · model {c.get('model_family') or 'any'}"
         f" {c.get('quantisation') or ''} · chip {c.get('chip') or 'any'} · sampler {c.get('sampler') or 'any'}"
     )
-    for r in verdicts[verdicts["claim"] == claim.id].itertuples():
+    mine = verdicts[verdicts["claim"] == claim.id]
+    groups = sorted(set(mine["group"]) - {""})
+    if len(groups) > 1:
+        st.caption(
+            f"{len(groups)} comparable groups match, settled apart and never pooled; each row names its values"
+            " of the checked keys in which they differ."
+        )
+    unit = "run(s)" if claim.metric in ("acceptance_rate", "runs") else "pair(s)"
+    for r in mine.itertuples():
         figure = "" if r.runs == 0 or r.figure != r.figure else f" · **{r.figure:.3g}**"
         interval = "" if r.ci_low != r.ci_low else f" [{r.ci_low:.3g}, {r.ci_high:.3g}]"
-        excluded = f" · {r.excluded_runs} degraded run(s) excluded" if r.excluded_runs else ""
+        excluded = f" · {r.excluded_runs} degraded {unit} excluded" if r.excluded_runs else ""
+        group = f" · group {r.group} ({r.differs})" if r.differs else ""
         st.markdown(
-            f"**{r.chip}**: {BADGE[r.verdict]}{figure}{interval} · {r.machines} machine(s), {r.runs} run(s)"
-            f"{excluded} · {r.why}"
+            f"**{r.chip}**: {BADGE[r.verdict]}{figure}{interval} · {r.machines} machine(s), {r.prompts} prompt(s),"
+            f" {r.runs} {unit}{excluded}{group} · {r.why}"
         )
     if claim.note:
         st.caption(claim.note)

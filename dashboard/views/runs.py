@@ -1,4 +1,5 @@
-"""Runs: every run with every parameter, metric and environment flag; CSV and Parquet downloads."""
+"""Runs: every run with every recorded field (the typed run record) and the names it goes by; CSV and
+Parquet downloads."""
 
 import streamlit as st
 

@@ -1,0 +1,273 @@
+"""Comparable runs on the dashboard: runs that differ in any checked key (specfleet/record.py
+CHECKED_KEYS) are never pooled, on the Compare page or in claims, and the dashboard's speedup
+for a group is specfleet.speedup's on the same runs. A model is one model wherever it lies."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from coordinator.export import fetch_table
+from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet import speedup
+from specfleet.record import CHECKED_KEYS, ModelIdentity
+from tests.fleet import admin_for, enrol, start_coordinator
+from tests.test_dashboard import (
+    APP,
+    VARIANTS,
+    fingerprint,
+    frame,
+    group_ids,
+    record,
+    report,
+    sha,
+    speculative,
+    texts,
+)
+
+PROMPTS = 3
+AGENTS = ("left", "right")
+
+
+def sweep(name: str, agent: str, target: str, engine: str = "mlx") -> str:
+    return (
+        f"name: {name}\ntarget: {{agents: [{agent}]}}\nmodels: {{{engine}: {{target: {target}}}}}\n"
+        f"engines: [{engine}]\nprompt_sets: [code]\nmethods: {{mtp: [2]}}\nrepeats: 1\n"
+    )
+
+
+def run_job(coordinator, agent, name: str, target_path: str, records_for) -> str:
+    """Submit a one-cell sweep for `agent`, take its job, report records_for(job_id), finish."""
+    admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=sweep(name, agent.name, target_path)))
+    job = agent.acquire_job(30).job
+    assert job.job_id, f"{agent.name} was offered no job for {name}"
+    records = records_for(job.job_id)
+    report(agent, job, records)
+    agent.complete_job(job.job_id, job.lease_id, len(records))
+    return job.job_id
+
+
+def cell(job_id: str, i: int, repeats: int, rng, **fields) -> list:
+    """A cell's runs: per prompt and repeat a baseline and MTP at K=2; group i decodes at its
+    own speed, speedup and acceptance, so that pooling two groups would show in every figure."""
+    base_tps, ratio = 10.0 + i, 1.2 + 0.1 * i
+    out = []
+    for repeat in range(repeats):
+        for p in range(PROMPTS):
+            common = dict(prompt_id=f"code-{p + 1:02d}", repeat=repeat, **fields)
+            base = base_tps * (1 + rng.normal(0, 0.01))
+            out.append(record(job_id, "baseline", 0, base, **common))
+            arm = dict(speculative(2), acceptance_by_position=(0.5 + 0.02 * i, 0.3))
+            out.append(record(job_id, "mtp", 2, base * ratio * (1 + rng.normal(0, 0.02)), **common, **arm))
+    return out
+
+
+def curve(job_id: str, slope: float, **fields):
+    times = tuple(0.02 * (1 + slope * m) for m in range(8))
+    return record(
+        job_id,
+        "verify-cost",
+        0,
+        0.0,
+        prompt_id="context-512",
+        context_tokens=512,
+        prompt_tokens=512,
+        generated_tokens=0,
+        verify_cost_seconds=times,
+        **fields,
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two machines on one chip; on each, one cell of the base group (three repeats) and one
+    of a group per checked key (two repeats), each differing from the base in that key only.
+    Verify-cost curves: the base target's and another build's (the target_digest variant)."""
+    coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
+    rng = np.random.default_rng(11)
+    jobs = {}  # group name -> job ids
+    for name in AGENTS:
+        agent = enrol(coordinator, name, fingerprint(name, "Apple M4 Pro", 20, 48, 273))
+        agent.name = name
+        for i, key in enumerate(("base", *CHECKED_KEYS)):
+            fields = VARIANTS.get(key, {})
+
+            def records(job_id, i=i, fields=fields, key=key):
+                out = cell(job_id, i, 3 if key == "base" else 2, rng, **fields)
+                if key in ("base", "target_digest"):
+                    out.append(curve(job_id, 0.1 if key == "base" else 0.5, **fields))
+                return out
+
+            jobs.setdefault(key, []).append(run_job(coordinator, agent, f"{name}-{key}", "/models/x", records))
+    admin = admin_for(coordinator)
+    table, _ = fetch_table(admin, "runs")
+    con = duckdb.connect()
+    con.register("runs", table)
+    group = dict(
+        con.execute(
+            f"SELECT DISTINCT job_id, {speedup.COMPARABLE_ID} FROM runs WHERE method != 'verify-cost'"
+        ).fetchall()
+    )
+    of = {key: {group[j] for j in jobs[key]} for key in jobs}
+    assert all(len(ids) == 1 for ids in of.values()), of  # both machines' cells of a group are one group
+    truth = dict(
+        groups={key: ids.pop() for key, ids in of.items()},
+        speedups=speedup.speedups(con).set_index("comparable"),
+        runs=con.execute(f"SELECT *, {speedup.COMPARABLE_ID} AS comparable FROM runs").df(),
+    )
+    token = admin._metadata[0][1].removeprefix("Bearer ")
+    yield coordinator, token, truth
+    coordinator.stop()
+
+
+@pytest.fixture
+def page(fleet, monkeypatch):
+    coordinator, token, truth = fleet
+    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
+    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", token)
+
+    def open_page(name: str) -> AppTest:
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.switch_page(f"views/{name}.py").run()
+        assert not at.exception, at.exception
+        return at
+
+    open_page.truth = truth
+    return open_page
+
+
+def test_every_group_is_offered_and_the_page_says_what_differs(page):
+    at = page("compare")
+    truth = page.truth
+    assert sorted(group_ids(at).values()) == sorted(truth["groups"].values())
+    # it opens on the group with most runs: the base group's three repeats
+    assert at.selectbox(key="compare-group").value == truth["groups"]["base"]
+    assert f"they differ in {', '.join(CHECKED_KEYS)}." in texts(at)
+
+
+@pytest.mark.parametrize("key", ["base", *CHECKED_KEYS])
+def test_compare_page_shows_one_group_only(page, key):
+    """The group that differs from the base in `key` alone: every figure on the page is its
+    own, and its speedup is specfleet.speedup's on the same runs."""
+    at = page("compare")
+    truth = page.truth
+    g = truth["groups"][key]
+    at.selectbox(key="compare-group").select(g).run()
+    assert not at.exception, at.exception
+    mine = truth["runs"][truth["runs"]["comparable"] == g]
+    repeats = 3 if key == "base" else 2
+    speedups = frame(at, "ci_low", "method", "depth")
+    assert speedups["comparable"].tolist() == [g]
+    expected = truth["speedups"].loc[g]
+    shown = speedups.iloc[0]
+    assert shown["speedup"] == pytest.approx(expected["speedup"], rel=1e-12)
+    assert (shown["machines"], shown["prompts"], shown["pairs"]) == (2, PROMPTS, 2 * PROMPTS * repeats)
+    assert (expected["machines"], expected["prompts"], expected["pairs"]) == (2, PROMPTS, 2 * PROMPTS * repeats)
+    assert shown["ci_low"] < shown["speedup"] < shown["ci_high"]
+    decode = frame(at, "arm", "median").set_index("arm")
+    baselines = mine[mine["method"] == "baseline"]["decode_tokens_per_second"]
+    assert decode.loc["baseline", "runs"] == len(baselines) == 2 * PROMPTS * repeats
+    assert decode.loc["baseline", "median"] == pytest.approx(baselines.median())
+    roof = frame(at, "share")
+    assert roof["decode_tokens_per_second"].tolist() == pytest.approx([baselines.median()])
+    acceptance = frame(at, "position", "acceptance").set_index("position")
+    i = ["base", *CHECKED_KEYS].index(key)
+    assert acceptance.loc[1, "acceptance"] == pytest.approx(0.5 + 0.02 * i)
+    assert acceptance.loc[1, "runs"] == 2 * PROMPTS * repeats
+    assert frame(at, "phase", "ms")["runs"].unique().tolist() == [2 * PROMPTS * repeats]
+    # verify cost: the curves of the group's own target build, engine and engine version
+    if key in ("engine", "engine_version"):  # no curve of that engine (version) was measured
+        assert any("No verify-cost run for this group's model" in note.value for note in at.info)
+    else:
+        cost = frame(at, "rows", "ratio").set_index("rows")
+        slope = 0.5 if key == "target_digest" else 0.1
+        assert cost.loc[2, "ratio"] == pytest.approx(1 + slope) and cost.loc[2, "machines"] == 2
+
+
+def test_claims_settle_every_group_apart(page, tmp_path, monkeypatch):
+    ledger = tmp_path / "claims.yaml"
+    ledger.write_text(
+        "- id: mlx-mtp-k2\n  statement: MTP at depth 2 gains 15-25% with MLX on an M4 Pro.\n"
+        "  source: {file: notes.txt, section: top, quote: gains}\n"
+        "  conditions: {engine: mlx, method: mtp, chip: Apple M4 Pro, depth: 2}\n"
+        "  metric: speedup\n  expected: 1.15-1.25x\n  verdict: {rule: range, low: 1.15, high: 1.25, min_runs: 6}\n"
+        "- id: llamacpp-mtp-k2\n  statement: MTP at depth 2 gains with llama.cpp.\n"
+        "  source: {file: notes.txt, section: top, quote: gains}\n"
+        "  conditions: {engine: llama.cpp, method: mtp, depth: 2}\n"
+        "  metric: speedup\n  expected: above 1\n  verdict: {rule: above, threshold: 1.0}\n"
+    )
+    monkeypatch.setenv("SPECFLEET_CLAIMS", str(ledger))
+    at = page("questions")
+    truth = page.truth
+    verdicts = at.dataframe[0].value
+    groups = truth["groups"]
+    mlx = verdicts[verdicts["claim"] == "mlx-mtp-k2"].set_index("group")
+    assert sorted(mlx.index) == sorted(g for key, g in groups.items() if key != "engine")
+    llamacpp = verdicts[verdicts["claim"] == "llamacpp-mtp-k2"]
+    assert llamacpp["group"].tolist() == [groups["engine"]]
+    for g, r in mlx.iterrows():
+        expected = truth["speedups"].loc[g]
+        assert r["figure"] == pytest.approx(expected["speedup"], rel=1e-12)
+        assert (r["machines"], r["prompts"], r["runs"]) == (
+            expected["machines"],
+            expected["prompts"],
+            expected["pairs"],
+        )
+        assert r["chip"] == "Apple M4 Pro"
+    assert mlx.loc[groups["base"], "verdict"] == "reproduced"  # 1.2x; every other group's is its own
+    assert mlx.loc[groups["engine_version"], "verdict"] != "reproduced"
+    # each row names what sets its group apart
+    assert mlx.loc[groups["base"], "differs"].startswith("target_digest=")
+    assert "sampler_seed=1" in mlx.loc[groups["sampler_seed"], "differs"]
+    assert f"{len(mlx)} comparable groups match, settled apart and never pooled" in texts(at)
+
+
+# ---------------------------------------------------------------- one model, many paths
+
+
+@pytest.fixture(scope="module")
+def same_model(tmp_path_factory):
+    """Two machines holding one GGUF file at different paths: the same file name and digest."""
+    coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
+    rng = np.random.default_rng(5)
+    model = ModelIdentity(reference="target.gguf", digest=sha("one file"), architecture="llama", bytes=10**9)
+    paths = {"alice": "/Users/alice/models/target.gguf", "bob": "/opt/llm/weights/target.gguf"}
+    for name, path in paths.items():
+        agent = enrol(coordinator, name, fingerprint(name, "Apple M4 Pro", 20, 48, 273))
+        agent.name = name
+
+        def records(job_id):
+            return cell(job_id, 0, 2, rng, target=model)
+
+        run_job(coordinator, agent, f"{name}-cell", path, records)
+    token = admin_for(coordinator)._metadata[0][1].removeprefix("Bearer ")
+    yield coordinator, token, model, paths
+    coordinator.stop()
+
+
+def test_one_model_at_two_paths_is_one_model(same_model, monkeypatch):
+    coordinator, token, model, paths = same_model
+    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
+    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", token)
+    # the cells really named the model by two paths
+    jobs, _ = fetch_table(admin_for(coordinator), "jobs")
+    specs = " ".join(jobs.column("spec").to_pylist())
+    assert all(path in specs for path in paths.values())
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("views/compare.py").run()
+    assert not at.exception, at.exception
+    name = f"target.gguf@{model.digest[:12]}"
+    assert at.sidebar.multiselect(key="compare-model").options == [name]
+    assert len(at.selectbox(key="compare-group").options) == 1
+    speedups = frame(at, "ci_low", "method", "depth")
+    assert speedups["machines"].tolist() == [2] and speedups["pairs"].tolist() == [2 * PROMPTS * 2]
+    roof = frame(at, "share")
+    assert roof["model"].tolist() == [name] and roof["machines"].tolist() == [2]
+    assert not any(path in texts(at) for path in paths.values())
+    at.switch_page("views/runs.py").run()
+    shown = at.dataframe[0].value
+    assert set(shown["model"]) == {name} and set(shown["target_reference"]) == {"target.gguf"}
+    assert shown["agent_id"].nunique() == 2
+    assert not shown.astype(str).apply(lambda column: column.str.contains("/opt/llm")).any().any()
