@@ -38,11 +38,12 @@ SWEEP_TIMEOUT_SECONDS = 1800
 START_TIMEOUT_SECONDS = 60
 
 
-# What every demo sweep shares: the demo agent, greedy sampling, two conversation prompts.
+# What every demo sweep shares: the demo agent, greedy sampling, two question-answering prompts
+# (the shortest set: on this CPU prefill, not decoding, is most of a run's time).
 DEMO_COMMON = {
     "target": {"agents": [DEMO_AGENT]},
     "samplers": [{"temperature": 0.0}],
-    "prompt_sets": ["conversation"],
+    "prompt_sets": ["qa"],
     "prompts": 2,
     "max_new_tokens": 32,
     "warmup": 2,  # at most 2 warm-up runs per arm and prompt (the default is 10): the demo stays short
