@@ -249,6 +249,11 @@ def _fields(cls) -> tuple[tuple[str, Any, bool], ...]:
     )
 
 
+@functools.cache
+def _names(cls) -> frozenset[str]:
+    return frozenset(name for name, _, _ in _fields(cls))
+
+
 def _nested(tp) -> type | None:
     """The dataclass a field holds (ModelIdentity, Sampler, Environment), or None."""
     return tp if dataclasses.is_dataclass(tp) else None
@@ -292,6 +297,8 @@ def _shape(tp) -> tuple[str, Any]:
 def _coerce(tp, value, where: str):
     """`value` as type `tp`, or InvalidRecord. Ints may stand for floats; nothing else converts."""
     kind, inner = _shape(tp)
+    if kind == "plain" and type(value) is inner and (inner is not float or math.isfinite(value)):
+        return value  # the common case, first: a record as the worker wrote it
     if kind == "record":
         if not isinstance(value, dict):
             raise InvalidRecord(f"{where}: must be a mapping, got {type(value).__name__}")
@@ -329,8 +336,8 @@ def _build(cls, data: dict[str, Any], where: str):
     if not isinstance(data, dict):
         raise InvalidRecord(f"{where or 'record'}: must be a mapping")
     fields = _fields(cls)
-    if len(data) > len(fields) or not data.keys() <= {name for name, _, _ in fields}:
-        unknown = sorted(set(data) - {name for name, _, _ in fields}, key=str)
+    if not data.keys() <= _names(cls):
+        unknown = sorted(set(data) - _names(cls), key=str)
         raise InvalidRecord(f"{where}{unknown[0]}: unknown field (schema {SCHEMA_VERSION})")
     if cls is RunRecord and data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise InvalidRecord(f"schema: record schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
@@ -369,12 +376,12 @@ def _problems(r: RunRecord) -> list[str]:
     text("acceptance_reason", r.acceptance_reason)
     for role in ("target", "draft"):
         m = getattr(r, role)
-        for f in dataclasses.fields(ModelIdentity):
-            v = getattr(m, f.name)
+        for name, _, _ in _fields(ModelIdentity):
+            v = getattr(m, name)
             if isinstance(v, str):
-                text(f"{role}.{f.name}", v, 0, MAX_ID_CHARS * 2)
+                text(f"{role}.{name}", v, 0, MAX_ID_CHARS * 2)
             elif isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_BYTES:
-                problems.append(f"{role}.{f.name} = {v} is not in [0, {MAX_BYTES}]")
+                problems.append(f"{role}.{name} = {v} is not in [0, {MAX_BYTES}]")
         if m.digest and not SHA256_RE.match(m.digest):
             problems.append(f"{role}.digest {m.digest[:80]!r} is not 64 lowercase hex digits")
         if "/" in m.reference and m.source != "huggingface":
