@@ -205,6 +205,7 @@ def load_claims(path: Path = LEDGER) -> list[Claim]:
 _COLUMNS = (
     *CHECKED_KEYS,
     "job_id",
+    "attempt",
     "lease_id",
     "agent_id",
     "chip",
@@ -311,9 +312,14 @@ def matching_runs(claim: Claim, runs: pd.DataFrame) -> pd.DataFrame:
     return con.execute("SELECT * FROM matched").df()
 
 
-def _matched(claim: Claim, runs: pd.DataFrame) -> duckdb.DuckDBPyConnection:
-    """A connection holding the claim's runs as table `matched` and its arm's as `arm`."""
+def _matched(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame | None = None) -> duckdb.DuckDBPyConnection:
+    """A connection holding the claim's runs as table `matched`, its arm's as `arm`, and the
+    jobs (job_id, attempt, state) the speedup definition reads to keep only valid attempts."""
     con = duckdb.connect()
+    if jobs is not None:
+        con.register("jobs_frame", jobs)
+        con.execute("CREATE TEMP TABLE jobs AS SELECT job_id, attempt, state FROM jobs_frame")
+        con.unregister("jobs_frame")
     con.register("fleet", runs)
     where, params = conditions_sql(claim)
     con.execute(f"CREATE TEMP TABLE matched AS SELECT {_SELECT} FROM fleet WHERE {where}", params)
@@ -369,17 +375,19 @@ def _short(value) -> str:
     return text[:12] if re.fullmatch(r"[0-9a-f]{64}", text) else text
 
 
-def evaluate(claim: Claim, runs: pd.DataFrame, seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+def evaluate(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame, seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
     """One row per comparable group and chip (VERDICT_COLUMNS): the verdict, the figure
     (specfleet.speedup's speedup for ratios), its interval, the machines, prompts and runs
     (pairs, for a ratio) behind it, the runs left out as not nominal, and why. Runs that differ
     in a checked key are never pooled: each comparable group is settled on its own, and
-    `differs` names its values of the checked keys in which the claim's groups differ."""
+    `differs` names its values of the checked keys in which the claim's groups differ. `jobs`
+    (job_id, attempt, state) says which attempts are valid: runs of a lost attempt or a failed
+    job never count."""
     pattern = claim.conditions.get("chip")
     none = dict(chip=_chip_label(pattern), group="", machines=0, prompts=0, runs=0, differs="")
     if runs.empty:
         return _rows(claim, [_no_run(claim, none, 0)])
-    con = _matched(claim, runs)
+    con = _matched(claim, runs, jobs)
     cells = con.execute(
         "SELECT comparable, chip, count(*) AS runs FROM arm GROUP BY ALL ORDER BY chip, runs DESC, comparable"
     ).df()

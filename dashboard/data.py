@@ -248,6 +248,22 @@ def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return df if not df.empty else pd.DataFrame(columns=["chip", "engine", "method", "model", "runs", "reason"])
 
 
+def lossy_runs(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """Runs whose output differed from their reference (lossless false: the greedy baseline's,
+    or on llama.cpp the same-seed baseline's), per chip, engine, method and depth: an engine
+    defect, never a figure (specfleet/speedup.py leaves them out of every speedup)."""
+    source, params = selected(f)
+    df = _q(
+        v,
+        "SELECT chip, engine, method, depth, any_value(lossless_check) AS checked_against,"
+        " count(*) AS runs FROM " + source + " WHERE lossless IS NOT DISTINCT FROM false"
+        " GROUP BY chip, engine, method, depth ORDER BY ALL",
+        params,
+    )
+    columns = ["chip", "engine", "method", "depth", "checked_against", "runs"]
+    return df if not df.empty else pd.DataFrame(columns=columns)
+
+
 # ---------------------------------------------------------------- comparable groups
 
 
@@ -444,5 +460,6 @@ def verdicts(v: tuple[str, str, int]) -> pd.DataFrame:
 @st.cache_data(ttl=REFRESH_SECONDS)
 def _verdicts(v: tuple[str, str, int], path: str, mtime: float) -> pd.DataFrame:
     runs = all_runs(v)
-    frames = [ledger.evaluate(c, runs) for c in _claims(path, mtime)]
+    jobs = _q(v, "SELECT job_id, attempt, state FROM jobs")
+    frames = [ledger.evaluate(c, runs, jobs) for c in _claims(path, mtime)]
     return pd.concat(frames, ignore_index=True)

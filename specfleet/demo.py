@@ -118,11 +118,13 @@ def _enrol(address: str, admin: AdminApi, config_dir: Path) -> None:
     ).save(config_dir)
 
 
-def summary_table(runs) -> str:
+def summary_table(runs, jobs) -> str:
     """Per comparable group of runs (specfleet/speedup.py): median decode tokens/s per arm, the
-    speedup over the baseline, acceptance and lossless; then the verify-cost curves."""
+    speedup over the baseline, acceptance and lossless; then the verify-cost curves. `runs` and
+    `jobs` are the coordinator's tables as Arrow (the export)."""
     con = duckdb.connect()
     con.register("runs", runs)
+    con.register("jobs", jobs)
     figures = speedup.speedups(con).set_index(["comparable", "method", "depth"])["speedup"]
     arms = con.execute(
         f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, method, depth,"
@@ -216,6 +218,7 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         for spec, sweep_id in submitted:
             status = _wait_for_sweep(admin, sweep_id, procs)
             runs, _ = fetch_table(admin, "runs")
+            jobs, _ = fetch_table(admin, "jobs")
             runs = runs.filter(pc.equal(runs["sweep_id"], sweep_id)) if runs is not None else None
             targets = ", ".join(f"{engine}: {Path(m['target']).name}" for engine, m in spec["models"].items())
             print(
@@ -226,7 +229,7 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
                 print(f"  failed {failure}")
             if runs is None or status.jobs_failed:
                 return 1
-            print("\n" + summary_table(runs), flush=True)
+            print("\n" + summary_table(runs, jobs), flush=True)
         if dashboard:
             token = admin_credential(coordinator_dir)
             dash = start("dashboard", dashboard_command(dashboard_port), env=dashboard_environment(address, token))

@@ -7,10 +7,13 @@ words:
 
 1. Pool only comparable runs: equal on every checked key (specfleet/record.py CHECKED_KEYS).
    Each comparable group has a `comparable` id, the first 12 hex digits of the MD5 of its keys.
-2. Pair an arm's run with the baseline run of the same attempt (job and lease), prompt,
-   repeat and checked keys: ratio = arm decode tok/s / baseline decode tok/s. Verify-cost runs are never
-   speedups. A pair is left out when either run was not nominal (env_nominal false), when the
-   arm's greedy output differed from the baseline's (lossless false), or when either speed is 0.
+2. Only runs of a job's current attempt count (the `jobs` table's attempt, of a job leased or
+   done): runs of an attempt whose lease was lost, or of a failed job, stay stored and visible
+   but never enter a figure. Pair an arm's run with the baseline run of the same attempt (job
+   and lease), prompt, repeat and checked keys: ratio = arm decode tok/s / baseline decode
+   tok/s. Verify-cost runs are never speedups. A pair is left out when either run was not
+   nominal (env_nominal false), when the arm's output differed from its reference (lossless
+   false: a defect, shown as such), or when either speed is 0.
 3. Combine on the log scale, in the order of replication: the mean log ratio over a prompt's
    repeats, then over a machine's prompts, then over machines; the speedup is its exponential
    (a geometric mean of geometric means). Every figure carries the machines, the fewest
@@ -34,13 +37,23 @@ COMPARABLE_ID = (
 _SAME_KEYS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS)
 
 
-def _pairs_sql(source: str) -> str:
+def valid_sql(source: str, jobs: str = "jobs") -> str:
+    """The runs of `source` that may enter a figure: those of their job's current attempt, the
+    job leased or done. `jobs` is a relation with job_id, attempt and state."""
+    return f"""
+    (SELECT r.* FROM {source} r JOIN {jobs} j ON j.job_id = r.job_id AND j.attempt = r.attempt
+     WHERE j.state IN ('leased', 'done'))
+    """
+
+
+def _pairs_sql(source: str, jobs: str) -> str:
+    valid = valid_sql(source, jobs)
     return f"""
     SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
            a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.agent_id,
            a.method, a.depth, a.prompt_id, a.repeat,
            ln(a.decode_tokens_per_second / b.decode_tokens_per_second) AS log_ratio
-    FROM {source} a JOIN {source} b
+    FROM {valid} a JOIN {valid} b
       ON b.job_id = a.job_id AND b.lease_id = a.lease_id AND b.prompt_id = a.prompt_id
      AND b.repeat = a.repeat AND b.method = 'baseline' AND {_SAME_KEYS}
     WHERE a.method NOT IN ('baseline', '{VERIFY_COST}')
@@ -50,7 +63,7 @@ def _pairs_sql(source: str) -> str:
     """
 
 
-def per_prompt_sql(source: str) -> str:
+def per_prompt_sql(source: str, jobs: str = "jobs") -> str:
     """One row per comparable group, chip, machine, arm and prompt: the mean log ratio over the
     prompt's repeats. What intervals resample (machines, then prompts)."""
     return f"""
@@ -58,11 +71,11 @@ def per_prompt_sql(source: str) -> str:
            any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
            any_value(engine) AS engine, chip, agent_id, method, depth, prompt_id,
            avg(log_ratio) AS log_ratio, count(*) AS repeats
-    FROM ({_pairs_sql(source)}) GROUP BY comparable, chip, agent_id, method, depth, prompt_id
+    FROM ({_pairs_sql(source, jobs)}) GROUP BY comparable, chip, agent_id, method, depth, prompt_id
     """
 
 
-def speedup_sql(source: str) -> str:
+def speedup_sql(source: str, jobs: str = "jobs") -> str:
     """One row per comparable group, chip and arm: the speedup and what stands behind it."""
     return f"""
     WITH per_machine AS (
@@ -70,7 +83,7 @@ def speedup_sql(source: str) -> str:
                any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
                any_value(engine) AS engine, chip, agent_id, method, depth,
                avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(repeats) AS pairs
-        FROM ({per_prompt_sql(source)}) GROUP BY comparable, chip, agent_id, method, depth
+        FROM ({per_prompt_sql(source, jobs)}) GROUP BY comparable, chip, agent_id, method, depth
     )
     SELECT comparable, any_value(engine) AS engine, any_value(target_reference) AS target_reference,
            any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
@@ -93,10 +106,10 @@ def groups_sql(source: str) -> str:
     """
 
 
-def speedups(con, source: str = "runs") -> pd.DataFrame:
-    """speedup_sql on a DuckDB connection; `source` is a table or view name of the caller's,
+def speedups(con, source: str = "runs", jobs: str = "jobs") -> pd.DataFrame:
+    """speedup_sql on a DuckDB connection; `source` and `jobs` are relations of the caller's,
     never user input."""
-    return con.execute(speedup_sql(source)).df()
+    return con.execute(speedup_sql(source, jobs)).df()
 
 
 def groups(con, source: str = "runs") -> pd.DataFrame:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pandas as pd
+
 from agent.api import AdminApi, AgentApi, channel
 from coordinator.server import Coordinator, CoordinatorConfig, admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
@@ -97,3 +99,18 @@ max_new_tokens: 16
 repeats: 1
 max_attempts: 2
 """
+
+
+def register_runs(con, runs) -> None:
+    """`runs` (a DataFrame or Arrow table of stored runs) as table "runs" on a DuckDB connection,
+    with the "jobs" the speedup definition reads: every job done, at its runs' latest attempt."""
+    con.register("runs", runs)
+    con.register("jobs", jobs_of(runs.to_pandas() if hasattr(runs, "to_pandas") else runs))
+
+
+def jobs_of(runs: pd.DataFrame) -> pd.DataFrame:
+    """The jobs table a set of runs implies when every job finished at its runs' latest attempt."""
+    if len(runs) == 0:
+        return pd.DataFrame({"job_id": [], "attempt": [], "state": []})
+    latest = runs.groupby("job_id", as_index=False)["attempt"].max()
+    return latest.assign(state="done")

@@ -13,6 +13,7 @@ from coordinator.sweeps import parse_sweep
 from dashboard import claims, stats
 from specfleet import speedup
 from specfleet.record import CHECKED_KEYS, ENGINE_METHODS, ModelIdentity, Sampler
+from tests.fleet import jobs_of, register_runs
 from tests.test_dashboard import MLX_27B, VARIANTS, record, row, sha
 
 REQUIRED = {
@@ -143,17 +144,17 @@ def test_m1_max_net_loss_reproduced_contradicted_and_not_enough():
         fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.86, 0.88, 0.87, 0.85])
         + fleet_runs("Apple M1 Max", "mbp-2", "j2", [0.9, 0.87, 0.86, 0.5], degraded={3})
     )
-    row = claims.evaluate(c, loss).iloc[0]
+    row = claims.evaluate(c, loss, jobs_of(loss)).iloc[0]
     assert (row["chip"], row["verdict"]) == ("Apple M1 Max", stats.REPRODUCED)
     assert row["figure"] == pytest.approx(geometric([0.86, 0.88, 0.87, 0.85], [0.9, 0.87, 0.86]))
     assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (2, 3, 7, 1)
     assert row["ci_low"] < row["figure"] < row["ci_high"] < 1.0
 
     win = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [1.2, 1.25, 1.22, 1.18, 1.21, 1.24]))
-    assert claims.evaluate(c, win).iloc[0]["verdict"] == stats.CONTRADICTED
+    assert claims.evaluate(c, win, jobs_of(win)).iloc[0]["verdict"] == stats.CONTRADICTED
 
     few = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.8, 0.82]))
-    row = claims.evaluate(c, few).iloc[0]
+    row = claims.evaluate(c, few, jobs_of(few)).iloc[0]
     assert (row["verdict"], row["machines"], row["runs"]) == (stats.NOT_ENOUGH, 1, 2)
 
 
@@ -172,7 +173,7 @@ def test_runs_outside_the_conditions_do_not_count():
         # the name says 9B, the weights hold 27B parameters
         + fleet_runs("Apple M1 Max", "f", "j7", ratios, model=dataclasses.replace(Q9B, parameters=27 * 10**9))
     )
-    out = claims.evaluate(c, other)
+    out = claims.evaluate(c, other, jobs_of(other))
     assert out["chip"].tolist() == ["Apple M1 Max"] and out.iloc[0]["runs"] == 0
     assert out.iloc[0]["verdict"] == stats.NOT_ENOUGH
 
@@ -220,7 +221,7 @@ def test_acceptance_and_prefill_claims():
     for r in rows:
         if r["method"] == "mtp":
             r["tokens_drafted"], r["tokens_accepted"] = 100, 62
-    row = claims.evaluate(acc, pd.DataFrame(rows)).iloc[0]
+    row = claims.evaluate(acc, pd.DataFrame(rows), jobs_of(pd.DataFrame(rows))).iloc[0]
     assert (row["verdict"], row["figure"], row["runs"]) == (stats.REPRODUCED, pytest.approx(0.62), 6)
 
     pre = claim("mtp-cuts-prefill-m2-ultra")
@@ -228,17 +229,17 @@ def test_acceptance_and_prefill_claims():
     for r in rows:
         if r["method"] == "mtp":
             r["prefill_tokens_per_second"] = 1660.0  # the baselines': 2000
-    row = claims.evaluate(pre, pd.DataFrame(rows)).iloc[0]
+    row = claims.evaluate(pre, pd.DataFrame(rows), jobs_of(pd.DataFrame(rows))).iloc[0]
     assert (row["verdict"], row["figure"]) == (stats.REPRODUCED, pytest.approx(0.83))
 
 
 def test_absence_claim_is_contradicted_by_the_first_mac_run():
     c = claim("no-mac-ngram-mod-benchmark")
-    assert claims.evaluate(c, pd.DataFrame()).iloc[0]["verdict"] == stats.REPRODUCED
+    assert claims.evaluate(c, pd.DataFrame(), jobs_of(pd.DataFrame())).iloc[0]["verdict"] == stats.REPRODUCED
     linux = pd.DataFrame(fleet_runs("AMD EPYC", "box", "j1", [1.05] * 3, method="ngram", depth=3))
-    assert claims.evaluate(c, linux).iloc[0]["verdict"] == stats.REPRODUCED  # not a Mac
+    assert claims.evaluate(c, linux, jobs_of(linux)).iloc[0]["verdict"] == stats.REPRODUCED  # not a Mac
     mac = pd.DataFrame(fleet_runs("Apple M3", "air", "j2", [1.05] * 3, method="ngram", depth=3))
-    row = claims.evaluate(c, mac).iloc[0]
+    row = claims.evaluate(c, mac, jobs_of(mac)).iloc[0]
     assert (row["chip"], row["verdict"], row["machines"], row["runs"]) == ("Apple M3", stats.CONTRADICTED, 1, 3)
 
 
@@ -266,9 +267,9 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
     rows = fleet_runs("Apple M4 Pro", "a", "j1", base, engine="mlx", model=MLX_27B)
     rows += fleet_runs("Apple M4 Pro", "b", "j2", variant, **{"engine": "mlx", "model": MLX_27B, **VARIANTS[key]})
     runs = pd.DataFrame(rows)
-    out = claims.evaluate(c, runs).set_index("group")
+    out = claims.evaluate(c, runs, jobs_of(runs)).set_index("group")
     con = duckdb.connect()
-    con.register("runs", runs)
+    register_runs(con, runs)
     truth = speedup.speedups(con).set_index("comparable")
     assert len(truth) == 2  # the definition itself keeps them apart
     if key == "engine":  # the claim's conditions name one engine: the other group is not its

@@ -13,7 +13,7 @@ from coordinator.export import fetch_table
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
 from specfleet.record import CHECKED_KEYS, ModelIdentity
-from tests.fleet import admin_for, enrol, start_coordinator
+from tests.fleet import admin_for, enrol, register_runs, start_coordinator
 from tests.test_dashboard import (
     APP,
     VARIANTS,
@@ -104,7 +104,7 @@ def fleet(tmp_path_factory):
     admin = admin_for(coordinator)
     table, _ = fetch_table(admin, "runs")
     con = duckdb.connect()
-    con.register("runs", table)
+    register_runs(con, table)
     group = dict(
         con.execute(
             f"SELECT DISTINCT job_id, {speedup.COMPARABLE_ID} FROM runs WHERE method != 'verify-cost'"

@@ -7,6 +7,7 @@ import pytest
 
 from dashboard import stats
 from specfleet import speedup
+from tests.fleet import register_runs
 from tests.test_dashboard import record, row
 
 
@@ -17,7 +18,7 @@ def stored(job, agent, method, depth, prompt, repeat, tps, **fields):
 
 def query_on(runs: pd.DataFrame):
     con = duckdb.connect()
-    con.register("runs", runs)
+    register_runs(con, runs)
     return con, lambda sql, params=None: con.execute(sql, params or []).df()
 
 

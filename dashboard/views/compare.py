@@ -37,6 +37,11 @@ st.caption(
     " drawing machines, then prompts. Below the dashed line speculation loses."
 )
 speedups = data.speedups(v, f)
+for r in data.lossy_runs(v, f).itertuples():
+    st.error(
+        f"Engine defect on {r.chip} · {r.engine} · {r.method} K={r.depth}: {r.runs} run(s) changed the output"
+        f" against the {r.checked_against}; they are left out of every speedup."
+    )
 if speedups.empty:
     st.info("No arm with a baseline in this group.")
 else:
