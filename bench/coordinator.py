@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 import grpc
@@ -42,7 +41,7 @@ from bench.noise import NoiseProbe  # noqa: E402
 from coordinator.server import quiet_gc  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc  # noqa: E402
-from specfleet.record import ModelIdentity, RunRecord, Sampler  # noqa: E402
+from tests.fleet import run_record  # noqa: E402
 
 FINGERPRINT = pb.Fingerprint(hostname="sim", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)
 
@@ -90,43 +89,16 @@ def bucket_quantile(before, after, q: float) -> tuple[int, float]:
     return int(total), float("inf")
 
 
-TARGET = ModelIdentity(reference="Qwen3-8B-4bit", digest="cd" * 32, architecture="qwen3", quantisation="4bit-g64")
-
-
 def make_run(job_id: str, i: int) -> str:
-    """One run record as an agent uploads it (JSON)."""
-    return RunRecord(
-        run_id=str(uuid.uuid4()),
-        job_id=job_id,
-        attempt=1,
-        engine="mlx",
-        engine_version="mlx=0.0 mlx-lm=0.0",
-        method="draft" if i % 2 else "baseline",
-        depth=2 if i % 2 else 0,
-        target=TARGET,
-        sampler=Sampler(),
-        prompt_set="code",
-        prompt_set_digest="ef" * 32,
-        prompt_category="code",
-        prompt_id="code-01",
-        context_tokens=0,
-        max_new_tokens=256,
+    """One run record as an agent uploads it (JSON): baselines and draft arms in turn."""
+    speculative = dict(method="draft", depth=2, tokens_drafted=300, tokens_accepted=210, rounds=100)
+    return run_record(
+        job_id,
+        tps=127.5,
         repeat=i,
         position=i % 2,
-        prompt_tokens=128,
-        generated_tokens=256,
-        prefill_seconds=0.05,
-        ttft_seconds=0.05,
-        decode_seconds=2.0,
-        wall_seconds=2.05,
-        decode_tokens_per_second=127.5,
-        prefill_tokens_per_second=2560.0,
-        peak_memory_bytes=6 * 2**30,
-        output_sha256="ab" * 32,
         started_at_unix_seconds=time.time(),
-        tokens_drafted=300 if i % 2 else 0,
-        tokens_accepted=210 if i % 2 else 0,
-        rounds=100 if i % 2 else 0,
+        **(speculative if i % 2 else {}),
     ).to_json()
 
 
