@@ -1,0 +1,329 @@
+"""dashboard/inference.py on answers worked out by hand, and on fleets with a known truth.
+
+The calibration tests are seeded simulations at reduced size (bench/verdicts.py has the full
+tables): they would fail with the dashboard's earlier rules (a percentile bootstrap over three
+machines; "reproduced" whenever the figure lies in the band; the best depth taken as measured).
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from dashboard import inference, simulate
+from dashboard.inference import CONTRADICTED, INCONCLUSIVE, REPRODUCED
+
+BAND = (2.0, 3.0)
+
+
+def rows(by_machine: dict[str, list[float]], repeats: int = 2) -> pd.DataFrame:
+    """per_prompt rows from {machine: [per-prompt log ratios]}."""
+    out = [
+        {"agent_id": m, "prompt_id": f"p{i}", "log_ratio": v, "repeats": repeats}
+        for m, values in by_machine.items()
+        for i, v in enumerate(values)
+    ]
+    return pd.DataFrame(out)
+
+
+def t_975_df2() -> float:
+    # Student's t with 2 df has the closed-form quantile (2p - 1) / sqrt(2p(1 - p)).
+    p = 0.975
+    return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+
+
+# ---------------------------------------------------------------- the interval
+
+
+def test_t_interval_over_machine_means_by_hand():
+    # Machine means on the log scale: a (0.05 + 0.15) / 2 = 0.1, b 0.2, c 0.3: mean 0.2, sd 0.1.
+    table = rows({"a": [0.05, 0.15], "b": [0.2], "c": [0.3, 0.3, 0.3]})
+    e = inference.estimate(table)
+    half = t_975_df2() * 0.1 / math.sqrt(3)  # 4.3027 * 0.0577 = 0.2484
+    assert t_975_df2() == pytest.approx(4.302652729911275)
+    assert e.speedup == pytest.approx(math.exp(0.2))
+    assert (e.low, e.high) == (pytest.approx(math.exp(0.2 - half)), pytest.approx(math.exp(0.2 + half)))
+    assert (e.machines, e.prompts, e.pairs, e.df, e.method) == (3, 1, 12, 2, inference.T_MACHINES)
+    assert e.log_se == pytest.approx(0.1 / math.sqrt(3))
+    assert e.note == ""
+
+
+def test_every_machine_weighs_the_same_whatever_its_prompts():
+    # specfleet's definition: the mean over machines of each one's mean.
+    few = inference.estimate(rows({"a": [0.0], "b": [0.4, 0.4, 0.4, 0.4], "c": [0.2]}))
+    assert few.speedup == pytest.approx(math.exp(0.2))
+
+
+def test_one_machine_is_an_interval_over_its_prompts_noted():
+    # Prompts 0.1, 0.2, 0.3, 0.4: mean 0.25, sd sqrt(1/60), df 3.
+    e = inference.estimate(rows({"a": [0.1, 0.2, 0.3, 0.4]}))
+    half = 3.182446305284263 * math.sqrt(1 / 60) / 2
+    assert (e.low, e.high) == (pytest.approx(math.exp(0.25 - half)), pytest.approx(math.exp(0.25 + half)))
+    assert (e.machines, e.prompts, e.df, e.method) == (1, 4, 3, inference.T_PROMPTS)
+    assert "that machine only" in e.note
+    lone = inference.estimate(rows({"a": [0.3]}))
+    assert math.isnan(lone.low) and lone.method == inference.NO_INTERVAL and "no interval" in lone.note
+
+
+def test_estimate_takes_one_figure_and_finite_ratios():
+    table = rows({"a": [0.1], "b": [0.2]})
+    with pytest.raises(ValueError, match="several figures"):
+        inference.estimate(table.assign(depth=[2, 3]))
+    with pytest.raises(ValueError, match="finite"):
+        inference.estimate(table.assign(log_ratio=[0.1, -np.inf]))
+    empty = inference.estimate(table.iloc[:0])
+    assert empty.machines == 0 and math.isnan(empty.speedup)
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def made(speedup: float, low: float, high: float, machines: int = 3) -> inference.Estimate:
+    """An Estimate with the given interval (t, df = machines - 1)."""
+    df = machines - 1
+    se = (math.log(high) - math.log(low)) / 2 / sps.t.ppf(0.975, df)
+    mean = (math.log(high) + math.log(low)) / 2
+    return inference.Estimate(
+        speedup, low, high, machines, 5, 30, inference.T_MACHINES, log_mean=mean, log_se=se, df=df
+    )
+
+
+def test_an_interval_across_the_band_is_inconclusive():
+    # The old rule said reproduced: the median 2.05 lies in 2.0-3.0, whatever the interval.
+    d = inference.decide(made(2.05, 0.9, 3.6), *BAND)
+    assert d.verdict == INCONCLUSIVE and d.p_value == 1.0 and d.tested
+    assert "reaches across" in d.why
+    assert inference.decide(made(2.45, 2.1, 2.8), *BAND).verdict == REPRODUCED
+    assert inference.decide(made(1.5, 1.2, 1.9), *BAND).verdict == CONTRADICTED
+    assert inference.decide(made(4.0, 3.2, 5.0), *BAND).verdict == CONTRADICTED
+
+
+def test_fewer_machines_than_the_minimum_is_inconclusive_and_untested():
+    for machines in (1, 2):
+        d = inference.decide(made(2.45, 2.3, 2.6, machines), *BAND)
+        assert d.verdict == INCONCLUSIVE and not d.tested and "at least 3 machines" in d.why
+    one = inference.estimate(rows({"a": [0.9, 0.9, 0.91, 0.89]}))  # tight, but one machine
+    d = inference.decide(one, *BAND)
+    assert d.verdict == INCONCLUSIVE and "that machine only" in d.why
+    assert inference.decide(one, *BAND, min_machines=1).verdict == REPRODUCED  # the caller's choice
+
+
+def test_one_sided_bands():
+    e = made(1.3, 1.1, 1.5)
+    assert inference.decide(e, 1.0, math.inf).verdict == REPRODUCED  # "above 1x"
+    assert inference.decide(e, 0.0, 1.0).verdict == CONTRADICTED  # "below 1x"
+    assert inference.band_text(1.0, math.inf) == "above 1x" and inference.band_text(0, 1.0) == "below 1x"
+    with pytest.raises(ValueError):
+        inference.decide(e, 3.0, 2.0)
+
+
+def test_p_values_by_hand():
+    # log mean 0.8 (2.23x), se 0.05, df 4 against 2.0-3.0: z against the low edge (0.8 - ln 2) / 0.05.
+    m, se, df = 0.8, 0.05, 4
+    z_lo, z_hi = (m - math.log(2)) / se, (m - math.log(3)) / se
+    p_eq, p_out = inference.band_p_values(m, se, df, *BAND)
+    assert float(p_eq) == pytest.approx(max(sps.t.sf(z_lo, df), sps.t.cdf(z_hi, df)))
+    # nearer the low edge: H0 "truth >= 2.0x", p = P(T <= z); large, since 2.23x is above it
+    assert float(p_out) == pytest.approx(sps.t.cdf(z_lo, df)) and float(p_out) > 0.9
+    # above 4x: beyond the high edge
+    _, p_up = inference.band_p_values(math.log(4), se, df, *BAND)
+    assert float(p_up) == pytest.approx(sps.t.sf((math.log(4) - math.log(3)) / se, df))
+
+
+def test_the_p_values_say_what_the_interval_says():
+    for seed in range(60):
+        truth = [1.8, 2.0, 2.4, 3.0, 3.3][seed % 5]
+        e = inference.estimate(simulate.fleet(seed, 3 + seed % 4, 5, 2, truth))
+        d = inference.decide(e, *BAND)
+        assert (d.verdict == REPRODUCED) == (d.p_equivalence <= 0.025)
+        assert (d.verdict == CONTRADICTED) == (d.p_beyond < 0.025)
+        assert d.p_value == {REPRODUCED: d.p_equivalence, CONTRADICTED: d.p_beyond, INCONCLUSIVE: 1.0}[d.verdict]
+
+
+def test_decide_arrays_is_decide_figure_for_figure():
+    noise = simulate.draw(7, 40, 4, 3, 2, 2.3)
+    out = inference.decide_arrays(noise, *BAND)
+    for i in range(40):
+        d = inference.decide(inference.estimate(simulate.to_frame(noise[i], 2)), *BAND)
+        assert (d.verdict, d.low, d.high) == (
+            out["verdict"][i],
+            pytest.approx(out["low"][i]),
+            pytest.approx(out["high"][i]),
+        )
+        assert d.p_value == pytest.approx(out["p_value"][i])
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_intervals_cover_the_truth_at_three_machines():
+    # 3 machines x 4 prompts x 2 repeats, machines 5% apart (sd 0.05): the percentile bootstrap
+    # covered 0.69-0.74 here.
+    fleets, truth, hits = 600, 2.4, 0
+    for seed in range(fleets):
+        e = inference.estimate(simulate.fleet(seed, 3, 4, 2, truth, machine_sd=0.05))
+        hits += e.low <= truth <= e.high
+    assert hits / fleets >= 0.93
+
+
+def test_a_bootstrap_over_three_machines_cannot_hold_95_percent():
+    # Why t: a bootstrap's distribution over 3 machines never leaves [min, max] of their means,
+    # which holds the truth in 1 - 2/8 = 75% of fleets at most.
+    means = simulate.draw(11, 400, 3, 5, 3, 2.0).mean(axis=2)
+    ci = sps.bootstrap((means,), np.mean, axis=-1, vectorized=True, n_resamples=999, method="BCa", rng=1)
+    bca = np.mean((ci.confidence_interval.low <= math.log(2)) & (math.log(2) <= ci.confidence_interval.high))
+    _, _, _, lo, hi = inference.t_interval(means)
+    t = np.mean((lo <= math.log(2)) & (math.log(2) <= hi))
+    assert bca < 0.80 < 0.93 <= t
+
+
+@pytest.mark.parametrize("truth", [1.9, 1.99, 3.05])
+def test_a_claim_outside_its_band_is_rarely_reproduced(truth):
+    # 3 machines x 4 prompts x 2 repeats; 1.99 is the hardest case (0.5% below the edge).
+    fleets, reproduced = 400, 0
+    for seed in range(fleets):
+        e = inference.estimate(simulate.fleet(1000 + seed, 3, 4, 2, truth))
+        reproduced += inference.decide(e, *BAND).verdict == REPRODUCED
+    assert reproduced / fleets <= 0.05
+
+
+def test_a_claim_on_its_edge_is_rarely_contradicted():
+    noise = simulate.draw(4, 1000, 3, 4, 2)
+    contradicted = np.mean(inference.decide_arrays(noise + math.log(BAND[0]), *BAND)["verdict"] == CONTRADICTED)
+    assert contradicted <= 0.05
+
+
+# ---------------------------------------------------------------- best depth
+
+
+def depth_rows(table: dict[str, dict[int, float]]) -> pd.DataFrame:
+    """{machine: {depth: log ratio}}, one prompt each."""
+    out = [
+        {"agent_id": m, "prompt_id": "p0", "depth": k, "log_ratio": v, "repeats": 1}
+        for m, by_depth in table.items()
+        for k, v in by_depth.items()
+    ]
+    return pd.DataFrame(out)
+
+
+def test_depth_p_values_by_hand():
+    # Depth 2 minus depth 1 per machine: 0.2, 0.1, 0.3 (mean 0.2, se 0.1 / sqrt 3 = the pooled
+    # two-way error with two depths). t(2).sf(x) = 1/2 - x / (2 sqrt(x^2 + 2)); x = 2 sqrt 3.
+    d = depth_rows({"a": {1: 0.0, 2: 0.2}, "b": {1: 0.1, 2: 0.2}, "c": {1: 0.2, 2: 0.5}})
+    p = inference.depth_p_values(d)
+    x = 2 * math.sqrt(3)
+    assert p[1] == pytest.approx(0.5 - x / (2 * math.sqrt(x * x + 2)))  # 0.0371: depth 1 is not the best
+    assert p[2] == pytest.approx(0.5 + x / (2 * math.sqrt(x * x + 2)))
+
+
+def test_best_depth_verdicts():
+    clear = {
+        m: {1: 0.3 + s, 2: 0.5 + s, 3: 0.7 + s, 4: 0.5 + s, 5: 0.3 + s}
+        for m, s in (("a", 0), ("b", 0.01), ("c", -0.02))
+    }
+    clear["c"][4] += 0.01  # some machine x depth spread
+    d = inference.decide_best_depth(depth_rows(clear), 1, 3, resamples=200)
+    assert d.verdict == REPRODUCED and d.best_depth == 3 and d.probability == 1.0 and d.tested
+    assert d.speedup == pytest.approx(math.exp(np.mean([0.7, 0.71, 0.68])))
+    assert inference.decide_best_depth(depth_rows(clear), 4, 5, resamples=200).verdict == CONTRADICTED
+    assert inference.decide_best_depth(depth_rows(clear), 1, 5).verdict == INCONCLUSIVE  # no depth outside
+    two = {m: clear[m] for m in ("a", "b")}
+    d = inference.decide_best_depth(depth_rows(two), 1, 3)
+    assert d.verdict == INCONCLUSIVE and not d.tested and "at least 3" in d.why
+
+
+def test_best_depth_probability():
+    d = simulate.depth_fleet(5, 5, 5, 3, [1.5, 1.8, 2.4, 1.8, 1.5, 1.4])
+    assert inference.best_depth_probability(d, 3, 3, resamples=500, seed=1) > 0.99
+    assert inference.best_depth_probability(d, 5, 6, resamples=500, seed=1) < 0.01
+    p = inference.best_depth_probability(d, 2, 4, resamples=500, seed=9)
+    assert p == inference.best_depth_probability(d, 2, 4, resamples=500, seed=9)  # seeded
+    # a machine that skipped a prompt at one depth still counts at the others
+    assert 0 <= inference.best_depth_probability(d.iloc[1:], 2, 4, resamples=200) <= 1
+
+
+@pytest.mark.parametrize("band", [(1, 3), (1, 5), (1, 1)])
+def test_equal_depths_are_rarely_given_a_verdict(band):
+    # Six depths of equal true speedup: the old rule (best depth as measured) reproduced 1-3 in
+    # 152 of 300 fleets; the bootstrap probability alone reproduces 1-5 in about 35%.
+    fleets, verdicts = 300, []
+    for seed in range(fleets):
+        d = simulate.depth_fleet(seed, 3, 4, 2, [2.0] * 6)
+        verdicts.append(inference.decide_best_depth(d, *band, resamples=100, seed=seed).verdict)
+    verdicts = np.array(verdicts)
+    assert np.mean(verdicts == REPRODUCED) <= 0.05
+    # at most 5% in expectation (3.4% of 3,000 fleets for band 1-1); 300 fleets measure that
+    # to +/- 1.3 points, so the bound here allows two of them
+    assert np.mean(verdicts == CONTRADICTED) <= 0.08
+
+
+# ---------------------------------------------------------------- false discoveries
+
+
+def test_benjamini_hochberg_textbook():
+    # Benjamini & Hochberg (1995), section 4: 15 p-values; at q 0.05 the first four are rejected.
+    p = [0.0001, 0.0004, 0.0019, 0.0095, 0.0201, 0.0278, 0.0298, 0.0344, 0.0459]
+    p += [0.3240, 0.4262, 0.5719, 0.6528, 0.7590, 1.0000]
+    # by hand: p_(i) * 15 / i, then the running minimum from the largest down
+    expected = [0.0015, 0.003, 0.0095, 0.035625, 0.0603, 0.0298 * 15 / 7, 0.0298 * 15 / 7, 0.0645, 0.0765]
+    expected += [0.486, 0.4262 * 15 / 11, 0.5719 * 15 / 12, 0.6528 * 15 / 13, 0.7590 * 15 / 14, 1.0]
+    adjusted = inference.benjamini_hochberg(p)
+    assert adjusted == pytest.approx(expected)
+    assert int((adjusted <= 0.05).sum()) == 4
+    assert inference.benjamini_hochberg(p[::-1]) == pytest.approx(expected[::-1])  # any order
+    assert np.all(inference.benjamini_hochberg(p, dependent=True) >= adjusted)
+    with pytest.raises(ValueError):
+        inference.benjamini_hochberg([0.1, float("nan")])
+
+
+def test_adjust_keeps_a_verdict_only_under_q():
+    def decision(verdict, p, tested=True):
+        return inference.Decision(verdict, "why", 2.4, 2.1, 2.8, 3, 5, 30, 2.0, 3.0, p_value=p, tested=tested)
+
+    ds = [
+        decision(REPRODUCED, 0.001),
+        decision(CONTRADICTED, 0.02),
+        decision(REPRODUCED, 0.024),
+        decision(INCONCLUSIVE, 1.0),
+        decision(INCONCLUSIVE, 1.0, tested=False),  # too few machines: not in the family
+    ]
+    out = inference.adjust(ds, q=0.05)
+    # m = 4 tested: 0.001 * 4 = 0.004; 0.02 * 4 / 2 = 0.04; 0.024 * 4 / 3 = 0.032 -> both 0.032
+    assert [d.adjusted_p for d in out[:4]] == pytest.approx([0.004, 0.032, 0.032, 1.0])
+    assert [d.verdict for d in out] == [REPRODUCED, CONTRADICTED, REPRODUCED, INCONCLUSIVE, INCONCLUSIVE]
+    assert out[4] is ds[4]
+    strict = inference.adjust(ds, q=0.01)
+    assert [d.verdict for d in strict[:3]] == [REPRODUCED, INCONCLUSIVE, INCONCLUSIVE]
+    assert "false-discovery step over 4 tested" in strict[1].why and strict[1].why.startswith("contradicted alone")
+
+
+def test_adjust_controls_false_verdicts_over_a_family():
+    # 50 claims, 45 false just below their band: alone ~2% of them come out reproduced.
+    families, size = 200, 50
+    noise = simulate.draw(8, families * size, 5, 5, 2).reshape(families, size, 5, 5)
+    truth = np.where(np.arange(size) < 5, math.log(2.45), math.log(1.98))
+    d = inference.decide_arrays(noise + truth[None, :, None, None], *BAND)
+    wrong = (d["verdict"] == REPRODUCED) & (np.arange(size) >= 5)
+    kept = (d["verdict"] != INCONCLUSIVE) & (np.stack([inference.benjamini_hochberg(p) for p in d["p_value"]]) <= 0.05)
+    r, v = kept.sum(axis=1), (wrong & kept).sum(axis=1)
+    assert np.mean(np.where(r > 0, v / np.maximum(r, 1), 0)) <= 0.05
+
+
+# ---------------------------------------------------------------- the simulator
+
+
+def test_simulate_is_seeded_and_shaped_like_per_prompt():
+    a, b = simulate.fleet(3, 4, 5, 2, 2.0), simulate.fleet(3, 4, 5, 2, 2.0)
+    pd.testing.assert_frame_equal(a, b)
+    assert list(a.columns) == ["agent_id", "prompt_id", "depth", "log_ratio", "repeats"]
+    assert (a["agent_id"].nunique(), a["prompt_id"].nunique(), len(a)) == (4, 5, 20)
+    d = simulate.depth_fleet(1, 3, 2, 1, {2: 1.5, 4: 2.0})
+    assert sorted(d["depth"].unique()) == [2, 4] and len(d) == 12
+    many = simulate.draw(0, 4000, 3, 2, 1, 2.0)
+    assert many.shape == (4000, 3, 2) and many.mean() == pytest.approx(math.log(2.0), abs=0.005)
+    # the sd of a machine's mean: sqrt(0.05^2 + 0.10^2 / 2 + 0.03^2 / 2)
+    assert many.mean(axis=2).std() == pytest.approx(math.sqrt(0.0025 + 0.005 + 0.00045), rel=0.05)
+    heavy = simulate.draw(0, 20000, 1, 1, 1, 1.0, machine_sd=0.05, prompt_sd=0, repeat_sd=0, machine_df=3)
+    assert heavy.std() == pytest.approx(0.05, rel=0.1)
