@@ -188,12 +188,6 @@ class RunRecord:
         if problems:
             raise InvalidRecord("invalid run record: " + "; ".join(problems))
 
-    # -------------------------------------------------------- derived figures
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None
-
     # -------------------------------------------------------- serialisation
 
     def to_dict(self) -> dict[str, Any]:
@@ -558,7 +552,3 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """The checked keys on which two runs (rows, or RunRecord.row()) differ: [] when they may
     be pooled."""
     return [k for k in CHECKED_KEYS if a.get(k) != b.get(k)]
-
-
-def comparable(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return not differences(a, b)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specfleet.record import CHECKED_KEYS, VERIFY_COST
+from specfleet.record import CHECKED_KEYS, VERIFY_COST, differences
 
 _KEYS = ", ".join(CHECKED_KEYS)
 _A_KEYS = ", ".join(f"a.{k}" for k in CHECKED_KEYS)
@@ -117,7 +117,8 @@ def groups(con, source: str = "runs") -> pd.DataFrame:
 
 
 def what_differs(groups: pd.DataFrame) -> list[str]:
-    """The checked keys whose values differ between the given comparable groups."""
-    if len(groups) < 2:
-        return []
-    return [k for k in CHECKED_KEYS if groups[k].astype(str).nunique() > 1]
+    """The checked keys whose values differ between the given comparable groups (rows with the
+    CHECKED_KEYS columns), in CHECKED_KEYS order."""
+    rows = groups.to_dict("records")
+    differing = {k for row in rows[1:] for k in differences(rows[0], row)}
+    return [k for k in CHECKED_KEYS if k in differing]

@@ -15,7 +15,6 @@ from specfleet.record import (
     ModelIdentity,
     RunRecord,
     Sampler,
-    comparable,
     differences,
 )
 from tests.fleet import run_record
@@ -50,7 +49,7 @@ def test_a_record_survives_json_and_store_rows_unchanged():
     assert row["draft_reference"] == "org/draft" and row["env_before_loadavg_1m"] == 0.5
     assert row["acceptance_by_position"] == [0.8, 0.5] and row["env_after_thermal"] is None
     assert RunRecord.from_row({**row, "seq": 7, "chip": "Apple M4"}) == record  # store columns beside it
-    assert record.acceptance_rate == 13 / 20 and record.schema == SCHEMA_VERSION
+    assert record.schema == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize(
@@ -144,7 +143,7 @@ KEY_CHANGES = {
 def test_every_checked_key_keeps_runs_apart():
     assert set(KEY_CHANGES) == set(CHECKED_KEYS)
     base = run_record("job-1")
-    assert comparable(base.row(), run_record("job-2", method="ngram", depth=3, tps=50.0, repeat=4).row())
+    assert differences(base.row(), run_record("job-2", method="ngram", depth=3, tps=50.0, repeat=4).row()) == []
     for key, change in KEY_CHANGES.items():
         other = dataclasses.replace(base, **change)
         assert differences(base.row(), other.row()) == [key], key
