@@ -5,7 +5,8 @@ the lease and notices a lost lease or a drain order, and an uploader that emptie
 whenever it holds anything, with retries that outlast a coordinator outage.
 
 Before a job reaches a worker the agent checks it (preflight): an engine and methods it knows,
-model paths inside its model directories, models that fit in memory; a job that fails the
+model paths inside its model directories, models that fit in memory and whose weights it can
+read (their identity: agent/model_identity.py), a context the model can hold; a job that fails the
 check is refused (FailJob refused=True, never retried) with the reason. While the machine is
 on battery or in low-power mode the agent does not ask for jobs at all and says why in its
 status, which every heartbeat carries to the coordinator.
