@@ -202,14 +202,15 @@ def filter_options(v: tuple[str, str, int]) -> dict[str, list[str]]:
 @st.cache_data(ttl=REFRESH_SECONDS)
 def runs_table(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     """Every run the filters select (verify-cost runs too), every typed column, the names it
-    goes by first, times as timestamps: for the Runs page and downloads."""
+    goes by first, times as timestamps: for the Runs page and downloads. `counts` says whether
+    the run may enter a figure: runs of a lost attempt or a failed job are shown, never counted."""
     source, params = selected(f, generation=False)
     names = "nominal, model, draft_model, sampler, comparable"
     return _q(
         v,
-        f"SELECT {names}, to_timestamp(started_at_unix_seconds) AS started_at,"
+        f"SELECT {names}, {speedup.counts_sql('s')} AS counts, to_timestamp(started_at_unix_seconds) AS started_at,"
         f" * EXCLUDE ({names}) REPLACE (to_timestamp(ingested_at) AS ingested_at)"
-        f" FROM {source} ORDER BY seq",
+        f" FROM {source} s ORDER BY seq",
         params,
     )
 

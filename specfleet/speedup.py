@@ -37,13 +37,18 @@ COMPARABLE_ID = (
 _SAME_KEYS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS)
 
 
+def counts_sql(run: str, jobs: str = "jobs") -> str:
+    """SQL condition: the run aliased `run` may enter a figure, being of its job's current
+    attempt, the job leased or done. `jobs` is a relation with job_id, attempt and state."""
+    return (
+        f"EXISTS (SELECT 1 FROM {jobs} j WHERE j.job_id = {run}.job_id AND j.attempt = {run}.attempt"
+        " AND j.state IN ('leased', 'done'))"
+    )
+
+
 def valid_sql(source: str, jobs: str = "jobs") -> str:
-    """The runs of `source` that may enter a figure: those of their job's current attempt, the
-    job leased or done. `jobs` is a relation with job_id, attempt and state."""
-    return f"""
-    (SELECT r.* FROM {source} r JOIN {jobs} j ON j.job_id = r.job_id AND j.attempt = r.attempt
-     WHERE j.state IN ('leased', 'done'))
-    """
+    """The runs of `source` that may enter a figure (counts_sql)."""
+    return f"(SELECT r.* FROM {source} r WHERE {counts_sql('r', jobs)})"
 
 
 def _pairs_sql(source: str, jobs: str) -> str:

@@ -510,6 +510,7 @@ def test_runs_page_every_field_and_downloads(app):
         assert column in runs.columns
     assert {"acceptance_by_position", "verify_cost_seconds", "env_reasons", "started_at"} <= set(runs.columns)
     assert (runs["nominal"] == "degraded").sum() == truth["degraded"].sum()
+    assert runs["counts"].all()  # every seeded job finished at its one attempt (tests/test_speedup.py: lost ones)
     assert not runs["model"].str.contains("/models/").any()
     assert any("flagged thermally or power degraded" in w.value for w in at.warning)
     at.multiselect(key="runs-chip").select("Apple M1 Max").run()
