@@ -452,8 +452,9 @@ def claims() -> list[ledger.Claim]:
 
 
 def verdicts(v: tuple[str, str, int]) -> pd.DataFrame:
-    """One row per claim, comparable group and chip; recomputed when the data or the ledger
-    changes."""
+    """One row per claim, comparable group and chip (and depth), after the false-discovery
+    step across the whole ledger (verdict: the raw one; adjusted_verdict: the one that
+    stands); recomputed when the data or the ledger changes."""
     path = ledger_path()
     return _verdicts(v, path, os.path.getmtime(path))
 
@@ -462,5 +463,16 @@ def verdicts(v: tuple[str, str, int]) -> pd.DataFrame:
 def _verdicts(v: tuple[str, str, int], path: str, mtime: float) -> pd.DataFrame:
     runs = all_runs(v)
     jobs = _q(v, "SELECT job_id, attempt, state FROM jobs")
-    frames = [ledger.evaluate(c, runs, jobs) for c in _claims(path, mtime)]
-    return pd.concat(frames, ignore_index=True)
+    return ledger.evaluate_all(_claims(path, mtime), runs, jobs)
+
+
+def selections(v: tuple[str, str, int]) -> dict[str, dict]:
+    """Per claim id, the runs its conditions select and what each condition left out."""
+    path = ledger_path()
+    return _selections(v, path, os.path.getmtime(path))
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def _selections(v: tuple[str, str, int], path: str, mtime: float) -> dict[str, dict]:
+    runs = all_runs(v)
+    return {c.id: ledger.selection(c, runs) for c in _claims(path, mtime)}

@@ -28,7 +28,7 @@ from tests.test_dashboard import (
 )
 
 PROMPTS = 3
-AGENTS = ("left", "right")
+AGENTS = ("left", "right", "middle")  # three machines: the fewest a verdict over machines can rest on
 
 
 def sweep(name: str, agent: str, target: str, engine: str = "mlx") -> str:
@@ -82,7 +82,7 @@ def curve(job_id: str, slope: float, **fields):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    """Two machines on one chip; on each, one cell of the base group (three repeats) and one
+    """Three machines on one chip; on each, one cell of the base group (three repeats) and one
     of a group per checked key (two repeats), each differing from the base in that key only.
     Verify-cost curves: the base target's and another build's (the target_digest variant)."""
     coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
@@ -163,27 +163,32 @@ def test_compare_page_shows_one_group_only(page, key):
     expected = truth["speedups"].loc[g]
     shown = speedups.iloc[0]
     assert shown["speedup"] == pytest.approx(expected["speedup"], rel=1e-12)
-    assert (shown["machines"], shown["prompts"], shown["pairs"]) == (2, PROMPTS, 2 * PROMPTS * repeats)
-    assert (expected["machines"], expected["prompts"], expected["pairs"]) == (2, PROMPTS, 2 * PROMPTS * repeats)
+    machines = len(AGENTS)
+    assert (shown["machines"], shown["prompts"], shown["pairs"]) == (machines, PROMPTS, machines * PROMPTS * repeats)
+    assert (expected["machines"], expected["prompts"], expected["pairs"]) == (
+        machines,
+        PROMPTS,
+        machines * PROMPTS * repeats,
+    )
     assert shown["ci_low"] < shown["speedup"] < shown["ci_high"]
     decode = frame(at, "arm", "median").set_index("arm")
     baselines = mine[mine["method"] == "baseline"]["decode_tokens_per_second"]
-    assert decode.loc["baseline", "runs"] == len(baselines) == 2 * PROMPTS * repeats
+    assert decode.loc["baseline", "runs"] == len(baselines) == machines * PROMPTS * repeats
     assert decode.loc["baseline", "median"] == pytest.approx(baselines.median())
     roof = frame(at, "share")
     assert roof["decode_tokens_per_second"].tolist() == pytest.approx([baselines.median()])
     acceptance = frame(at, "position", "acceptance").set_index("position")
     i = ["base", *CHECKED_KEYS].index(key)
     assert acceptance.loc[1, "acceptance"] == pytest.approx(0.5 + 0.02 * i)
-    assert acceptance.loc[1, "runs"] == 2 * PROMPTS * repeats
-    assert frame(at, "phase", "ms")["runs"].unique().tolist() == [2 * PROMPTS * repeats]
+    assert acceptance.loc[1, "runs"] == machines * PROMPTS * repeats
+    assert frame(at, "phase", "ms")["runs"].unique().tolist() == [machines * PROMPTS * repeats]
     # verify cost: the curves of the group's own target build, engine and engine version
     if key in ("engine", "engine_version"):  # no curve of that engine (version) was measured
         assert any("No verify-cost run for this group's model" in note.value for note in at.info)
     else:
         cost = frame(at, "rows", "ratio").set_index("rows")
         slope = 0.5 if key == "target_digest" else 0.1
-        assert cost.loc[2, "ratio"] == pytest.approx(1 + slope) and cost.loc[2, "machines"] == 2
+        assert cost.loc[2, "ratio"] == pytest.approx(1 + slope) and cost.loc[2, "machines"] == machines
 
 
 def test_claims_settle_every_group_apart(page, tmp_path, monkeypatch):

@@ -4,20 +4,31 @@ import streamlit as st
 
 from coordinator.sweeps import SweepError, parse_sweep
 from dashboard import claims as ledger
-from dashboard import data, stats
+from dashboard import data, inference
 
 BADGE = {
-    stats.REPRODUCED: ":green-badge[reproduced]",
-    stats.CONTRADICTED: ":red-badge[contradicted]",
-    stats.NOT_ENOUGH: ":gray-badge[not enough data]",
+    inference.REPRODUCED: ":green-badge[reproduced]",
+    inference.CONTRADICTED: ":red-badge[contradicted]",
+    inference.INCONCLUSIVE: ":gray-badge[inconclusive]",
 }
+# An inconclusive verdict the data could not have settled (too few machines or runs, no run
+# of the system, no interval) is told apart from one whose interval reaches across the band.
+NOT_ENOUGH = ":gray-badge[inconclusive: not enough data]"
+
+
+def badge(verdict: str, tested: bool) -> str:
+    return NOT_ENOUGH if verdict == inference.INCONCLUSIVE and not tested else BADGE[verdict]
+
 
 st.title("Open questions")
 st.caption(
     "Each claim from the field is checked per comparable group and chip against the fleet's measurements:"
-    " reproduced, contradicted, or not enough data, with the measured figure (specfleet's one speedup for"
-    " ratios), its 95% interval and the machines, prompts and pairs behind it. Runs that differ in a checked"
-    f" key are never pooled. Add a claim by adding a record to {data.ledger_path()}."
+    " reproduced when the 95% interval (t over machine means) lies inside the claim's tolerance band,"
+    " contradicted when it lies wholly outside, inconclusive otherwise or with too few machines (3 for a claim"
+    " about any Mac). Every verdict then goes through the false-discovery step across the whole ledger"
+    f" (Benjamini-Hochberg, q {ledger.FDR_Q:g}): the verdict that stands is shown beside the raw one."
+    " Conditions select runs exactly (system, model reference, quantisation, sampler, prompts); runs that differ"
+    f" in a checked key are never pooled. Add a claim by adding a record to {data.ledger_path()}."
 )
 try:
     claims = data.claims()
@@ -26,22 +37,27 @@ except ledger.ClaimError as e:
     st.stop()
 v = data.version()
 verdicts = data.verdicts(v)
-counts = verdicts["verdict"].value_counts()
+selections = data.selections(v)
+counts = verdicts["adjusted_verdict"].value_counts()
 c1, c2, c3 = st.columns(3)
-c1.metric("reproduced", int(counts.get(stats.REPRODUCED, 0)))
-c2.metric("contradicted", int(counts.get(stats.CONTRADICTED, 0)))
-c3.metric("not enough data", int(counts.get(stats.NOT_ENOUGH, 0)))
-st.dataframe(verdicts, hide_index=True)
+c1.metric("reproduced", int(counts.get(inference.REPRODUCED, 0)))
+c2.metric("contradicted", int(counts.get(inference.CONTRADICTED, 0)))
+c3.metric("inconclusive", int(counts.get(inference.INCONCLUSIVE, 0)))
+st.dataframe(verdicts.drop(columns=["tested"]), hide_index=True)
 
 for claim in claims:
     st.subheader(claim.statement)
     st.caption(f"`{claim.id}` · {claim.source['file']}, {claim.source['section']}: “{claim.source.get('quote', '')}”")
     c = claim.conditions
-    st.markdown(
-        f"expected **{claim.expected}** · metric {claim.metric} · {c['engine']} · {c['method']}"
-        f" · depth {', '.join(map(str, claim.depths))} · model {c.get('model_family') or 'any'}"
-        f" {c.get('quantisation') or ''} · chip {c.get('chip') or 'any'} · sampler {c.get('sampler') or 'any'}"
+    model = ", ".join(c.get("models") or []) or (
+        "digest " + ", ".join(d[:12] for d in c["digests"]) if c.get("digests") else "any"
     )
+    st.markdown(
+        f"expected **{claim.expected}** · metric {claim.metric} · system {claim.system}"
+        f" · depth {', '.join(map(str, claim.depths))} · model {model} {c.get('quantisation') or ''}"
+        f" · chip {c.get('chip') or 'any'} · sampler {c.get('sampler') or 'any'}"
+    )
+    st.caption(ledger.selection_text(selections.get(claim.id, {"selected": 0, "fleet": 0, "excluded": {}})))
     mine = verdicts[verdicts["claim"] == claim.id]
     groups = sorted(set(mine["group"]) - {""})
     if len(groups) > 1:
@@ -55,10 +71,16 @@ for claim in claims:
         interval = "" if r.ci_low != r.ci_low else f" [{r.ci_low:.3g}, {r.ci_high:.3g}]"
         excluded = f" · {r.excluded_runs} degraded {unit} excluded" if r.excluded_runs else ""
         group = f" · group {r.group} ({r.differs})" if r.differs else ""
+        stands = badge(r.adjusted_verdict, r.tested)
+        if r.adjusted_verdict != r.verdict:
+            stands = f"{BADGE[r.verdict]} alone, {stands} after the false-discovery step"
+        adjusted = "" if r.adjusted_p != r.adjusted_p else f" · adjusted p {r.adjusted_p:.2g}"
         st.markdown(
-            f"**{r.chip}**: {BADGE[r.verdict]}{figure}{interval} · {r.machines} machine(s), {r.prompts} prompt(s),"
-            f" {r.runs} {unit}{excluded}{group} · {r.why}"
+            f"**{r.chip}**: {stands}{figure}{interval} · {r.machines} machine(s), {r.prompts} prompt(s),"
+            f" {r.runs} {unit}{excluded}{group}{adjusted} · {r.why}"
         )
+        if r.beside:
+            st.caption(f"Beside it, never as the verdict: {r.beside}")
     if claim.note:
         st.caption(claim.note)
     with st.expander("Sweep that would test it"):

@@ -1,0 +1,293 @@
+"""Exact claim selection and the interval rules on seeded fleets: each claim selects only the
+runs its conditions name (model by reference, system, sampler, chip, prompts), figures of
+different models are never blended, an interval across the band's edge is inconclusive, a
+claim about any Mac needs three machines, and the false-discovery step across the ledger
+turns a lone marginal verdict inconclusive among nulls."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dashboard import claims, inference
+from specfleet.record import ModelIdentity, Sampler
+from tests.fleet import jobs_of
+from tests.test_claims import GOOD, claim, ours
+from tests.test_dashboard import MLX_27B, record, row, sha
+
+MTPLX_27B = MLX_27B  # Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed
+OPTIQ_27B = ModelIdentity(
+    reference="mlx-community/Qwen3.6-27B-OptiQ-4bit",
+    digest=sha("optiq-27b"),
+    architecture="Qwen3_5ForCausalLM",
+    parameters=27_300_000_000,
+    quantisation="4bit-g64",
+    has_mtp=True,
+    source="huggingface",
+)
+OPTIQ = {1: 1.36, 2: 1.34, 3: 0.94, 4: 0.74}  # the seed's OptiQ figures by depth
+MTPLX = {1: 1.9, 2: 2.3, 3: 2.6, 4: 2.1}
+MACS = ("mini-1", "mini-2", "mini-3")
+
+
+def job_rows(chip, agent, job, model, by_depth, prompts=4, rng=None, engine="mlx", method="mtp", **fields):
+    """One machine's job: per prompt a baseline at 20 tok/s and the arm at each depth at 20 x
+    its ratio (times a little per-prompt noise when rng is given)."""
+    rows = []
+    for p in range(prompts):
+        common = dict(engine=engine, target=model, prompt_id=f"p{p}", **fields)
+        rows.append(row(record(job, "baseline", 0, 20.0, **common), agent, chip))
+        for depth, ratio in by_depth.items():
+            noise = 1.0 if rng is None else math.exp(rng.normal(0, 0.01))
+            rows.append(row(record(job, method, depth, 20.0 * ratio * noise, **common), agent, chip))
+    return rows
+
+
+def frame(rows, implementation=None) -> pd.DataFrame:
+    out = pd.DataFrame(rows)
+    return out if implementation is None else out.assign(implementation=implementation)
+
+
+# ---------------------------------------------------------------- models are never blended
+
+
+@pytest.fixture(scope="module")
+def blended():
+    """Three M4 Pros, each running both Qwen3.6-27B builds: MTPLX's optimised pack and OptiQ."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for i, agent in enumerate(MACS):
+        level = 1 + 0.01 * (i - 1)  # machines differ a little in level
+        rows += job_rows(
+            "Apple M4 Pro", agent, f"mtplx-{agent}", MTPLX_27B, {d: r * level for d, r in MTPLX.items()}, rng=rng
+        )
+        rows += job_rows(
+            "Apple M4 Pro", agent, f"optiq-{agent}", OPTIQ_27B, {d: r * level for d, r in OPTIQ.items()}, rng=rng
+        )
+    runs = frame(rows)
+    return runs, jobs_of(runs)
+
+
+@pytest.mark.parametrize("depth", sorted(OPTIQ))
+def test_optiq_claims_select_only_the_optiq_model(blended, depth):
+    runs, jobs = blended
+    c = claim(f"optiq-depth-k{depth}")
+    matched = claims.matching_runs(c, runs)
+    assert set(matched["target_reference"]) == {OPTIQ_27B.reference}
+    assert len(matched) == len(MACS) * 4 * 2  # each machine's baselines and arm at this depth
+    out = claims.evaluate(c, runs, jobs)
+    assert len(out) == 1  # one comparable group: the MTPLX build is not in it
+    r = out.iloc[0]
+    assert r["figure"] == pytest.approx(OPTIQ[depth], rel=0.02)
+    assert (r["machines"], r["prompts"], r["runs"]) == (3, 4, 12)
+    assert r["verdict"] == inference.REPRODUCED and r["ci_low"] < OPTIQ[depth] < r["ci_high"]
+    sel = claims.selection(c, runs)
+    assert sel["models"] == [OPTIQ_27B.reference] and sel["systems"] == ["specfleet (mlx)"]
+    assert sel["excluded"]["models"] == len(MACS) * 4 * 5  # every MTPLX-build run, baselines included
+
+
+def test_mtplx_claims_select_no_run_of_our_loop_and_show_it_beside(blended):
+    runs, jobs = blended
+    c = claim("mtplx-2-3x")
+    r = claims.evaluate(c, runs, jobs).iloc[0]
+    assert (r["verdict"], r["runs"], r["chip"]) == (inference.INCONCLUSIVE, 0, "any Mac")
+    assert r["why"].startswith("no runs of MTPLX")
+    # beside it, never as the verdict: our loop on the MTPLX build only (2.6x, not blended with OptiQ's 0.94x)
+    assert r["beside"].startswith("specfleet's loop on Apple M4 Pro: 2.6")
+    assert claims.selection(c, runs)["excluded"]["implementation"] == len(runs)
+    mine = ours("mtplx-2-3x")
+    assert set(claims.matching_runs(mine, runs)["target_reference"]) == {MTPLX_27B.reference}
+    r = claims.evaluate(mine, runs, jobs).iloc[0]
+    assert r["figure"] == pytest.approx(MTPLX[3], rel=0.02) and r["verdict"] == inference.REPRODUCED
+
+
+def test_best_depth_of_one_model_with_its_confidence_set(blended):
+    runs, jobs = blended
+    r = claims.evaluate(claim("depth-1-3-optimal-on-metal"), runs, jobs).iloc[0]
+    assert r["figure"] == 1 and r["runs"] == len(MACS) * 4 * 4  # OptiQ's depths 1-4 only
+    assert r["verdict"] == inference.REPRODUCED and r["tested"] and r["p_value"] <= 0.05
+    assert 0.95 <= r["probability"] <= 1 and "95% set for the best depth" in r["why"]
+
+
+# ---------------------------------------------------------------- the interval rule
+
+
+def test_an_interval_across_the_band_edge_is_inconclusive():
+    c = claim("optiq-depth-k1")  # band 1.22-1.5
+    rows = []
+    for agent, ratio in zip(MACS, (1.16, 1.22, 1.28)):  # the truth at the band's lower edge
+        rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=np.random.default_rng(1))
+    runs = frame(rows)
+    r = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
+    assert r["ci_low"] < 1.22 < r["ci_high"] < 1.5
+    assert (r["verdict"], r["machines"], r["tested"], r["p_value"]) == (inference.INCONCLUSIVE, 3, True, 1.0)
+    assert "reaches across an edge of 1.22-1.5x" in r["why"] and "3 machine(s), fewest 4 prompt(s)" in r["why"]
+
+
+def test_a_claim_about_any_mac_needs_three_machines():
+    c = claim("optiq-depth-k1")
+    assert c.rule.min_machines == 3
+    rows = []
+    for agent, ratio in zip(MACS[:2], (1.35, 1.37)):
+        rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=np.random.default_rng(2))
+    runs = frame(rows)
+    r = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
+    assert (r["verdict"], r["machines"], r["tested"]) == (inference.INCONCLUSIVE, 2, False)
+    assert "needs at least 3 machines" in r["why"]
+    # min_machines in the record overrides the default
+    rec = yaml.safe_load(claims.LEDGER.read_text())
+    k1 = next(x for x in rec if x["id"] == "optiq-depth-k1")
+    two = claims.parse_claims(yaml.safe_dump([{**k1, "verdict": {**k1["verdict"], "min_machines": 2}}]))[0]
+    r = claims.evaluate(two, runs, jobs_of(runs)).iloc[0]
+    assert r["machines"] == 2 and "needs at least" not in r["why"] and r["tested"]
+
+
+# ---------------------------------------------------------------- every ledger claim selects exactly
+
+
+def _sampler(values: dict) -> Sampler:
+    return Sampler(**{k: int(v) if k in ("top_k", "seed") else float(v) for k, v in values.items()})
+
+
+def _wanted(c: claims.Claim) -> dict:
+    """A run's fields inside every condition of the claim."""
+    cond = c.conditions
+    engine = cond["engine"]
+    ref = (cond.get("models") or ["Some-Model-Q8_0.gguf" if engine == "llama.cpp" else "some-org/Some-Model-4bit"])[0]
+    model = ModelIdentity(
+        reference=ref,
+        digest=(cond.get("digests") or [sha(ref)])[0],
+        architecture=cond.get("architecture") or "Qwen3_5ForCausalLM",
+        quantisation=cond.get("quantisation") or "4bit-g64",
+        source="huggingface" if "/" in ref else "local",
+    )
+    chip = cond.get("chip") or "Apple M4 Pro"
+    return dict(
+        engine=engine,
+        implementation=c.implementation,
+        model=model,
+        chip="Apple M4 Pro" if chip == "Apple*" else chip,
+        sampler=_sampler(cond.get("sampler") or {}),
+        prompt_category=(claims._as_list(cond.get("prompt_category")) or ["code"])[0],
+        context_tokens=(claims._as_list(cond.get("context_tokens")) or [0])[0],
+        depth=c.depths[0],
+    )
+
+
+def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
+    """(name, fields, selected?): one change each. A change in a condition the claim names is a
+    decoy; a change in one it leaves out must still be selected."""
+    cond = c.conditions
+    sibling = dataclasses.replace(
+        w["model"], reference=w["model"].reference.replace("-", "-DWQ-", 1), digest=sha("sibling")
+    )
+    other_sampler = Sampler(temperature=0.7 if w["sampler"].temperature == 0 else 0.0, top_p=0.8, top_k=40, seed=3)
+    out = [
+        ("engine", dict(w, engine="mlx" if w["engine"] == "llama.cpp" else "llama.cpp"), False),
+        ("implementation", dict(w, implementation="MTPLX" if c.implementation == claims.OURS else claims.OURS), False),
+        ("models", dict(w, model=sibling), not (cond.get("models") or cond.get("digests"))),
+        ("sampler", dict(w, sampler=other_sampler), not cond.get("sampler")),
+        ("prompt_category", dict(w, prompt_category="math"), cond.get("prompt_category") is None),
+        ("context_tokens", dict(w, context_tokens=4096), cond.get("context_tokens") is None),
+        ("chip", dict(w, chip="AMD EPYC" if cond.get("chip") == "Apple*" else "Apple M3"), not cond.get("chip")),
+    ]
+    if cond.get("quantisation"):
+        out.append(("quantisation", dict(w, model=dataclasses.replace(w["model"], quantisation="Q4_0")), False))
+    if max(c.depths) < 16:
+        out.append(("depth", dict(w, depth=max(c.depths) + 1), False))
+    return out
+
+
+def _job(c: claims.Claim, name: str, f: dict) -> pd.DataFrame:
+    rows = job_rows(
+        f["chip"],
+        f"agent-{name}",
+        f"job-{name}",
+        f["model"],
+        {f["depth"]: 1.1},
+        prompts=2,
+        engine=f["engine"],
+        method=c.method,
+        sampler=f["sampler"],
+        prompt_category=f["prompt_category"],
+        prompt_set=f["prompt_category"],
+        context_tokens=f["context_tokens"],
+    )
+    return frame(rows, f["implementation"])
+
+
+@pytest.mark.parametrize("c", claims.load_claims(), ids=lambda c: c.id)
+def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
+    w = _wanted(c)
+    variants = _variants(c, w)
+    fleet = pd.concat([_job(c, "wanted", w)] + [_job(c, name, f) for name, f, _ in variants], ignore_index=True)
+    matched = claims.matching_runs(c, fleet)
+    expected = {"job-wanted"} | {f"job-{name}" for name, _, selected in variants if selected}
+    arm = matched[matched["method"] == c.method]
+    assert set(arm["job_id"]) == expected and len(arm) == 2 * len(expected)
+    # baselines pair only within their own job, so another depth's job keeps its baselines
+    baselines = expected | ({"job-depth"} if any(name == "depth" for name, _, _ in variants) else set())
+    assert set(matched.loc[matched["method"] == "baseline", "job_id"]) == baselines
+    assert len(matched) == len(arm) + 2 * len(baselines)
+    sel = claims.selection(c, fleet)
+    assert sel["selected"] == len(matched) and sel["fleet"] == len(fleet)
+    for name, _, selected in variants:  # each decoy is left out by its own condition, and counted
+        if selected:
+            continue
+        left_out = sum(n for k, n in sel["excluded"].items() if k == name or k.startswith(name + "."))
+        assert left_out >= (2 if name == "depth" else 4), (name, sel["excluded"])  # a depth leaves baselines in
+    out = claims.evaluate(c, fleet, jobs_of(fleet))
+    if c.metric not in ("runs", "acceptance_rate"):
+        assert (out["runs"] > 0).any()  # the wanted job is settled...
+        assert out["machines"].max() <= len(expected)  # ...with none of the decoys in it
+
+
+# ---------------------------------------------------------------- the false-discovery step
+
+
+def _chip_runs(chip: str, levels, prompts: int = 4, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    model = ModelIdentity(reference="some-org/M", digest=sha("m"), source="huggingface")
+    rows = []
+    for i, level in enumerate(levels):
+        agent = f"{chip}-{i}"
+        for p in range(prompts):
+            common = dict(target=model, prompt_id=f"p{p}")
+            rows.append(row(record(f"{agent}-j", "baseline", 0, 20.0, **common), agent, chip))
+            ratio = math.exp(level + rng.normal(0, 0.005))
+            rows.append(row(record(f"{agent}-j", "mtp", 2, 20.0 * ratio, **common), agent, chip))
+    return rows
+
+
+def _fleet_claim(low: float, high: float) -> claims.Claim:
+    cond = {"engine": "mlx", "method": "mtp", "depth": 2, "chip": None}
+    rec = {**GOOD, "conditions": cond, "verdict": {"rule": "range", "low": low, "high": high}}
+    return claims.parse_claims(yaml.safe_dump([rec]))[0]
+
+
+def test_the_false_discovery_step_turns_a_lone_marginal_verdict_inconclusive():
+    marginal = frame(_chip_runs("Chip 00", [0.17, 0.20, 0.23], seed=1))
+    wide = claims.evaluate(_fleet_claim(0.5, 2.0), marginal, jobs_of(marginal)).iloc[0]
+    # a band just wider than the interval: reproduced alone, with a p-value just under 0.025
+    low, high = float(wide["ci_low"]) / 1.003, float(wide["ci_high"]) * 1.003
+    c = _fleet_claim(low, high)
+    alone = claims.evaluate_all([c], marginal, jobs_of(marginal)).iloc[0]
+    assert alone["verdict"] == alone["adjusted_verdict"] == inference.REPRODUCED
+    assert 0.01 < alone["p_value"] < 0.025 and alone["adjusted_p"] == pytest.approx(alone["p_value"])
+    # nineteen more chips whose truth sits on the band's lower edge: tested, inconclusive, p 1
+    edge = math.log(low)
+    nulls = [_chip_runs(f"Chip {k:02d}", [edge - 0.05, edge, edge + 0.05], seed=k) for k in range(1, 20)]
+    fleet = frame(_chip_runs("Chip 00", [0.17, 0.20, 0.23], seed=1) + sum(nulls, []))
+    out = claims.evaluate_all([c], fleet, jobs_of(fleet)).set_index("chip")
+    assert len(out) == 20 and out["tested"].all()
+    assert (out.drop(index="Chip 00")["verdict"] == inference.INCONCLUSIVE).all()
+    m = out.loc["Chip 00"]
+    assert m["verdict"] == inference.REPRODUCED  # the raw verdict, shown beside...
+    assert m["adjusted_verdict"] == inference.INCONCLUSIVE  # ...the one that stands
+    assert m["adjusted_p"] == pytest.approx(min(1.0, m["p_value"] * 20)) and m["adjusted_p"] > claims.FDR_Q
+    assert "false-discovery step over 20 tested decisions" in m["why"]
