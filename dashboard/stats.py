@@ -3,20 +3,20 @@
 A speedup is specfleet/speedup.py's, the one definition every surface shows: arm over baseline
 on the same attempt, prompt and repeat, pooled only inside a comparable group, combined on the
 log scale (repeats, then prompts, then machines) and exponentiated. `speedups` adds what the
-dashboard shows beside it: a 95% interval from a two-level bootstrap (machines, then prompts
-inside each drawn machine) of the same statistic, and the pairs left out because a run was not
-nominal. Other figures (decode tok/s, acceptance) are medians with the same two-level
-bootstrap. Every figure carries the machines, prompts and pairs or runs behind it.
+dashboard shows beside it: the 95% interval the verdicts use (dashboard/inference.py: t over
+machine means), and the pairs left out because a run was not nominal. Other figures (decode
+tok/s, acceptance) are medians with a two-level bootstrap (machines, then values inside each
+drawn machine). Every figure carries the machines, prompts and pairs or runs behind it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from dashboard import inference
 from specfleet import speedup as definition
 
 BOOTSTRAP_SEED = 20260
@@ -25,11 +25,6 @@ CONFIDENCE = 0.95
 BOOTSTRAP_BLOCK_VALUES = 2_000_000  # values drawn per block of resamples: bounds the memory used
 # What one speedup figure is keyed by (specfleet/speedup.py speedup_sql's rows).
 SPEEDUP_KEYS = ("comparable", "chip", "method", "depth")
-
-REPRODUCED = "reproduced"
-CONTRADICTED = "contradicted"
-NOT_ENOUGH = "not enough data"
-RULES = ("range", "above", "below", "best_depth_in", "none_measured")
 
 # A statistic of resampled values: an array (resamples, groups, values) padded with NaN, to
 # one figure per resample.
@@ -83,19 +78,18 @@ def bootstrap_ci(
 # ---------------------------------------------------------------- speedups
 
 
-def speedup_intervals(per_prompt: pd.DataFrame, seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+def speedup_intervals(per_prompt: pd.DataFrame) -> pd.DataFrame:
     """The 95% interval of each speedup from specfleet.speedup.per_prompt_sql's rows (one per
-    comparable group, chip, machine, arm and prompt: the mean log ratio over its repeats):
-    machines, then prompts inside each, drawn with replacement; the statistic is the mean over
-    machines of their mean log ratio (the point estimate's), exponentiated."""
+    comparable group, chip, machine, arm and prompt: the mean log ratio over its repeats): the
+    one the verdicts use (dashboard/inference.py `estimate`: t over machine means; over one
+    machine's prompts when it is the only one; none for a single prompt of a single machine)."""
     cols = [*SPEEDUP_KEYS, "ci_low", "ci_high"]
     if per_prompt.empty:
         return pd.DataFrame(columns=cols)
     rows = []
     for key, group in per_prompt.groupby(list(SPEEDUP_KEYS), sort=True):
-        machines = [g["log_ratio"].to_numpy() for _, g in group.groupby("agent_id", sort=True)]
-        lo, hi = bootstrap_ci(machines, seed=seed, statistic=mean_of_means)
-        rows.append((*key, float(np.exp(lo)), float(np.exp(hi))))
+        est = inference.estimate(group)
+        rows.append((*key, est.low, est.high))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -103,7 +97,6 @@ def speedups(
     query: Callable[[str, dict | None], pd.DataFrame],
     source: str,
     params: dict | None = None,
-    seed: int = BOOTSTRAP_SEED,
     value: str = "decode_tokens_per_second",
 ) -> pd.DataFrame:
     """specfleet.speedup's figures for the runs of `source`, one row per comparable group, chip
@@ -125,7 +118,7 @@ def speedups(
         cols = ["comparable", "engine", "target_reference", "draft_reference", "prompt_set", "chip", "method"]
         cols += ["depth", "speedup", "machines", "prompts", "pairs", "ci_low", "ci_high", "excluded_pairs"]
         return pd.DataFrame(columns=cols)
-    intervals = speedup_intervals(query(definition.per_prompt_sql(source), params), seed)
+    intervals = speedup_intervals(query(definition.per_prompt_sql(source), params))
     keys = list(SPEEDUP_KEYS)
     names = ["engine", "target_reference", "draft_reference", "prompt_set"]
     if point.empty:
@@ -180,79 +173,3 @@ def summarise(
             }
         )
     return pd.DataFrame(rows, columns=out_cols)
-
-
-# ---------------------------------------------------------------- verdicts
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How a measured figure and its interval settle a claim.
-
-    range: reproduced when the figure lies in [low, high]; contradicted when the whole interval
-      lies outside it; otherwise not enough data.
-    above / below: reproduced when the whole interval lies above (below) threshold; contradicted
-      when it lies wholly on the other side; otherwise not enough data.
-    best_depth_in: the depth with the highest speedup lies in [low, high] (reproduced), or
-      beats every depth in [low, high] with intervals apart (contradicted); needs depths on both
-      sides of the range.
-    none_measured: an absence claim; contradicted as soon as any machine has measured it.
-    Any rule: fewer than min_machines machines or min_runs runs (pairs, for a ratio) is not
-    enough data."""
-
-    rule: str
-    low: float | None = None
-    high: float | None = None
-    threshold: float | None = None
-    min_machines: int = 1
-    min_runs: int = 3
-
-
-@dataclass(frozen=True)
-class Verdict:
-    verdict: str
-    why: str
-
-
-def verdict(rule: Rule, figure: float, ci_low: float, ci_high: float, machines: int, runs: int) -> Verdict:
-    """The verdict for one figure (rules range, above, below)."""
-    if machines < rule.min_machines or runs < rule.min_runs or not np.isfinite(figure):
-        return Verdict(NOT_ENOUGH, f"needs at least {rule.min_machines} machine(s) and {rule.min_runs} run(s)")
-    if rule.rule == "range":
-        edges = f"[{rule.low:g}, {rule.high:g}]"
-        if rule.low <= figure <= rule.high:
-            return Verdict(REPRODUCED, f"figure within {edges}")
-        if ci_high < rule.low or ci_low > rule.high:
-            return Verdict(CONTRADICTED, f"interval entirely outside {edges}")
-        return Verdict(NOT_ENOUGH, f"figure outside {edges} but the interval reaches it")
-    if rule.rule in ("above", "below"):
-        above = ci_low > rule.threshold
-        below = ci_high < rule.threshold
-        if (above and rule.rule == "above") or (below and rule.rule == "below"):
-            return Verdict(REPRODUCED, f"interval {rule.rule} {rule.threshold:g}")
-        if above or below:
-            return Verdict(CONTRADICTED, f"interval {'above' if above else 'below'} {rule.threshold:g}")
-        return Verdict(NOT_ENOUGH, f"interval includes {rule.threshold:g}")
-    raise ValueError(f"rule {rule.rule!r} does not apply to a single figure")
-
-
-def best_depth_verdict(rule: Rule, by_depth: pd.DataFrame) -> tuple[Verdict, pd.Series | None]:
-    """by_depth: one chip's figures, one row per depth (depth, figure, ci_low, ci_high,
-    machines, runs). Returns the verdict and the best row."""
-    rows = by_depth[(by_depth["runs"] > 0) & by_depth["figure"].notna()]
-    if rows.empty:
-        return Verdict(NOT_ENOUGH, "no depth measured"), None
-    best = rows.loc[rows["figure"].idxmax()]
-    machines = int(rows["machines"].max())
-    if machines < rule.min_machines or rows["runs"].min() < rule.min_runs:
-        return Verdict(NOT_ENOUGH, f"{machines} machine(s); needs {rule.min_runs} runs at every depth"), best
-    inside = rows[(rows["depth"] >= rule.low) & (rows["depth"] <= rule.high)]
-    outside = rows[(rows["depth"] < rule.low) | (rows["depth"] > rule.high)]
-    if inside.empty or outside.empty:
-        return Verdict(NOT_ENOUGH, f"needs depths both inside and outside [{rule.low:g}, {rule.high:g}]"), best
-    depth = int(best["depth"])
-    if rule.low <= depth <= rule.high:
-        return Verdict(REPRODUCED, f"best depth {depth} (speedup {best['figure']:.3g})"), best
-    if best["ci_low"] > inside["ci_high"].max():
-        return Verdict(CONTRADICTED, f"depth {depth} beats every depth in range, intervals apart"), best
-    return Verdict(NOT_ENOUGH, f"best depth {depth}, but its interval overlaps a depth in range"), best

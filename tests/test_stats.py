@@ -4,8 +4,9 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import t as stats_t
 
-from dashboard import stats
+from dashboard import inference, stats
 from specfleet import speedup
 from tests.fleet import register_runs
 from tests.test_dashboard import record, row
@@ -53,8 +54,9 @@ def test_speedups_by_hand():
     r = out.iloc[0]
     assert r["speedup"] == pytest.approx(4.0)
     assert (r["machines"], r["prompts"], r["pairs"], r["excluded_pairs"]) == (2, 1, 4, 1)
-    # machine a's value is one of log 4, log 2, 0 (its prompts redrawn), b's is log 8
-    assert 1.0 <= r["ci_low"] < 4.0 < r["ci_high"] <= 8.0
+    # t over the two machine means (a: log 2, b: log 8) with one degree of freedom
+    half = stats_t.ppf(0.975, 1) * np.std(np.log([2.0, 8.0]), ddof=1) / np.sqrt(2)
+    assert (r["ci_low"], r["ci_high"]) == (pytest.approx(4.0 * np.exp(-half)), pytest.approx(4.0 * np.exp(half)))
     # the point estimate is specfleet's, figure for figure
     truth = speedup.speedups(con).iloc[0]
     assert (r["speedup"], r["machines"], r["prompts"], r["pairs"]) == (
@@ -83,7 +85,7 @@ def test_a_baseline_never_pairs_across_jobs():
     assert stats.speedups(query_on(runs)[1], "runs").empty
 
 
-def test_speedup_intervals_draw_machines_then_prompts():
+def test_speedup_intervals_are_the_verdicts_t_interval():
     per_prompt = pd.DataFrame(
         dict(
             comparable="g",
@@ -95,9 +97,13 @@ def test_speedup_intervals_draw_machines_then_prompts():
             log_ratio=np.log([1.0, 4.0, 4.0]),
         )
     )
-    out = stats.speedup_intervals(per_prompt, seed=3).iloc[0]
-    # two machines at 1x and 4x: the mean of two drawn machines is 1x, 2x or 4x
-    assert (out["ci_low"], out["ci_high"]) == (pytest.approx(1.0), pytest.approx(4.0))
+    out = stats.speedup_intervals(per_prompt).iloc[0]
+    # two machines at 1x and 4x: t with one degree of freedom around their geometric mean, 2x
+    half = stats_t.ppf(0.975, 1) * np.std(np.log([1.0, 4.0]), ddof=1) / np.sqrt(2)
+    assert (out["ci_low"], out["ci_high"]) == (pytest.approx(2.0 * np.exp(-half)), pytest.approx(2.0 * np.exp(half)))
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx(
+        (inference.estimate(per_prompt).low, inference.estimate(per_prompt).high)
+    )
 
 
 def test_mean_of_means_weighs_machines_equally():
@@ -158,47 +164,3 @@ def test_summarise_counts_machines_prompts_runs_and_exclusions():
     assert out.loc["M4", "excluded_runs"] == 1
     assert (out.loc["M1", "machines"], out.loc["M1", "runs"], out.loc["M1", "excluded_runs"]) == (1, 1, 0)
     assert out.loc["M1", "ci_low"] == out.loc["M1", "ci_high"] == 0.8
-
-
-@pytest.mark.parametrize(
-    "rule, figure, expected",
-    [
-        (stats.Rule("range", low=2.0, high=3.0), (2.6, 2.5, 2.7), stats.REPRODUCED),
-        (stats.Rule("range", low=2.0, high=3.0), (1.4, 1.3, 1.5), stats.CONTRADICTED),
-        (stats.Rule("range", low=2.0, high=3.0), (1.9, 1.7, 2.1), stats.NOT_ENOUGH),  # straddles 2.0
-        (stats.Rule("below", threshold=1.0), (0.87, 0.84, 0.9), stats.REPRODUCED),
-        (stats.Rule("below", threshold=1.0), (1.2, 1.1, 1.3), stats.CONTRADICTED),
-        (stats.Rule("below", threshold=1.0), (0.98, 0.9, 1.05), stats.NOT_ENOUGH),
-        (stats.Rule("above", threshold=1.0), (1.2, 1.1, 1.3), stats.REPRODUCED),
-        (stats.Rule("above", threshold=1.0), (0.8, 0.7, 0.9), stats.CONTRADICTED),
-    ],
-)
-def test_verdict_rules(rule, figure, expected):
-    assert stats.verdict(rule, *figure, machines=2, runs=12).verdict == expected
-
-
-def test_too_few_machines_or_runs_is_not_enough_data():
-    rule = stats.Rule("range", low=2.0, high=3.0, min_machines=2, min_runs=6)
-    assert stats.verdict(rule, 2.5, 2.4, 2.6, machines=1, runs=12).verdict == stats.NOT_ENOUGH
-    assert stats.verdict(rule, 2.5, 2.4, 2.6, machines=2, runs=5).verdict == stats.NOT_ENOUGH
-    assert stats.verdict(rule, 2.5, 2.4, 2.6, machines=2, runs=6).verdict == stats.REPRODUCED
-    assert stats.verdict(rule, float("nan"), 0, 0, machines=2, runs=6).verdict == stats.NOT_ENOUGH
-
-
-def depth_rows(medians, spread=0.05, runs=6):
-    return pd.DataFrame(
-        [
-            dict(depth=d, figure=m, ci_low=m - spread, ci_high=m + spread, machines=1, runs=runs)
-            for d, m in medians.items()
-        ]
-    )
-
-
-def test_best_depth_rule():
-    rule = stats.Rule("best_depth_in", low=1, high=3)
-    v, best = stats.best_depth_verdict(rule, depth_rows({1: 1.3, 2: 1.4, 4: 0.9, 6: 0.7}))
-    assert (v.verdict, best["depth"]) == (stats.REPRODUCED, 2)
-    assert stats.best_depth_verdict(rule, depth_rows({1: 1.3, 2: 1.4, 5: 1.8}))[0].verdict == stats.CONTRADICTED
-    assert stats.best_depth_verdict(rule, depth_rows({1: 1.3, 5: 1.33}))[0].verdict == stats.NOT_ENOUGH  # overlap
-    assert stats.best_depth_verdict(rule, depth_rows({1: 1.3, 2: 1.4}))[0].verdict == stats.NOT_ENOUGH  # no K > 3
-    assert stats.best_depth_verdict(rule, depth_rows({1: 1.3, 5: 1.0}, runs=2))[0].verdict == stats.NOT_ENOUGH
