@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import uuid
 
 import numpy as np
 import pandas as pd
@@ -15,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.record import ModelIdentity, RunRecord, Sampler
-from tests.fleet import admin_for, enrol, start_coordinator
+from tests.fleet import admin_for, enrol, run_record, start_coordinator
 
 APP = "../dashboard/app.py"
 
@@ -50,42 +49,28 @@ VERSIONS = {"mlx": "mlx=0.29.1 mlx-lm=0.28.0", "llama.cpp": "llama-cpp-python=0.
 
 
 def record(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **fields) -> RunRecord:
-    """A valid run record of a fake measurement; `fields` replace any field."""
+    """tests/fleet.py's run record with this fleet's defaults (the MLX 27B model, 256 new
+    tokens, nominal readings); `fields` replace any field."""
     generated = fields.pop("generated_tokens", 256)
     engine = fields.get("engine", "mlx")
     values = dict(
-        run_id=str(uuid.uuid4()),
-        job_id=job_id,
-        attempt=1,
-        engine=engine,
         engine_version=VERSIONS[engine],
-        method=method,
-        depth=depth,
         target=MLX_27B,
-        sampler=Sampler(),
-        prompt_set="code",
         prompt_set_digest=sha("code"),
-        prompt_category="code",
-        prompt_id="code-01",
-        context_tokens=0,
         max_new_tokens=256,
-        repeat=0,
-        position=0,
         prompt_tokens=200,
         generated_tokens=generated,
         prefill_seconds=0.1,
         ttft_seconds=0.1,
         decode_seconds=generated / tps if tps else 0.0,
         wall_seconds=0.1 + (generated / tps if tps else 0.0),
-        decode_tokens_per_second=tps,
-        prefill_tokens_per_second=2000.0,
         peak_memory_bytes=10**9,
         output_sha256=sha("output"),
         started_at_unix_seconds=1.77e9,
         env_nominal=True,
     )
     values.update(fields)
-    return RunRecord(**values)
+    return run_record(job_id, method, depth, tps, **values)
 
 
 def row(r: RunRecord, agent: str, chip: str, lease: str | None = None, seq: int = 0) -> dict:
