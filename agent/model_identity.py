@@ -32,12 +32,6 @@ class ModelUnreadable(ValueError):
     """The model's files are not what they claim to be; the message names the file and why."""
 
 
-def architecture_family(name: str) -> str:
-    """One spelling for both formats: "LlamaForCausalLM" and "llama" -> "llama",
-    "Qwen3_5ForCausalLM" and "qwen35" -> "qwen35"."""
-    return re.sub(r"(For[A-Z]\w*|Model)$", "", name).lower().replace("_", "").replace("-", "")
-
-
 def identify(model: Resolved, digest: str) -> ModelIdentity:
     """The identity of `model`, with `digest` (HashCache.digest).
 

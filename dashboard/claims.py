@@ -30,6 +30,7 @@ import yaml
 from dashboard import inference, stats
 from specfleet import speedup
 from specfleet.record import (
+    ARCHITECTURE_SUFFIX,
     CHECKED_KEYS,
     ENGINES,
     MAX_DEPTH,
@@ -37,6 +38,7 @@ from specfleet.record import (
     PROMPT_CATEGORIES,
     REFERENCE_METHODS,
     VERIFY_COST,
+    architecture_family,
 )
 
 LEDGER = Path(__file__).with_name("claims.yaml")
@@ -353,12 +355,8 @@ def _norm_sql(expr: str) -> str:
     return f"regexp_replace(lower(coalesce({expr}, '')), '[^a-z0-9]', '', 'g')"
 
 
-def normalise_architecture(text: str) -> str:
-    """Both formats' spelling (agent/model_identity.py): "Qwen3_5ForCausalLM", "qwen35" -> "qwen35"."""
-    return normalise(re.sub(r"(For[A-Z][A-Za-z0-9_]*|Model)$", "", str(text)))
-
-
-_ARCHITECTURE = _norm_sql("regexp_replace(target_architecture, '(For[A-Z][A-Za-z0-9_]*|Model)$', '')")
+# The recorded architecture in specfleet.record.architecture_family's spelling, in SQL.
+_ARCHITECTURE = _norm_sql(f"regexp_replace(target_architecture, '{ARCHITECTURE_SUFFIX}', '')")
 
 
 def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
@@ -396,7 +394,7 @@ def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
         params["quantisation"] = normalise(c["quantisation"])
     if c.get("architecture"):
         out.append(("architecture", f"{_ARCHITECTURE} = $architecture"))
-        params["architecture"] = normalise_architecture(c["architecture"])
+        params["architecture"] = architecture_family(c["architecture"])
     for key, value in c.get("sampler", {}).items():
         out.append((f"sampler.{key}", f"abs(sampler_{key} - $sampler_{key}) < 1e-9"))
         params[f"sampler_{key}"] = float(value)

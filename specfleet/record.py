@@ -57,6 +57,17 @@ MAX_LIST = 1024
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+# A model class's suffix that the two formats disagree on: MLX's config names the class
+# ("Qwen3_5ForCausalLM"), GGUF the architecture ("qwen35").
+ARCHITECTURE_SUFFIX = r"(For[A-Z][A-Za-z0-9_]*|Model)$"
+
+
+def architecture_family(name: str) -> str:
+    """One spelling of an architecture for both formats: "LlamaForCausalLM" and "llama" ->
+    "llama", "Qwen3_5ForCausalLM" and "qwen35" -> "qwen35"."""
+    return re.sub(r"[^a-z0-9]", "", re.sub(ARCHITECTURE_SUFFIX, "", str(name)).lower())
+
+
 class InvalidRecord(ValueError):
     """A record or spec that fails validation; the message names every faulty field."""
 

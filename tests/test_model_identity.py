@@ -12,8 +12,9 @@ import struct
 import numpy as np
 import pytest
 
-from agent.model_identity import ModelUnreadable, architecture_family, identify
+from agent.model_identity import ModelUnreadable, identify
 from agent.models import HashCache, Resolved, resolve
+from specfleet.record import architecture_family
 
 DIGEST = "ab" * 32
 # (MLX directory, GGUF file) attribute pairs of TinyModels, and whether the model has an MTP head
