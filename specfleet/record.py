@@ -22,24 +22,79 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 SCHEMA_VERSION = 2
 
-ENGINES = ("mlx", "llama.cpp")
-# Methods whose decode loop is ours, so every round is accounted for.
-METHODS = ("baseline", "draft", "ngram", "mtp")
+# In-process engines run our decode loops; "llama-server" runs llama.cpp's own server as a
+# subprocess, "openai" any OpenAI-compatible server (MTPLX, OptiQ, oMLX, mlx_lm.server, ...):
+# the systems people actually run, measured as a streaming client.
+ENGINES = ("mlx", "llama.cpp", "llama-server", "openai")
+IN_PROCESS_ENGINES = ("mlx", "llama.cpp")
+SERVER_ENGINES = ("llama-server", "openai")
+# Methods whose decode loop is ours, so every round is accounted for. ngram-mod and
+# ngram-map-k4v are llama.cpp's n-gram drafters (common/ngram-mod.cpp, common/ngram-map.cpp)
+# run in our loops.
+METHODS = ("baseline", "draft", "ngram", "mtp", "ngram-mod", "ngram-map-k4v")
 # The same methods run by the library's own generation path (mlx_lm.stream_generate,
 # llama-cpp-python's Llama.generate): controls that show what our loop costs or saves. They
 # report tokens and times but no rounds; their prefill is the time to their first token.
 REFERENCE_METHODS = ("ref-baseline", "ref-draft", "ref-ngram")
-SPECULATIVE_METHODS = ("draft", "ngram", "mtp", "ref-draft", "ref-ngram")
+# llama-server's --spec-type values in the llama.cpp that the locked llama-cpp-python vendors;
+# an arm's method is "baseline" or one of these, or a comma list of them as llama.cpp accepts.
+SERVER_SPEC_TYPES = (
+    "draft-simple",
+    "draft-mtp",
+    "draft-eagle3",
+    "draft-dflash",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+)
+# What an OpenAI-compatible server is told to do by its arm's command (the label, not our loop).
+OPENAI_METHODS = ("baseline", "mtp", "draft", "ngram")
+SPECULATIVE_METHODS = (
+    "draft",
+    "ngram",
+    "mtp",
+    "ngram-mod",
+    "ngram-map-k4v",
+    "ref-draft",
+    "ref-ngram",
+    *SERVER_SPEC_TYPES,
+)
 # Not a generation method: the job step that times target forward passes of 1..M query rows;
 # its runs carry this method name and are never speedups.
 VERIFY_COST = "verify-cost"
-MAX_DEPTH = 16
+# The longest draft: llama.cpp's n-gram drafters propose up to 64 tokens (ngram-mod's n_max).
+MAX_DEPTH = 64
 # What each engine accepts, kept here so that the coordinator can check a sweep without
-# importing mlx or llama.cpp.
+# importing mlx or llama.cpp. llama-server also takes comma lists of its types (is_method).
 ENGINE_METHODS = {
-    "mlx": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-draft"),
-    "llama.cpp": ("baseline", "draft", "ngram", "mtp", "ref-baseline", "ref-ngram"),
+    "mlx": ("baseline", "draft", "ngram", "mtp", "ngram-mod", "ngram-map-k4v", "ref-baseline", "ref-draft"),
+    "llama.cpp": ("baseline", "draft", "ngram", "mtp", "ngram-mod", "ngram-map-k4v", "ref-baseline", "ref-ngram"),
+    "llama-server": ("baseline", *SERVER_SPEC_TYPES),
+    "openai": OPENAI_METHODS,
 }
+
+
+def is_method(engine: str, method: str) -> bool:
+    """Whether `engine` runs `method`: one of ENGINE_METHODS[engine], or for llama-server a comma
+    list of distinct --spec-type values ("draft-mtp,ngram-mod")."""
+    known = ENGINE_METHODS.get(engine, ())
+    if method in known:
+        return True
+    parts = method.split(",")
+    return (
+        engine == "llama-server"
+        and len(parts) > 1
+        and len(set(parts)) == len(parts)
+        and all(p in SERVER_SPEC_TYPES for p in parts)
+    )
+
+
+def is_speculative(method: str) -> bool:
+    return method in SPECULATIVE_METHODS or (method.count(",") > 0 and method.split(",")[0] in SERVER_SPEC_TYPES)
+
+
 # Engines whose speculative loops draw one random number per emitted token, as their baseline
 # does: with the same seed a sampled speculative run must emit the baseline's tokens exactly, so
 # losslessness is checked on sampled runs too. MLX's loops share one key and cannot be checked.
@@ -47,6 +102,7 @@ SAME_SEED_REPRODUCIBLE = ("llama.cpp",)
 PROMPT_CATEGORIES = ("conversation", "translation", "summarisation", "qa", "math", "rag", "code")
 
 LOSSLESS_CHECKS = ("", "greedy reference", "same-seed baseline", "not checkable")
+INTERLEAVINGS = ("", "rotated", "blocks")
 MAX_ID_CHARS = 128
 MAX_TEXT_CHARS = 4096
 MAX_TOKENS = 10_000_000
@@ -192,6 +248,19 @@ class RunRecord:
     env_after: Environment = Environment()
     env_nominal: bool | None = None  # None: readings unavailable, so unknown
     env_reasons: tuple[str, ...] = ()
+    # The system under test: "specfleet" (our loops, in process), "llama-server", or the name of
+    # the OpenAI-compatible server an `openai` run measured ("MTPLX", "OptiQ", "oMLX", ...).
+    system: str = "specfleet"
+    server_version: str = ""  # the server's own --version: build number and commit
+    server_command: str = ""  # the server's full command line, as started (shell-quoted)
+    # The server's own figures for the run (llama-server's `timings`), beside the client's.
+    server_decode_tokens_per_second: float | None = None
+    server_prefill_seconds: float | None = None
+    timings_disagree: bool | None = None  # client and server decode tok/s differ by more than 5%
+    # Drafters that keep state across requests (ngram-mod's table, ngram-cache): False when the
+    # run started from a fresh server, True when it inherited state; None for stateless drafters.
+    drafter_warm: bool | None = None
+    interleaving: str = ""  # server arms: "rotated" (all servers up) | "blocks" (one at a time)
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self):
@@ -395,9 +464,9 @@ def _problems(r: RunRecord) -> list[str]:
         problems.append("target.reference is required")
     if r.engine not in ENGINES:
         problems.append(f"engine {r.engine!r} is not one of {', '.join(ENGINES)}")
-    if r.method not in (*METHODS, *REFERENCE_METHODS, VERIFY_COST):
-        problems.append(f"method {r.method!r} is unknown")
-    elif r.method in SPECULATIVE_METHODS:
+    if r.method != VERIFY_COST and not is_method(r.engine, r.method):
+        problems.append(f"method {r.method!r} is unknown to engine {r.engine!r}")
+    elif is_speculative(r.method):
         bounded("depth", 1, MAX_DEPTH)
     elif r.depth != 0:
         problems.append(f"depth of {r.method} must be 0, got {r.depth!r}")
@@ -454,6 +523,17 @@ def _problems(r: RunRecord) -> list[str]:
         problems.append(f"verify_cost_seconds belongs to verify-cost runs, not {r.method}")
     for i, reason in enumerate(r.env_reasons):
         text(f"env_reasons[{i}]", reason)
+    text("system", r.system, 1, MAX_ID_CHARS)
+    text("server_version", r.server_version)
+    text("server_command", r.server_command)
+    bounded("server_decode_tokens_per_second", 0, MAX_TOKENS_PER_SECOND)
+    bounded("server_prefill_seconds", 0, MAX_SECONDS)
+    if r.interleaving not in INTERLEAVINGS:
+        problems.append(f"interleaving {r.interleaving!r} is not one of {', '.join(map(repr, INTERLEAVINGS))}")
+    if r.engine in IN_PROCESS_ENGINES and r.system != "specfleet":
+        problems.append(f"system of an in-process {r.engine} run is 'specfleet', got {r.system!r}")
+    if r.engine == "llama-server" and r.system != "llama-server":
+        problems.append(f"system of a llama-server run is 'llama-server', got {r.system!r}")
     return problems
 
 
@@ -462,8 +542,27 @@ def _problems(r: RunRecord) -> list[str]:
 
 @dataclass(frozen=True)
 class Arm:
+    """One arm of a cell. In-process engines: a method and depth. Server engines: a server
+    configuration, the method being llama-server's --spec-type (or a label of what an OpenAI
+    server's command does), `flags` the arm's own server flags (the type's parameters), and for
+    `openai` the arm's command template ({model}, {depth}, {port})."""
+
     method: str
     depth: int = 0
+    flags: tuple[str, ...] = ()
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What every server arm of a cell shares: free flags (`-fa on -c 65536 --parallel 1`), for
+    `openai` the system's name and either the baseline's command template or the loopback URL
+    of a server that is already running."""
+
+    flags: tuple[str, ...] = ()
+    system: str = ""
+    command: str = ""
+    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -500,6 +599,7 @@ class JobSpec:
     ngram_min: int = 1
     ngram_max: int = 3
     verify_cost: VerifyCost | None = None
+    server: ServerSpec | None = None  # server engines only
     max_new_tokens: int = 128
     warmup_cap: int = 10  # warm-up runs per arm and prompt until two agree within 5%
     repeats: int = 3
@@ -527,7 +627,9 @@ def _spec_from_dict(data: dict[str, Any]) -> JobSpec:
     data = dict(data)
     try:
         data["prompts"] = tuple(Prompt(**p) for p in data.get("prompts", ()))
-        data["arms"] = tuple(Arm(**a) for a in data.get("arms", ()))
+        data["arms"] = tuple(Arm(**{**a, "flags": tuple(a.get("flags", ()))}) for a in data.get("arms", ()))
+        if data.get("server") is not None:
+            data["server"] = ServerSpec(**{**data["server"], "flags": tuple(data["server"].get("flags", ()))})
         data["documents"] = tuple(data.get("documents", ()))
         data["sampler"] = Sampler(**data.get("sampler", {}))
         if data.get("verify_cost") is not None:

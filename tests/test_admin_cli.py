@@ -110,7 +110,7 @@ def test_a_bad_sweep_file_prints_every_problem_and_stores_nothing(coord, tmp_pat
         "engines: unknown engine 'vllm'",
         "repeats: must be between 1 and 1000, got 0",
         "prompt_sets: unknown prompt set 'poetry'",
-        "methods.draft[0]: must be between 1 and 16, got 99",
+        "methods.draft[0]: must be between 1 and 64, got 99",
     )
     assert len(result.stderr.strip().splitlines()) == 5  # the summary, then one line per problem
     assert admin(coord, "sweep", "list").stdout == before

@@ -232,8 +232,8 @@ def test_tokenize_agrees(tiny_models):
 BAD_REQUESTS = [
     ({"method": "medusa"}, r"unknown method 'medusa'"),
     ({"method": "mtp", "depth": 1}, r"mtp.*(MTP block|nextn)"),  # the tiny llama target has no MTP head
-    ({"method": "draft", "depth": 0}, r"depth from 1 to 16, got 0"),
-    ({"method": "ngram", "depth": MAX_DEPTH + 1}, r"depth from 1 to 16, got 17"),
+    ({"method": "draft", "depth": 0}, r"depth from 1 to 64, got 0"),
+    ({"method": "ngram", "depth": MAX_DEPTH + 1}, r"depth from 1 to 64, got 65"),
     ({"method": "baseline", "depth": 2}, r"'baseline' takes depth 0, got 2"),
     ({"method": "ngram", "depth": 2, "ngram_min": 3, "ngram_max": 2}, r"ngram_min <= ngram_max"),
     ({"prompt_tokens": ()}, r"prompt is empty"),

@@ -60,7 +60,7 @@ def test_a_record_survives_json_and_store_rows_unchanged():
         ({"lossless": "yes"}, "lossless: must be true or false"),
         ({"method": "medusa"}, "method 'medusa' is unknown"),
         ({"engine": "vllm"}, "engine 'vllm' is not one of"),
-        ({"depth": 0}, "depth = 0 is not in [1, 16]"),
+        ({"depth": 0}, "depth = 0 is not in [1, 64]"),
         ({"tokens_accepted": 30}, "tokens_accepted (30) exceeds tokens_drafted (20)"),
         ({"acceptance_by_position": [1.5, 0.5]}, "acceptance_by_position holds a share outside [0, 1]"),
         ({"drafted_by_position": [1]}, "differ in length"),
