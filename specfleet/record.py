@@ -598,6 +598,12 @@ class JobSpec:
     memory_gb: float = 0.0  # memory the agent needs for this engine's models; 0: no figure
     ngram_min: int = 1
     ngram_max: int = 3
+    # llama.cpp's n-gram drafters' own parameters (defaults as llama.cpp's), for our loops'
+    # ngram-mod and ngram-map-k4v; server arms carry them as their --spec-ngram-* flags.
+    ngram_mod_n_match: int = 24
+    ngram_mod_n_min: int = 48
+    ngram_map_size_n: int = 12
+    ngram_map_min_hits: int = 1
     verify_cost: VerifyCost | None = None
     server: ServerSpec | None = None  # server engines only
     max_new_tokens: int = 128

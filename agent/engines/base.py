@@ -34,6 +34,15 @@ class Request:
     sampler: Sampler = Sampler()
     ngram_min: int = 1  # ngram method: shortest suffix to match
     ngram_max: int = 3  # ngram method: longest suffix to match
+    # llama.cpp's n-gram drafters, defaults as llama.cpp's (common/common.h); their longest draft
+    # is the depth (ngram-mod's n_max, ngram-map-k4v's size_m).
+    ngram_mod_n_match: int = 24  # ngram-mod: tokens hashed to look up the next one
+    ngram_mod_n_min: int = 48  # ngram-mod: shortest draft worth proposing
+    ngram_map_size_n: int = 12  # ngram-map-k4v: length of the key n-gram
+    ngram_map_min_hits: int = 1  # ngram-map-k4v: hits a value needs before it is proposed
+    # Server engines: the arm's own server flags and, for `openai`, its command template.
+    flags: tuple[str, ...] = ()
+    command: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,26 @@ class Round:
     proposed: tuple[int, ...] = ()  # the drafted tokens, for audits and cross-engine checks
 
 
+@dataclass(frozen=True)
+class ServerRun:
+    """What a server engine knows of one generation beyond the client's timestamps: the server
+    itself (version, command line) and its own accounting of the run. None where the server
+    does not report it; a client cannot see a server's rounds, so drafted/accepted come from
+    here (llama-server's `timings`; per position from its /metrics counters' deltas)."""
+
+    system: str  # "llama-server", or the OpenAI-compatible server's name ("MTPLX", ...)
+    version: str
+    command: str  # shell-quoted argv the server was started with ("" for a server already running)
+    decode_tokens_per_second: float | None = None
+    prefill_seconds: float | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    drafted_by_position: tuple[int, ...] = ()
+    accepted_by_position: tuple[int, ...] = ()
+    drafter_warm: bool | None = None  # stateful drafters only: did this run inherit their state?
+    interleaving: str = ""  # "rotated" | "blocks"
+
+
 @dataclass
 class Generation:
     tokens: list[int]  # generated tokens, prompt excluded
@@ -64,6 +93,7 @@ class Generation:
     rounds: list[Round] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)  # accepted count at draft position i
     drafted_by_position: list[int] = field(default_factory=list)
+    server: ServerRun | None = None  # server engines only
 
 
 def record_round(
