@@ -28,7 +28,16 @@ from agent import environment, prompts
 from agent.engines.base import Engine, EngineError, Generation, Request
 from agent.summary import acceptance_flags, relative_spread, summarise
 from specfleet.design import rounded_repeats, williams
-from specfleet.record import SAME_SEED_REPRODUCIBLE, VERIFY_COST, Arm, JobSpec, ModelIdentity, RunRecord, Sampler
+from specfleet.record import (
+    IN_PROCESS_ENGINES,
+    SAME_SEED_REPRODUCIBLE,
+    VERIFY_COST,
+    Arm,
+    JobSpec,
+    ModelIdentity,
+    RunRecord,
+    Sampler,
+)
 
 WARMUP_AGREEMENT = 0.05  # two consecutive warm-up runs within 5% of each other count as steady
 
@@ -60,6 +69,15 @@ def check_context(length: int, spec: JobSpec, target: ModelIdentity, prompt_id: 
         )
 
 
+def system_of(spec: JobSpec) -> str:
+    """The system a job's runs measure: our loops, llama-server, or the named OpenAI server."""
+    if spec.engine in IN_PROCESS_ENGINES:
+        return "specfleet"
+    if spec.engine == "llama-server":
+        return "llama-server"
+    return (spec.server.system if spec.server else "") or "openai"
+
+
 def run_job(
     spec: JobSpec,
     engine: Engine,
@@ -73,7 +91,17 @@ def run_job(
     memory_total_bytes: int | None = None,
 ) -> int:
     """Run a job spec on an engine, calling emit(record) for every measured run. `sample` reads
-    the environment, `sleep` cools down. Returns the number of runs emitted."""
+    the environment, `sleep` cools down. Returns the number of runs emitted. The engine is closed
+    at the end, whatever happens (a server engine stops its servers)."""
+    try:
+        return _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes)
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes) -> int:
     load_seconds = engine.load(spec.model["target"], spec.model.get("draft"))
     arms = list(spec.arms)
     prefix = prompts.context(engine.tokenize, spec.documents, spec.context_tokens)
@@ -84,11 +112,14 @@ def run_job(
         prompt_tokens[p.id] = tokens
     design = williams(len(arms))
     repeats = rounded_repeats(spec.repeats, len(arms))
+    # Server arms that cannot all stay up at once run in blocks: one arm's server, every prompt.
+    plan = engine.interleaving(arms) if hasattr(engine, "interleaving") else "rotated"
     common = dict(
         job_id=job_id,
         attempt=attempt,
         engine=spec.engine,
         engine_version=engine_version(engine.versions()),
+        system=system_of(spec),
         target=target,
         draft=draft or ModelIdentity(),
         sampler=spec.sampler,
@@ -111,6 +142,12 @@ def run_job(
             sampler=sampler,
             ngram_min=spec.ngram_min,
             ngram_max=spec.ngram_max,
+            ngram_mod_n_match=spec.ngram_mod_n_match,
+            ngram_mod_n_min=spec.ngram_mod_n_min,
+            ngram_map_size_n=spec.ngram_map_size_n,
+            ngram_map_min_hits=spec.ngram_map_min_hits,
+            flags=arm.flags,
+            command=arm.command,
         )
 
     def warm_up(arm: Arm, tokens) -> tuple[int, Generation | None]:
@@ -124,63 +161,90 @@ def run_job(
                 break
         return len(speeds), gen
 
-    emitted = 0
-    for pid, tokens in prompt_tokens.items():
-        warmups = {}
-        reference = None
-        for arm in (arms[i] for i in design[0]):
-            warmups[arm], gen = warm_up(arm, tokens)
+    warmups: dict[tuple[str, Arm], int] = {}
+    references: dict[str, list[int]] = {}  # greedy reference per prompt: the baseline's last warm-up
+
+    def warm(pid: str, arm: Arm) -> None:
+        if (pid, arm) not in warmups:
+            warmups[pid, arm], gen = warm_up(arm, prompt_tokens[pid])
             if arm.method == "baseline" and gen is not None:
-                reference = gen.tokens
-        if reference is None:
-            reference = engine.generate(request(Arm("baseline"), tokens)).tokens
+                references[pid] = gen.tokens
+
+    def measure(pid: str, arm: Arm, position: int, sampler: Sampler) -> tuple[Arm, Generation, dict]:
+        if spec.cooldown_seconds > 0:
+            sleep(spec.cooldown_seconds)
+        env_before = sample()
+        started = time.time()
+        gen = engine.generate(request(arm, prompt_tokens[pid], sampler))
+        env_after = sample()
+        nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), memory_total_bytes)
+        return (
+            arm,
+            gen,
+            dict(
+                position=position,
+                started_at_unix_seconds=started,
+                env_before=environment.reading(env_before),
+                env_after=environment.reading(env_after),
+                env_nominal=nominal,
+                env_reasons=tuple(reasons),
+            ),
+        )
+
+    emitted = 0
+
+    def emit_repeat(pid: str, repeat: int, seed: int, block: list) -> None:
+        """Emit one prompt's runs of one repeat, once its same-seed baseline is known."""
+        nonlocal emitted
+        if pid not in references:
+            references[pid] = engine.generate(request(Arm("baseline"), prompt_tokens[pid])).tokens
+        same_seed = next((g.tokens for a, g, _ in block if a.method == "baseline"), None)
+        for arm, gen, fields in block:
+            lossless, check = losslessness(spec, gen.tokens, references[pid], same_seed)
+            emit(
+                RunRecord(
+                    run_id=str(uuid.uuid4()),
+                    method=arm.method,
+                    depth=arm.depth,
+                    prompt_id=pid,
+                    repeat=repeat,
+                    lossless=lossless,
+                    lossless_check=check,
+                    run_seed=seed,
+                    warmup_runs=warmups[pid, arm],
+                    **fields,
+                    **summarise(gen),
+                    **acceptance_flags(arm.method, gen),
+                    **common,
+                )
+            )
+            emitted += 1
+
+    def seed_of(repeat: int, pid: str) -> int:
+        return spec.sampler.seed if spec.sampler.greedy else run_seed(spec.sampler.seed, repeat, pid)
+
+    def sampler_of(seed: int) -> Sampler:
+        return dataclasses.replace(spec.sampler, seed=seed)
+
+    if plan == "blocks":
+        # Each arm in turn runs every prompt (the arms' order a Williams row per repeat).
         for repeat in range(repeats):
-            seed = spec.sampler.seed if spec.sampler.greedy else run_seed(spec.sampler.seed, repeat, pid)
-            sampler = dataclasses.replace(spec.sampler, seed=seed)
-            block = []  # (arm, generation, fields): emitted once the repeat's baseline is known
+            blocks: dict[str, list] = {pid: [] for pid in prompt_tokens}
             for position, arm in enumerate(arms[i] for i in design[repeat % len(design)]):
-                if spec.cooldown_seconds > 0:
-                    sleep(spec.cooldown_seconds)
-                env_before = sample()
-                started = time.time()
-                gen = engine.generate(request(arm, tokens, sampler))
-                env_after = sample()
-                nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), memory_total_bytes)
-                block.append(
-                    (
-                        arm,
-                        gen,
-                        dict(
-                            position=position,
-                            started_at_unix_seconds=started,
-                            env_before=environment.reading(env_before),
-                            env_after=environment.reading(env_after),
-                            env_nominal=nominal,
-                            env_reasons=tuple(reasons),
-                        ),
-                    )
-                )
-            same_seed = next((g.tokens for a, g, _ in block if a.method == "baseline"), None)
-            for arm, gen, fields in block:
-                lossless, check = losslessness(spec, gen.tokens, reference, same_seed)
-                emit(
-                    RunRecord(
-                        run_id=str(uuid.uuid4()),
-                        method=arm.method,
-                        depth=arm.depth,
-                        prompt_id=pid,
-                        repeat=repeat,
-                        lossless=lossless,
-                        lossless_check=check,
-                        run_seed=seed,
-                        warmup_runs=warmups[arm],
-                        **fields,
-                        **summarise(gen),
-                        **acceptance_flags(arm.method, gen),
-                        **common,
-                    )
-                )
-                emitted += 1
+                for pid in prompt_tokens:
+                    warm(pid, arm)
+                    blocks[pid].append(measure(pid, arm, position, sampler_of(seed_of(repeat, pid))))
+            for pid, block in blocks.items():
+                emit_repeat(pid, repeat, seed_of(repeat, pid), block)
+    else:
+        for pid in prompt_tokens:
+            for arm in (arms[i] for i in design[0]):
+                warm(pid, arm)
+            for repeat in range(repeats):
+                seed = seed_of(repeat, pid)
+                row = (arms[i] for i in design[repeat % len(design)])
+                block = [measure(pid, arm, position, sampler_of(seed)) for position, arm in enumerate(row)]
+                emit_repeat(pid, repeat, seed, block)
     if spec.verify_cost is not None:
         emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted

@@ -31,13 +31,20 @@ def arrival_gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(arrivals, arrivals[1:])]
 
 
+TIMINGS_AGREEMENT = 0.05  # client and server decode tok/s further apart than this flag a run
+
+
+def _acceptance(accepted_at, drafted_at) -> tuple[float, ...]:
+    return tuple(acc / dr if dr else 0.0 for acc, dr in zip(accepted_at, drafted_at))
+
+
 def summarise(gen: Generation) -> dict:
-    """The RunRecord fields one generation gives (specfleet/record.py), in base units."""
+    """The RunRecord fields one generation gives (specfleet/record.py), in base units. A server
+    engine's run also carries the server's own accounting (`server_fields`)."""
     n = len(gen.tokens)
     gaps = arrival_gaps(gen.token_times_seconds)
     round_latency = [r.draft_seconds + r.verify_seconds for r in gen.rounds]
-    acceptance = [acc / dr if dr else 0.0 for acc, dr in zip(gen.accepted_by_position, gen.drafted_by_position)]
-    return {
+    fields = {
         "prompt_tokens": gen.prompt_tokens,
         "generated_tokens": n,
         "prefill_seconds": gen.prefill_seconds,
@@ -60,8 +67,38 @@ def summarise(gen: Generation) -> dict:
         "draft_seconds": sum(r.draft_seconds for r in gen.rounds),
         "verify_seconds": sum(r.verify_seconds for r in gen.rounds),
         "drafted_by_position": tuple(gen.drafted_by_position),
-        "acceptance_by_position": tuple(acceptance),
+        "acceptance_by_position": _acceptance(gen.accepted_by_position, gen.drafted_by_position),
     }
+    if gen.server is not None:
+        fields.update(server_fields(gen, fields["decode_tokens_per_second"]))
+    return fields
+
+
+def server_fields(gen: Generation, client_tokens_per_second: float) -> dict:
+    """A server run's record fields: the server itself, its own timings beside the client's
+    (flagged when they disagree by more than TIMINGS_AGREEMENT), and its draft counts, which a
+    client cannot see (it sees tokens arrive, not rounds)."""
+    s = gen.server
+    disagree = None
+    if s.decode_tokens_per_second and client_tokens_per_second:
+        gap = abs(client_tokens_per_second - s.decode_tokens_per_second) / s.decode_tokens_per_second
+        disagree = gap > TIMINGS_AGREEMENT
+    out = {
+        "system": s.system,
+        "server_version": s.version,
+        "server_command": s.command,
+        "server_decode_tokens_per_second": s.decode_tokens_per_second,
+        "server_prefill_seconds": s.prefill_seconds,
+        "timings_disagree": disagree,
+        "drafter_warm": s.drafter_warm,
+        "interleaving": s.interleaving,
+    }
+    if s.drafted is not None:
+        out["tokens_drafted"], out["tokens_accepted"] = s.drafted, s.accepted or 0
+    if s.drafted_by_position:
+        out["drafted_by_position"] = tuple(s.drafted_by_position)
+        out["acceptance_by_position"] = _acceptance(s.accepted_by_position, s.drafted_by_position)
+    return out
 
 
 # A run whose model-drafted proposals are almost never accepted is flagged: for MTP that
@@ -77,19 +114,27 @@ _COLLAPSE_CAUSES = {
 }
 
 
+# llama-server's model-drafted types, by the cause that explains a collapse.
+_SERVER_DRAFTERS = {"draft-mtp": "mtp", "draft-simple": "draft", "draft-eagle3": "draft", "draft-dflash": "draft"}
+
+
 def acceptance_flags(method: str, gen: Generation) -> dict:
     """RunRecord fields acceptance_collapsed (None for methods without a model drafter) and
-    acceptance_reason."""
-    if method not in _COLLAPSE_CAUSES:
+    acceptance_reason. A server run is judged on the server's own counts."""
+    cause = _COLLAPSE_CAUSES.get(_SERVER_DRAFTERS.get(method, method))
+    if cause is None:
         return {"acceptance_collapsed": None, "acceptance_reason": ""}
-    drafted = sum(r.drafted for r in gen.rounds)
-    accepted = sum(r.accepted for r in gen.rounds)
+    if gen.server is not None and gen.server.drafted is not None:
+        drafted, accepted = gen.server.drafted, gen.server.accepted or 0
+    else:
+        drafted = sum(r.drafted for r in gen.rounds)
+        accepted = sum(r.accepted for r in gen.rounds)
     if drafted < COLLAPSE_MIN_DRAFTED or accepted / drafted >= COLLAPSED_ACCEPTANCE:
         return {"acceptance_collapsed": False, "acceptance_reason": ""}
     return {
         "acceptance_collapsed": True,
         "acceptance_reason": f"{accepted} of {drafted} {method} proposals accepted "
-        f"({accepted / drafted:.1%}, below {COLLAPSED_ACCEPTANCE:.0%}): {_COLLAPSE_CAUSES[method]}",
+        f"({accepted / drafted:.1%}, below {COLLAPSED_ACCEPTANCE:.0%}): {cause}",
     }
 
 
