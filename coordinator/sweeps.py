@@ -17,11 +17,12 @@ from typing import Any
 
 import yaml
 
-from coordinator import prompt_library
+from coordinator import prompt_library, server_arms
 from specfleet.design import rounded_repeats
 from specfleet.record import (
     ENGINE_METHODS,
     ENGINES,
+    IN_PROCESS_ENGINES,
     MAX_DEPTH,
     METHODS,
     REFERENCE_METHODS,
@@ -29,6 +30,7 @@ from specfleet.record import (
     Arm,
     JobSpec,
     Sampler,
+    ServerSpec,
     VerifyCost,
 )
 
@@ -45,6 +47,10 @@ TOP_KEYS = {
     "context_tokens",
     "methods",
     "ngram",
+    "ngram_mod",
+    "ngram_map",
+    "server",
+    "arms",
     "verify_cost",
     "max_new_tokens",
     "warmup",
@@ -79,7 +85,7 @@ class Sweep:
     prompt_sets: list[str]
     prompts: int | None  # the first N prompts of each set; None: all
     context_tokens: list[int]
-    arms: list[Arm]
+    arms: list[Arm]  # in-process engines' arms, from `methods`
     ngram: dict[str, int]
     verify_cost: VerifyCost | None
     max_new_tokens: int
@@ -88,6 +94,14 @@ class Sweep:
     max_attempts: int
     deadline_seconds: float
     cooldown_seconds: float = 0.0  # rest before every measured run (thermal recovery)
+    server: ServerSpec | None = None  # server engines: what every arm shares
+    server_arms: dict[str, list[Arm]] | None = None  # server engine -> its arms (coordinator/server_arms.py)
+    ngram_params: dict[str, int] | None = None  # JobSpec's ngram_mod_* and ngram_map_* fields
+
+    def arms_of(self, engine: str) -> list[Arm]:
+        if engine in IN_PROCESS_ENGINES:
+            return [a for a in self.arms if a.method in ENGINE_METHODS[engine]]
+        return list((self.server_arms or {}).get(engine, []))
 
     def cells(self) -> list[JobSpec]:
         """One job spec per cell: what a worker needs to run it."""
@@ -111,11 +125,13 @@ class Sweep:
                                 prompts=prompts,
                                 documents=docs,
                                 context_tokens=context,
-                                arms=tuple(a for a in self.arms if a.method in ENGINE_METHODS[engine]),
+                                arms=tuple(self.arms_of(engine)),
                                 sampler=sampler,
                                 ngram_min=self.ngram["n_min"],
                                 ngram_max=self.ngram["n_max"],
-                                verify_cost=self.verify_cost,
+                                verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES else None,
+                                server=None if engine in IN_PROCESS_ENGINES else self.server,
+                                **(self.ngram_params or {}),
                                 max_new_tokens=self.max_new_tokens,
                                 warmup_cap=self.warmup,
                                 repeats=self.repeats,
@@ -129,7 +145,11 @@ class Sweep:
         """What the sweep will do differently from what the file says, for the submitter."""
         out = []
         for engine in self.engines:
-            arms = sum(1 for a in self.arms if a.method in ENGINE_METHODS[engine])
+            arms = len(self.arms_of(engine))
+            if engine not in IN_PROCESS_ENGINES:
+                out += server_arms.notes(engine, self.arms_of(engine))
+                if self.verify_cost is not None:
+                    out.append(f"{engine}: verify_cost is measured by the in-process engines only")
             rounded = rounded_repeats(self.repeats, arms)
             if rounded != self.repeats:
                 out.append(
@@ -224,11 +244,15 @@ def parse_sweep(text: str) -> Sweep:
         if method not in ARM_METHODS:
             c.fail(f"methods.{method}", f"unknown method (known: baseline, {', '.join(ARM_METHODS)})")
             continue
-        if known_engines and not any(method in ENGINE_METHODS[e] for e in known_engines):
+        in_process = [e for e in known_engines if e in IN_PROCESS_ENGINES]
+        if not in_process:
+            c.fail(f"methods.{method}", "applies to the in-process engines (mlx, llama.cpp); server engines take arms")
+            continue
+        if not any(method in ENGINE_METHODS[e] for e in in_process):
             c.fail(
                 f"methods.{method}",
-                f"not supported by {', '.join(known_engines)} (supported: "
-                + "; ".join(f"{e}: {', '.join(ENGINE_METHODS[e])}" for e in known_engines)
+                f"not supported by {', '.join(in_process)} (supported: "
+                + "; ".join(f"{e}: {', '.join(ENGINE_METHODS[e])}" for e in in_process)
                 + ")",
             )
             continue
@@ -336,6 +360,27 @@ def parse_sweep(text: str) -> Sweep:
             ),
         )
 
+    ngram_params = {}
+    for section, fields in (("ngram_mod", ("n_match", "n_min")), ("ngram_map", ("size_n", "min_hits"))):
+        given = doc.get(section) or {}
+        if not isinstance(given, dict):
+            c.fail(section, f"must be a mapping {{{', '.join(fields)}}}")
+            given = {}
+        c.unknown_keys(f"{section}.", given, set(fields))
+        for field in fields:
+            key = f"{section}_{field}"
+            ngram_params[key] = c.number(
+                f"{section}.{field}", given.get(field), 1, 1024, integer=True, default=getattr(JobSpec, key)
+            )
+
+    server = server_arms.parse_server(c, doc, known_engines)
+    serving = {}
+    for e in known_engines:
+        if e not in IN_PROCESS_ENGINES:
+            serving[e] = server_arms.parse_arms(c, doc, e, clean_models.get(e, {}), server)
+    if "arms" in doc and not serving:
+        c.fail("arms", "server arms apply to engines llama-server and openai; in-process engines take methods")
+
     sweep = Sweep(
         name=name if isinstance(name, str) else "",
         target={k: v for k, v in target.items() if k in TARGET_KEYS},
@@ -360,6 +405,9 @@ def parse_sweep(text: str) -> Sweep:
         cooldown_seconds=float(
             c.number("cooldown_seconds", doc.get("cooldown_seconds"), 0, 3600, default=JobSpec.cooldown_seconds)
         ),
+        server=server,
+        server_arms=serving,
+        ngram_params=ngram_params,
     )
     if c.problems:
         raise SweepError(c.problems)

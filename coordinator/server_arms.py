@@ -1,0 +1,330 @@
+"""Server arms in a sweep file: each arm is a server configuration (engines llama-server, openai).
+
+llama-server arms name a `--spec-type` (or a comma list of them, as llama.cpp accepts) with
+depths and the type's own parameters, or hold a whole command line as the seeds write one:
+
+    server: {flags: "-ngl 99 -fa on -c 65536 --parallel 1"}
+    arms:
+      - {spec_type: draft-mtp, depths: [1, 2, 3]}
+      - {spec_type: ngram-mod, depths: [64], params: {n_match: 24, n_min: 48}}
+      - command: >-
+          llama-server -m Qwen3.5-9B-MTP-Q4_K_M.gguf -ngl 99 --port 8080
+          --spec-type draft-mtp --spec-draft-n-max 6
+
+The depth is `--spec-draft-n-max` for model-drafted types and the type's own maximum for the
+n-gram types (llama-server's `n_max` rule in common/speculative.cpp); the engine turns it into
+the flag. A command line's model must be the sweep's: a comparison is within one model (for a
+draft-mtp claim the baseline is the MTP GGUF without the flag, which the seed says runs
+normally), and its host and port are the agent's to choose.
+
+openai arms are command templates of an OpenAI-compatible server ({model}, {depth}, {port}):
+
+    server: {system: MTPLX, command: "mtplx serve --model {model} --port {port}"}
+    arms:
+      - {method: mtp, depths: [1, 2, 3], command: "mtplx serve --model {model} --mtp --depth {depth} --port {port}"}
+
+or, with `server.url`, the one configuration of a server that is already running on loopback.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import urlparse
+
+from specfleet.record import MAX_DEPTH, OPENAI_METHODS, SERVER_SPEC_TYPES, Arm, ServerSpec, is_method
+
+SERVER_KEYS = {"flags", "system", "command", "url"}
+LLAMA_SERVER_ARM_KEYS = {"spec_type", "depths", "params", "flags", "command"}
+OPENAI_ARM_KEYS = {"method", "depths", "command"}
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+MAX_FLAGS = 64
+
+# The flag that holds a type's draft maximum in llama.cpp (common/arg.cpp), and its default.
+DEPTH_FLAGS = {
+    "draft-simple": ("--spec-draft-n-max", 3),
+    "draft-mtp": ("--spec-draft-n-max", 3),
+    "draft-eagle3": ("--spec-draft-n-max", 3),
+    "draft-dflash": ("--spec-draft-n-max", 3),
+    "ngram-simple": ("--spec-ngram-simple-size-m", 48),
+    "ngram-map-k": ("--spec-ngram-map-k-size-m", 48),
+    "ngram-map-k4v": ("--spec-ngram-map-k4v-size-m", 48),
+    "ngram-mod": ("--spec-ngram-mod-n-max", 64),
+    "ngram-cache": ("", 8),  # fixed at 8 drafted tokens in llama.cpp
+}
+# Each type's own parameters as sweep fields -> llama-server flags.
+TYPE_PARAMS = {
+    "draft-simple": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
+    "draft-mtp": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
+    "draft-eagle3": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
+    "draft-dflash": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
+    "ngram-simple": {"size_n": "--spec-ngram-simple-size-n", "min_hits": "--spec-ngram-simple-min-hits"},
+    "ngram-map-k": {"size_n": "--spec-ngram-map-k-size-n", "min_hits": "--spec-ngram-map-k-min-hits"},
+    "ngram-map-k4v": {"size_n": "--spec-ngram-map-k4v-size-n", "min_hits": "--spec-ngram-map-k4v-min-hits"},
+    "ngram-mod": {"n_match": "--spec-ngram-mod-n-match", "n_min": "--spec-ngram-mod-n-min"},
+    "ngram-cache": {},
+}
+# Flags that name what the sweep names elsewhere, or what the agent decides.
+MODEL_FLAGS = {"-m", "--model"}
+DRAFT_FLAGS = {"-md", "--model-draft", "--spec-draft-model"}
+AGENT_FLAGS = {"--port", "--host"}
+SPEC_TYPE_FLAG = "--spec-type"
+
+
+def depth_flag(method: str) -> tuple[str, int]:
+    """The flag that carries a llama-server arm's depth, and llama.cpp's default for it; for a
+    comma list, its first model-drafted type's (whose --spec-draft-n-max bounds the draft)."""
+    types = method.split(",")
+    drafted = [t for t in types if t.startswith("draft-")]
+    return DEPTH_FLAGS[(drafted or types)[0]]
+
+
+def flags_of(c, where: str, value) -> tuple[str, ...]:
+    """Free server flags from a string (shell words) or a list of strings."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError as e:
+            c.fail(where, f"is not a valid command line ({e})")
+            return ()
+    elif isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        words = [str(v) for v in value]
+    else:
+        c.fail(where, "must be a string of flags or a list of them")
+        return ()
+    if len(words) > MAX_FLAGS:
+        c.fail(where, f"holds {len(words)} words; at most {MAX_FLAGS}")
+        return ()
+    for word in words:
+        if word in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS | {SPEC_TYPE_FLAG}:
+            c.fail(where, f"must not hold {word}: the sweep's models, arms and the agent set it")
+    return tuple(words)
+
+
+def parse_server(c, doc: dict[str, Any], engines: list[str]) -> ServerSpec | None:
+    """The `server` section: flags shared by every arm, and for openai the system's name and
+    its baseline command template or a running server's loopback URL."""
+    server = doc.get("server")
+    serving = [e for e in engines if e in ("llama-server", "openai")]
+    if server is None:
+        if "openai" in serving:
+            c.fail("server", "is required for engine openai: {system, command} or {system, url}")
+        return ServerSpec() if serving else None
+    if not isinstance(server, dict):
+        c.fail("server", "must be a mapping {flags, system, command, url}")
+        return None
+    c.unknown_keys("server.", server, SERVER_KEYS)
+    if not serving:
+        c.fail("server", "applies to engines llama-server and openai only")
+    for key in ("system", "command", "url"):
+        if key in server and (not isinstance(server[key], str) or not server[key].strip()):
+            c.fail(f"server.{key}", "must be a non-empty string")
+    spec = ServerSpec(
+        flags=flags_of(c, "server.flags", server.get("flags")),
+        system=str(server.get("system", "")).strip(),
+        command=str(server.get("command", "")).strip(),
+        url=str(server.get("url", "")).strip(),
+    )
+    if "openai" in serving:
+        if not spec.system:
+            c.fail("server.system", "is required for engine openai: the server's name (MTPLX, OptiQ, oMLX, ...)")
+        if bool(spec.command) == bool(spec.url):
+            c.fail("server", "engine openai needs exactly one of command (a template) and url (a running server)")
+        if spec.command:
+            check_template(c, "server.command", spec.command, depth=False)
+        if spec.url:
+            check_loopback(c, "server.url", spec.url)
+    if spec.system in ("specfleet", "llama-server") and "openai" in serving:
+        c.fail("server.system", f"{spec.system!r} is not an OpenAI-compatible server's name")
+    return spec
+
+
+def check_template(c, where: str, template: str, depth: bool) -> None:
+    for placeholder in ("{port}",) + (("{depth}",) if depth else ()):
+        if placeholder not in template:
+            c.fail(where, f"the command template has no {placeholder}: the agent picks the port and the arm the depth")
+    try:
+        template.format(model="m", depth=1, port=1)
+    except (KeyError, IndexError, ValueError) as e:
+        c.fail(
+            where,
+            f"the command template has an unknown placeholder or a stray brace ({e!r}); "
+            "known: {model}, {depth}, {port}",
+        )
+
+
+def check_loopback(c, where: str, url: str) -> None:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or parsed.hostname not in LOOPBACK_HOSTS or not parsed.port:
+        c.fail(where, f"{url!r} must be a loopback URL with a port, e.g. http://127.0.0.1:8000")
+
+
+def parse_arms(c, doc: dict[str, Any], engine: str, models: dict[str, str], server: ServerSpec | None) -> list[Arm]:
+    """A server engine's arms, the baseline first (openai with a running server: its one arm)."""
+    raw = doc.get("arms") or []
+    if not isinstance(raw, list):
+        c.fail("arms", "must be a list of server arms")
+        return []
+    running = engine == "openai" and server is not None and bool(server.url)
+    arms = [] if running else [Arm("baseline")]
+    for i, entry in enumerate(raw):
+        where = f"arms[{i}]"
+        if not isinstance(entry, dict):
+            c.fail(where, "must be a mapping")
+            continue
+        if engine == "llama-server":
+            arms += _llama_server_arm(c, where, entry, models)
+        else:
+            arms += _openai_arm(c, where, entry, running)
+    if running and len(arms) != 1:
+        c.fail("arms", "a running server (server.url) is one configuration: give exactly one arm with one depth")
+    if len(set(arms)) != len(arms):
+        c.fail("arms", "lists one server configuration twice")
+    return arms
+
+
+def _depths(c, where: str, entry: dict, default: int) -> list[int]:
+    depths = entry.get("depths", [default])
+    if not isinstance(depths, list) or not depths:
+        c.fail(f"{where}.depths", "must be a non-empty list of draft depths")
+        return []
+    return [
+        d for j, d in enumerate(depths) if c.number(f"{where}.depths[{j}]", d, 1, MAX_DEPTH, integer=True) is not None
+    ]
+
+
+def _llama_server_arm(c, where: str, entry: dict, models: dict[str, str]) -> list[Arm]:
+    c.unknown_keys(f"{where}.", entry, LLAMA_SERVER_ARM_KEYS)
+    if "command" in entry:
+        if set(entry) != {"command"}:
+            c.fail(where, "a command line stands alone: no spec_type, depths, params or flags beside it")
+        return [a for a in [command_line_arm(c, f"{where}.command", entry["command"], models)] if a]
+    method = entry.get("spec_type")
+    if not isinstance(method, str) or not is_method("llama-server", method) or method == "baseline":
+        c.fail(
+            f"{where}.spec_type",
+            f"must be one of {', '.join(SERVER_SPEC_TYPES)} or a comma list of them, got {method!r}",
+        )
+        return []
+    flags = list(flags_of(c, f"{where}.flags", entry.get("flags")))
+    params = entry.get("params") or {}
+    allowed = {k: f for t in method.split(",") for k, f in TYPE_PARAMS[t].items()}
+    if not isinstance(params, dict):
+        c.fail(f"{where}.params", "must be a mapping of the type's parameters")
+        params = {}
+    c.unknown_keys(f"{where}.params.", params, set(allowed))
+    for key, value in params.items():
+        if key in allowed and c.number(f"{where}.params.{key}", value, 0, 1_000_000) is not None:
+            flags += [allowed[key], str(value)]
+    if "draft-simple" in method.split(",") and not models.get("draft"):
+        c.fail(f"{where}.spec_type", "draft-simple needs models.llama-server.draft")
+    return [Arm(method, d, tuple(flags)) for d in _depths(c, where, entry, depth_flag(method)[1])]
+
+
+def command_line_arm(c, where: str, line, models: dict[str, str]) -> Arm | None:
+    """An arm from a whole llama-server command line as the seeds write one."""
+    if not isinstance(line, str):
+        c.fail(where, "must be a command line")
+        return None
+    try:
+        words = shlex.split(line)
+    except ValueError as e:
+        c.fail(where, f"is not a valid command line ({e})")
+        return None
+    if not words or PurePosixPath(words[0]).name != "llama-server":
+        c.fail(where, "must begin with llama-server")
+        return None
+    method, depth, flags = "baseline", None, []
+    values = iter(words[1:])
+    for word in values:
+        if word in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS | {SPEC_TYPE_FLAG} or word in _depth_flag_names():
+            value = next(values, None)
+            if value is None:
+                c.fail(where, f"{word} needs a value")
+                return None
+            if word in MODEL_FLAGS | DRAFT_FLAGS:
+                role = "target" if word in MODEL_FLAGS else "draft"
+                if PurePosixPath(value).name != PurePosixPath(models.get(role, "")).name:
+                    c.fail(
+                        where,
+                        f"{word} {value} is not the sweep's {role} model ({models.get(role) or 'none'}): "
+                        "arms of one job compare one model (name it in models)",
+                    )
+            elif word == SPEC_TYPE_FLAG:
+                method = value
+            elif word in _depth_flag_names():
+                if not value.isdigit() or not 1 <= int(value) <= MAX_DEPTH:
+                    c.fail(where, f"{word} {value}: must be a depth from 1 to {MAX_DEPTH}")
+                    return None
+                depth = int(value)
+        else:
+            flags.append(word)
+    if method != "baseline" and not is_method("llama-server", method):
+        c.fail(where, f"--spec-type {method!r} is not one of {', '.join(SERVER_SPEC_TYPES)}")
+        return None
+    if method == "baseline":
+        if depth is not None:
+            c.fail(where, "a depth flag without --spec-type")
+        return Arm("baseline", 0, tuple(flags))
+    return Arm(method, depth if depth is not None else depth_flag(method)[1], tuple(flags))
+
+
+def _depth_flag_names() -> set[str]:
+    return {flag for flag, _ in DEPTH_FLAGS.values() if flag}
+
+
+def _openai_arm(c, where: str, entry: dict, running: bool) -> list[Arm]:
+    c.unknown_keys(f"{where}.", entry, OPENAI_ARM_KEYS)
+    method = entry.get("method")
+    if method not in OPENAI_METHODS or method == "baseline":
+        c.fail(
+            f"{where}.method",
+            f"must be one of {', '.join(m for m in OPENAI_METHODS if m != 'baseline')}: what the server does",
+        )
+        return []
+    command = entry.get("command", "")
+    if running:
+        if command:
+            c.fail(f"{where}.command", "a running server (server.url) takes no command")
+    elif not isinstance(command, str) or not command.strip():
+        c.fail(f"{where}.command", "is required: the server's command template for this arm")
+        return []
+    else:
+        check_template(c, f"{where}.command", command, depth=len(entry.get("depths", [1]) or [1]) > 1)
+    return [
+        Arm(method, d, (), command.strip() if isinstance(command, str) else "") for d in _depths(c, where, entry, 1)
+    ]
+
+
+def notes(engine: str, arms: list[Arm]) -> list[str]:
+    """What the submitter should know about a server engine's arms."""
+    out = []
+    if engine == "llama-server":
+        shared = {a.flags for a in arms if a.method == "baseline"}
+        others = {a.flags for a in arms} - shared
+        if others and any(_free(f) != _free(next(iter(shared), ())) for f in others):
+            out.append(
+                "llama-server: arms differ in flags besides speculation "
+                "(compare the baseline with the same -c, -fa, -ngl, --parallel): "
+                + "; ".join(f"{a.method}: {' '.join(a.flags) or '(none)'}" for a in arms)
+            )
+    if engine == "openai" and not any(a.method == "baseline" for a in arms):
+        out.append("openai: a running server is one arm: its runs give no speedup without a baseline job")
+    return out
+
+
+def _free(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """Flags other than the spec types' own parameters."""
+    spec = {f for params in TYPE_PARAMS.values() for f in params.values()}
+    out, skip = [], False
+    for word in flags:
+        if skip:
+            skip = False
+        elif word in spec:
+            skip = True
+        else:
+            out.append(word)
+    return tuple(out)
