@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything specfleet needs on a fresh machine, idempotent and quick the second time:
 # uv (pinned), the locked environment in .venv (llama-cpp-python is built from source once;
-# uv keeps the built wheel in its cache, so later syncs reuse it), and the tiny models.
+# uv keeps the built wheel in its cache, so later syncs reuse it), llama-server and llama-bench
+# built from the same llama.cpp source (scripts/build-llama-cpp.sh, cached likewise), and the
+# tiny models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,4 +37,5 @@ fi
 
 # --frozen: install exactly the lock file, never re-resolve.
 "$uv_bin" sync --frozen --quiet
+scripts/build-llama-cpp.sh
 .venv/bin/specfleet models make-tiny .data/tiny >/dev/null
