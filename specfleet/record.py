@@ -657,6 +657,7 @@ CHECKED_KEYS = (
     "draft_digest",
     "engine",
     "engine_version",
+    "system",  # two OpenAI-compatible servers (MTPLX, OptiQ) are two systems under one engine
     "sampler_temperature",
     "sampler_top_p",
     "sampler_top_k",
