@@ -5,6 +5,8 @@ the prompt (agent/prompts.py), refusing a length the model cannot hold. Then for
 run every prompt with all arms back to back, in the order of one row of a Williams design
 (specfleet/design.py: each arm follows every other equally often; the repeats are rounded up to
 complete the design), so that paired ratios come from adjacent runs in the same thermal window.
+Server arms whose servers cannot all stay up at once (the engine's `interleaving`) run in blocks
+instead: per repeat, each arm in the Williams row's order runs every prompt on its own server.
 Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
 within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the greedy
 reference for `lossless`. Sampled runs take a seed per prompt and repeat, derived from the
@@ -12,7 +14,7 @@ sweep's (`run_seed`), shared by the repeat's arms; on engines whose loops reprod
 with the same seed a sampled arm must emit the same-seed baseline's tokens. With
 `cooldown_seconds` the machine rests that long before every measured run.
 Environment readings are taken before and after every run (agent/environment.py). Every run is
-emitted as a `RunRecord`, built here once.
+emitted as a `RunRecord`, built here once, naming the system under test (`system_of`).
 """
 
 from __future__ import annotations
