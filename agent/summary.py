@@ -75,7 +75,8 @@ def summarise(gen: Generation) -> dict:
 
 
 def server_fields(gen: Generation, client_tokens_per_second: float) -> dict:
-    """A server run's record fields: the server itself, its own timings beside the client's
+    """A server run's record fields (the system itself comes from the job: protocol.system_of):
+    the server's version and command line, its own timings beside the client's
     (flagged when they disagree by more than TIMINGS_AGREEMENT), and its draft counts, which a
     client cannot see (it sees tokens arrive, not rounds)."""
     s = gen.server
@@ -84,7 +85,6 @@ def server_fields(gen: Generation, client_tokens_per_second: float) -> dict:
         gap = abs(client_tokens_per_second - s.decode_tokens_per_second) / s.decode_tokens_per_second
         disagree = gap > TIMINGS_AGREEMENT
     out = {
-        "system": s.system,
         "server_version": s.version,
         "server_command": s.command,
         "server_decode_tokens_per_second": s.decode_tokens_per_second,

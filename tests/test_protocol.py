@@ -286,3 +286,105 @@ def test_sampled_repeats_take_derived_seeds_and_are_checked_against_the_same_see
     assert all(r.lossless is False for r in by_method["ngram"])  # it changed the sampled output: a defect
     greedy = run(spec(warmup_cap=0, repeats=1))[2]
     assert all(r.lossless_check == "greedy reference" and r.run_seed == 0 for r in greedy)
+
+
+class FakeServerEngine(FakeEngine):
+    """A server engine as the protocol sees one: it says how its arms interleave, its runs carry
+    the server's own accounting, and it is closed at the end."""
+
+    name = "llama-server"
+
+    def __init__(self, log, plan: str, server_tps: float):
+        super().__init__(log, {})
+        self.plan, self.server_tps, self.closed = plan, server_tps, 0
+
+    def interleaving(self, arms):
+        self.log.append(("interleaving", tuple(arms)))
+        return self.plan
+
+    def generate(self, request):
+        from dataclasses import replace
+
+        from agent.engines.base import ServerRun
+
+        gen = super().generate(request)
+        speculative = request.method != "baseline"
+        return replace(
+            gen,
+            server=ServerRun(
+                system="llama-server",
+                version="b1 (0c1e570)",
+                command=f"llama-server -m t --spec-type {request.method}" if speculative else "llama-server -m t",
+                decode_tokens_per_second=self.server_tps,
+                prefill_seconds=0.005,
+                drafted=8 if speculative else None,
+                accepted=6 if speculative else None,
+                drafter_warm=False if request.method == "ngram-mod" else None,
+                interleaving=self.plan,
+            ),
+        )
+
+    def close(self):
+        self.closed += 1
+
+
+SERVER_ARMS = (Arm("baseline"), Arm("draft-mtp", 3), Arm("ngram-mod", 64, ("--spec-ngram-mod-n-min", "8")))
+
+
+def run_server(plan: str, server_tps: float = 100.0):
+    log, runs = [], []
+    engine = FakeServerEngine(log, plan, server_tps)
+    s = spec(engine="llama-server", arms=SERVER_ARMS, warmup_cap=1, repeats=2)
+    run_job(s, engine, runs.append, job_id="j", attempt=1, target=TARGET, sample=lambda: {}, sleep=lambda _: None)
+    return engine, log, runs
+
+
+def test_server_arms_that_cannot_stay_up_together_run_in_blocks_of_one_arm():
+    engine, log, runs = run_server("blocks")
+    measured = [e for e in log if e[0] == "generate"]
+    # Per repeat, each arm runs every prompt (its warm-ups first) before the next arm's server
+    # starts: the arm changes only between blocks, at most 3 times a repeat; rotated order would
+    # change it after nearly every run.
+    methods = [m for _, m, _, _ in measured]
+    changes = sum(a != b for a, b in zip(methods, methods[1:]))
+    repeats = rounded_repeats(2, 3)
+    assert changes <= 3 * repeats < len(methods) // 2
+    assert engine.closed == 1
+    assert {r.interleaving for r in runs} == {"blocks"} and len(runs) == 3 * 2 * repeats
+    # Every arm of a repeat and prompt kept its Williams position.
+    for repeat in range(repeats):
+        order = [SERVER_ARMS[i].method for i in williams(3)[repeat % len(williams(3))]]
+        for pid in ("p1", "p2"):
+            got = sorted((r.position, r.method) for r in runs if r.repeat == repeat and r.prompt_id == pid)
+            assert [m for _, m in got] == order
+
+
+def test_rotated_server_arms_interleave_like_in_process_ones():
+    _, log, runs = run_server("rotated")
+    methods = [e[1] for e in log if e[0] == "generate"][3:]  # after the first prompt's warm-ups
+    assert methods[:3] != [methods[0]] * 3  # consecutive runs are of different arms
+    assert {r.interleaving for r in runs} == {"rotated"}
+
+
+def test_server_runs_carry_the_server_and_its_own_figures():
+    _, _, runs = run_server("rotated", server_tps=100.0)  # the client sees 4 tokens in 0.04 s: 100 tok/s
+    mtp = next(r for r in runs if r.method == "draft-mtp")
+    assert mtp.system == "llama-server" and mtp.server_version == "b1 (0c1e570)"
+    assert mtp.server_command.endswith("--spec-type draft-mtp")
+    assert mtp.server_decode_tokens_per_second == 100.0 and mtp.timings_disagree is False
+    assert (mtp.tokens_drafted, mtp.tokens_accepted) == (8, 6)  # the server's counts: a client sees no rounds
+    assert next(r for r in runs if r.method == "ngram-mod").drafter_warm is False
+    assert next(r for r in runs if r.method == "baseline").drafter_warm is None
+    _, _, slow = run_server("rotated", server_tps=120.0)  # 100 on the client, 120 on the server: > 5% apart
+    assert all(r.timings_disagree for r in slow)
+
+
+def test_the_engine_is_closed_when_a_run_fails():
+    class Dying(FakeServerEngine):
+        def generate(self, request):
+            raise RuntimeError("server died mid-run")
+
+    engine = Dying([], "rotated", 100.0)
+    with pytest.raises(RuntimeError, match="server died"):
+        run_job(spec(engine="llama-server", arms=SERVER_ARMS), engine, [].append, "j", 1, TARGET, sample=lambda: {})
+    assert engine.closed == 1
