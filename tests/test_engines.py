@@ -7,11 +7,14 @@ import time
 
 import pytest
 
-from agent.engines import ENGINES, make_engine
-from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler, ngram_propose
+from agent.engines import make_engine
+from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler
+from agent.engines.ngram import ngram_propose
 from specfleet import tinymodels
+from specfleet.record import IN_PROCESS_ENGINES
+from specfleet.record import SPECULATIVE_METHODS as SPECULATIVE
 
-NAMES = list(ENGINES)
+NAMES = list(IN_PROCESS_ENGINES)  # the engines that run our own loops
 NEW_TOKENS = 32
 PROMPTS = (
     "def accept(draft_tokens, target_tokens):\n    accepted = 0\n    for draft, target in zip(",
@@ -66,7 +69,7 @@ def _check_accounting(gen, request: Request) -> None:
     assert gen.decode_seconds == pytest.approx(gen.token_times_seconds[-1] - gen.prefill_seconds)
     assert gen.prompt_tokens == len(request.prompt_tokens)
     assert gen.peak_memory_bytes > 1_000_000
-    if request.method not in ("draft", "ngram"):
+    if request.method not in SPECULATIVE or request.method.startswith("ref-"):
         assert gen.rounds == []
         return
     # One token from prefill, then accepted + 1 per round.

@@ -50,12 +50,12 @@ def test_mtp_proposals_agree_step_by_step(engines, monkeypatch, depth):
     theirs_logits: list[np.ndarray] = []
 
     class RecordingDrafter(mlx_engine.MtpDrafter):
-        def __init__(self, model, head, sample):
+        def __init__(self, target, head, sample):
             def recording(logits: mx.array) -> mx.array:
                 ours_logits.append(logits[0])
                 return sample(logits)
 
-            super().__init__(model, head, recording)
+            super().__init__(target, head, recording)
 
     sample = llamacpp._Chain.sample
 

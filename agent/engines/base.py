@@ -130,6 +130,26 @@ def make_generation(
     )
 
 
+class Drafter(Protocol):
+    """What proposes tokens in a speculative loop: a draft model, prompt lookup, an MTP head,
+    llama.cpp's n-gram drafters. One object per generation; the engine calls, in order:
+    prefill(prompt) once, after the target's prompt pass; then each round propose(context, k)
+    (only when k >= 1), the target's verify, and accept(context, accepted). `context` is the
+    prompt and every token emitted so far; its last token is the newest, emitted by the target
+    and not yet in the target's cache. Drafters that read the target's hidden states (MTP) get
+    the target from their constructor and read its rows of the last pass."""
+
+    def prefill(self, prompt: list[int]) -> None: ...
+
+    def propose(self, context: list[int], k: int):
+        """At most k tokens to follow `context`: a list of ints, or in the MLX engine an
+        unevaluated MLX array, so that drafting and the verify pass's graph overlap."""
+
+    def accept(self, context: list[int], accepted: list[int]) -> None:
+        """After the verify of this round's proposals: `accepted` is the prefix the target
+        kept (the target's cache has been rolled back to it); `context` is as propose() saw it."""
+
+
 class Engine(Protocol):
     name: str
     methods: tuple[str, ...]  # what generate() accepts, from METHODS and REFERENCE_METHODS
@@ -165,6 +185,16 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
         raise EngineError(f"method {method!r} needs a draft model: load(target, draft=...)")
     if method in ("ngram", "ref-ngram") and not 1 <= request.ngram_min <= request.ngram_max:
         raise EngineError(f"ngram needs 1 <= ngram_min <= ngram_max, got {request.ngram_min} and {request.ngram_max}")
+    if method == "ngram-mod" and not (1 <= request.ngram_mod_n_match <= 1024 and 0 <= request.ngram_mod_n_min <= 1024):
+        raise EngineError(
+            "ngram-mod needs 1 <= ngram_mod_n_match <= 1024 and 0 <= ngram_mod_n_min <= 1024 (llama.cpp's limits), "
+            f"got {request.ngram_mod_n_match} and {request.ngram_mod_n_min}"
+        )
+    if method == "ngram-map-k4v" and not (1 <= request.ngram_map_size_n <= 1024 and request.ngram_map_min_hits >= 1):
+        raise EngineError(
+            "ngram-map-k4v needs 1 <= ngram_map_size_n <= 1024 and ngram_map_min_hits >= 1 (llama.cpp's limits), "
+            f"got {request.ngram_map_size_n} and {request.ngram_map_min_hits}"
+        )
     if not request.prompt_tokens:
         raise EngineError("the prompt is empty")
     bad = [t for t in request.prompt_tokens if not 0 <= t < vocab_size]
@@ -175,27 +205,3 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
     s = request.sampler
     if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
         raise EngineError(f"bad sampler {s}: needs temperature >= 0, 0 < top_p <= 1, top_k >= 0")
-
-
-def ngram_propose(context: Sequence[int], n_min: int, n_max: int, depth: int) -> list[int]:
-    """Prompt lookup: find the last n tokens of `context` earlier in it, longest n first
-    (n_max down to n_min), and propose up to `depth` tokens that followed; [] when nothing
-    matches. The most recent match with `depth` tokens after it wins, because nearby text is
-    the better predictor (llama-cpp-python's LlamaPromptLookupDecoding takes the first match);
-    a match too close to the end for that (in a short loop) gives way to an earlier one, and
-    when no match has `depth` tokens after it, the one with the most does."""
-    size = len(context)
-    for n in range(min(n_max, size - 1), n_min - 1, -1):
-        suffix = list(context[size - n :])
-        best: list[int] = []
-        # A match must be followed by at least one token that is not part of the suffix itself.
-        for start in range(size - n - 1, -1, -1):
-            if context[start] == suffix[0] and list(context[start : start + n]) == suffix:
-                following = list(context[start + n : start + n + depth])
-                if len(following) == depth:
-                    return following
-                if len(following) > len(best):
-                    best = following
-        if best:
-            return best
-    return []

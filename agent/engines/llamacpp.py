@@ -4,9 +4,10 @@ Every forward pass is one `llama_decode` of a batch we fill; tokens come from a 
 sampler chain reading `llama_get_logits_ith` rows; speculative rounds put the last emitted
 token and the K proposals in one batch with logits for every row, keep the longest prefix
 that matches the target's own samples, and drop the rest from the KV cache with
-`llama_memory_seq_rm` (recurrent state: see `_Context`). Method mtp drafts with the target's
-own MTP head (llamacpp_mtp.py). llama-cpp-python's high-level `Llama` is used only for the
-reference arms.
+`llama_memory_seq_rm` (recurrent state: see `_Context`). Drafters share one interface
+(base.Drafter): a draft model (`_DraftModel`), the target's own MTP head (llamacpp_mtp.py), the
+n-gram drafters (ngram.py). llama-cpp-python's high-level `Llama` is used only for the reference
+arms.
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ import numpy as np
 from llama_cpp import Llama  # imported before our log callback is set: importing it sets its own
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from . import ENGINE_METHODS
+from . import ENGINE_METHODS, ngram
 from . import llamacpp_mtp as mtp
 from .base import (
     MAX_DEPTH,
+    REFERENCE_METHODS,
+    Drafter,
     EngineError,
     Generation,
     Request,
     Round,
     Sampler,
     make_generation,
-    ngram_propose,
     record_round,
     validate,
 )
@@ -403,10 +405,10 @@ class LlamaCppEngine:
             self._mtp = mtp.MtpContext(target)
         if request.method == "baseline":
             gen = self._baseline(request)
-        elif request.method in ("draft", "ngram", "mtp"):
-            gen = self._speculative(request)
-        else:
+        elif request.method in REFERENCE_METHODS:
             gen = self._reference(request)
+        else:
+            gen = self._speculative(request)
         gen.peak_memory_bytes = _peak_rss_bytes()
         return gen
 
@@ -427,17 +429,22 @@ class LlamaCppEngine:
             chain.free()
         return make_generation(request, tokens, times)
 
+    def _drafter(self, request: Request, chains: list[_Chain]) -> Drafter:
+        """The request's drafter. Model drafters sample with a chain of the target's settings
+        (added to `chains`, for the caller to free)."""
+        if request.method not in ("draft", "mtp"):
+            return ngram.make_drafter(request.method, request)
+        chains.append(_Chain(request.sampler))
+        if request.method == "draft":
+            return _DraftModel(self._draft, chains[-1])
+        return mtp.MtpDrafter(self._mtp, self._target, chains[-1])
+
     def _speculative(self, request: Request) -> Generation:
         target, n, depth = self._target, request.max_new_tokens, request.depth
         prompt = list(request.prompt_tokens)
-        chain = _Chain(request.sampler)
-        draft_chain = _Chain(request.sampler) if request.method in ("draft", "mtp") else None
-        if request.method == "draft":
-            drafter = _DraftModel(self._draft, draft_chain)
-        elif request.method == "mtp":
-            drafter = mtp.MtpDrafter(self._mtp, target, draft_chain)
-        else:
-            drafter = None
+        chains = [_Chain(request.sampler)]
+        chain = chains[0]
+        drafter = self._drafter(request, chains)
         rounds: list[Round] = []
         accepted_at, drafted_at = [0] * depth, [0] * depth
         target.set_hidden(request.method == "mtp")  # the MTP head reads the target's h rows
@@ -446,18 +453,14 @@ class LlamaCppEngine:
             target.clear()
             target.decode(prompt)
             y = chain.sample(target)
-            if drafter is not None:
-                drafter.prefill(prompt)
+            drafter.prefill(prompt)
             context = prompt + [y]
             tokens, times = [y], [time.perf_counter() - start]
 
             while len(tokens) < n:
                 t0 = time.perf_counter()
                 k = min(depth, n - len(tokens) - 1)  # never draft past the last token wanted
-                if drafter is None:
-                    draft = ngram_propose(context, request.ngram_min, request.ngram_max, k)
-                else:
-                    draft = drafter.propose(context, k) if k else []
+                draft = drafter.propose(context, k) if k else []
                 t1 = time.perf_counter()
                 # The target scores the last emitted token and every proposal in one batch,
                 # then samples row by row until its token differs from the proposal.
@@ -471,8 +474,7 @@ class LlamaCppEngine:
                     a += 1
                     token = chain.sample(target, a)
                 target.truncate(kept + a)
-                if drafter is not None:
-                    drafter.accept(context, draft[:a])
+                drafter.accept(context, draft[:a])
                 emitted = draft[:a] + [token]
                 t2 = time.perf_counter()
 
@@ -482,9 +484,8 @@ class LlamaCppEngine:
                 times += [t2 - start] * len(emitted)
         finally:
             target.set_hidden(False)
-            chain.free()
-            if draft_chain is not None:
-                draft_chain.free()
+            for each in chains:
+                each.free()
         return make_generation(request, tokens, times, rounds, accepted_at, drafted_at)
 
     def _reference_llama(self, method: str):

@@ -2,11 +2,12 @@
 
 Our loop mirrors mlx_lm.generate_step (same stream, same wired-memory limit, the next token
 queued with async_eval before the current one is read) so that baseline costs what mlx-lm
-costs, and adds speculative rounds with exact accounting: a draft model, prompt lookup or
-the target's own MTP head (agent/engines/mlx_mtp.py) proposes up to K tokens, the target
-scores them all in one forward pass, the longest prefix that matches the target's own
-samples is kept, and every cache goes back to what was kept: attention caches are trimmed,
-recurrent ones (GatedDeltaNet, Mamba) restored and fed the kept tokens again (`_Cache`).
+costs, and adds speculative rounds with exact accounting: a drafter (base.Drafter: a draft
+model, the target's own MTP head from agent/engines/mlx_mtp.py, or an n-gram drafter from
+agent/engines/ngram.py) proposes up to K tokens, the target scores them all in one forward
+pass, the longest prefix that matches the target's own samples is kept, and every cache goes
+back to what was kept: attention caches are trimmed, recurrent ones (GatedDeltaNet, Mamba)
+restored and fed the kept tokens again (`_Cache`).
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from mlx_lm.generate import generation_stream, stream_generate, wired_limit
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from . import ENGINE_METHODS
+from . import ENGINE_METHODS, ngram
 from .base import (
+    Drafter,
     EngineError,
     Generation,
     Request,
     Round,
     Sampler,
     make_generation,
-    ngram_propose,
     record_round,
     validate,
 )
@@ -158,6 +159,45 @@ class _DraftModel:
         self.cached += kept
         self.proposed = None
 
+    def accept(self, context: list[int], accepted: list[int]) -> None:
+        """Nothing to do after a verify: propose() catches up with the context itself."""
+
+
+class _Target:
+    """The target model and its cache; with `keep_hidden`, `hidden` holds the trunk's hidden
+    rows (1, n, h) of the last pass, for a drafter that reads them (the MTP head)."""
+
+    def __init__(self, model, keep_hidden: bool):
+        self.model, self.cache, self.keep_hidden = model, _Cache(model), keep_hidden
+        self.hidden: mx.array | None = None
+
+    def prefill(self, tokens: list[int]) -> mx.array:
+        """The prompt pass: the last position's logits (1, vocab)."""
+        logits, self.hidden = _prefill(self.model, self.cache.layers, tokens, self.keep_hidden)
+        return logits
+
+    def forward(self, inputs: mx.array) -> mx.array:
+        """Logits (1, n, vocab) for inputs (1, n) on top of the cache."""
+        logits, self.hidden = _forward(self.model, inputs, self.cache.layers, self.keep_hidden)
+        return logits
+
+
+class _Proposals:
+    """A drafter proposing Python lists (agent/engines/ngram.py) as MLX arrays, like the model
+    drafters' proposals."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.drafter.prefill(prompt)
+
+    def propose(self, context: list[int], k: int) -> mx.array:
+        return mx.array(self.drafter.propose(context, k), dtype=mx.int32)
+
+    def accept(self, context: list[int], accepted: list[int]) -> None:
+        self.drafter.accept(context, accepted)
+
 
 class MlxEngine:
     name = "mlx"
@@ -236,25 +276,30 @@ class MlxEngine:
                 y = next_y
         return make_generation(request, tokens, times)
 
-    def _speculative(self, request: Request) -> Generation:
+    def _drafter(self, request: Request, target: _Target) -> Drafter:
+        """The request's drafter, proposing MLX arrays; model drafters sample with the target's
+        sampler settings."""
         sample = _sample_fn(request.sampler)
-        model, n, depth = self._model, request.max_new_tokens, request.depth
+        if request.method == "draft":
+            return _DraftModel(self._draft, sample)
+        if request.method == "mtp":
+            return MtpDrafter(target, self._mtp_head(), sample)
+        return _Proposals(ngram.make_drafter(request.method, request))
+
+    def _speculative(self, request: Request) -> Generation:
+        n, depth = request.max_new_tokens, request.depth
+        sample = _sample_fn(request.sampler)
         prompt = list(request.prompt_tokens)
-        cache = _Cache(model)
-        drafter = _DraftModel(self._draft, sample) if request.method == "draft" else None
-        mtp = MtpDrafter(model, self._mtp_head(), sample) if request.method == "mtp" else None
+        target = _Target(self._model, keep_hidden=request.method == "mtp")  # the MTP head reads h
+        drafter = self._drafter(request, target)
+        nothing = mx.array([], dtype=mx.int32)
         rounds: list[Round] = []
         accepted_at, drafted_at = [0] * depth, [0] * depth
 
         start = time.perf_counter()
-        logits, hidden = _prefill(model, cache.layers, prompt, hidden=mtp is not None)
-        first = sample(logits)
+        first = sample(target.prefill(prompt))
         mx.async_eval(first)
-        # Queued behind the target's prompt pass.
-        if drafter is not None:
-            drafter.prefill(prompt)
-        if mtp is not None:
-            mtp.prefill(prompt, hidden)
+        drafter.prefill(prompt)  # queued behind the target's prompt pass
         y = first.item()
         context = prompt + [y]
         tokens, times = [y], [time.perf_counter() - start]
@@ -262,37 +307,24 @@ class MlxEngine:
         while len(tokens) < n:
             t0 = time.perf_counter()
             k = min(depth, n - len(tokens) - 1)  # never draft past the last token wanted
-            proposed = None
-            if k and drafter is not None:
-                proposed = drafter.propose(context, k)
-            elif k and mtp is not None:
-                proposed = mtp.propose(context[-1], k)
-            if proposed is not None:
-                mx.async_eval(proposed)
-                inputs = mx.concatenate([mx.array(context[-1:]), proposed])
-            else:
-                draft = (
-                    ngram_propose(context, request.ngram_min, request.ngram_max, k) if request.method == "ngram" else []
-                )
-                inputs = mx.array([context[-1], *draft])
+            proposed = drafter.propose(context, k) if k else nothing
+            mx.async_eval(proposed)
             # The target scores the last emitted token and every proposal in one pass. Its graph
             # is built while the draft computes, but evaluated only after the proposals are read:
             # MLX signals an evaluation's arrays when all of it is done, so proposals read behind
             # a queued verify pass would count the verify (and a pending rollback) as drafting.
-            cache.mark()
-            logits, hidden = _forward(model, inputs[None], cache.layers, hidden=mtp is not None)
-            target = sample(logits[0])
-            if proposed is not None:
-                draft = proposed.tolist()
+            target.cache.mark()
+            logits = target.forward(mx.concatenate([mx.array(context[-1:]), proposed])[None])
+            verified = sample(logits[0])
+            draft = proposed.tolist()
             t1 = time.perf_counter()
-            target = target.tolist()
+            verified = verified.tolist()
             a = 0
-            while a < len(draft) and draft[a] == target[a]:
+            while a < len(draft) and draft[a] == verified[a]:
                 a += 1
-            cache.rollback(len(draft) + 1, [context[-1], *draft[:a]])
-            if mtp is not None:
-                mtp.commit(draft[:a], hidden[:, : a + 1])
-            emitted = draft[:a] + [target[a]]
+            target.cache.rollback(len(draft) + 1, [context[-1], *draft[:a]])
+            drafter.accept(context, draft[:a])
+            emitted = draft[:a] + [verified[a]]
             t2 = time.perf_counter()
 
             rounds.append(record_round(drafted_at, accepted_at, draft, a, t1 - t0, t2 - t1))

@@ -138,14 +138,16 @@ class MtpDrafter:
     """Drafts with the MTP head. Its cache holds the head's KV for positions 0..P of the
     context, each computed from (token p, the trunk's hidden state at p - 1, zeros before the
     first); `pending` is the trunk's hidden state at P, which the next draft pairs with the
-    newest token. Proposals stay lazy (MLX arrays) until the engine reads them.
+    newest token. `target` is the engine's target (mlx._Target): its `model`, and its `hidden`
+    rows of the last pass, which the engine keeps while this drafts. Proposals stay lazy (MLX
+    arrays) until the engine reads them.
     """
 
-    def __init__(self, model, head: MtpHead, sample):
+    def __init__(self, target, head: MtpHead, sample):
         from mlx_lm.models.cache import KVCache
 
-        self.inner, self.head, self.sample = text_model(model), head, sample
-        self.logits = lm_head(model)
+        self.target, self.head, self.sample = target, head, sample
+        self.inner, self.logits = text_model(target.model), lm_head(target.model)
         self.cache = KVCache()
         self.pending: mx.array | None = None
 
@@ -153,30 +155,32 @@ class MtpDrafter:
         """The head's output rows (1, n, h) for tokens (n,) paired with hidden rows (1, n, h)."""
         return self.head(self.inner.embed_tokens(tokens[None]), hidden, self.cache)
 
-    def prefill(self, prompt: list[int], hidden: mx.array) -> None:
-        """The target's hidden rows (1, N, h) for the prompt: the head's cache covers it."""
+    def prefill(self, prompt: list[int]) -> None:
+        """After the target's prompt pass (hidden rows (1, N, h)): the head's cache covers the prompt."""
+        hidden = self.target.hidden
         shifted = mx.concatenate([mx.zeros_like(hidden[:, :1]), hidden[:, :-1]], axis=1)
         mx.eval(self._step(mx.array(prompt), shifted))  # part of prefill, as a draft model's is
         self.pending = hidden[:, -1:]
 
-    def propose(self, last: int, k: int) -> mx.array:
-        """k proposals after the newest token `last` (not yet in the target's cache), shape (k,).
-        One head drafts every position: step i feeds the proposal of step i - 1 with the
+    def propose(self, context: list[int], k: int) -> mx.array:
+        """k proposals after the newest token context[-1] (not yet in the target's cache), shape
+        (k,). One head drafts every position: step i feeds the proposal of step i - 1 with the
         head's own output there (chained drafting)."""
-        token, hidden, proposed = mx.array([last]), self.pending, []
+        token, hidden, proposed = mx.array(context[-1:]), self.pending, []
         for _ in range(k):
             hidden = self._step(token, hidden)
             token = self.sample(self.logits(hidden[:, -1, :]))
             proposed.append(token)
-        # Position P (the newest token with the trunk's state) is what commit() would write:
+        # Position P (the newest token with the trunk's state) is what accept() would write:
         # it stays; the positions of proposals, drafted from the head's own states, go.
         self.cache.trim(k - 1)
         return mx.concatenate(proposed)
 
-    def commit(self, accepted: list[int], hidden: mx.array) -> None:
-        """After a verify pass: the accepted proposals and the target's hidden rows (1, a + 1, h)
-        of the newest token and the accepted proposals. (With nothing proposed, which happens
-        only for the last token of a generation, the head's cache is not needed again.)"""
+    def accept(self, context: list[int], accepted: list[int]) -> None:
+        """After a verify pass: the accepted proposals, with the target's hidden rows of that
+        pass for the newest token and the accepted proposals. (With nothing proposed, which
+        happens only for the last token of a generation, the head's cache is not needed again.)"""
+        hidden = self.target.hidden[:, : len(accepted) + 1]
         if accepted:
             mx.eval(self._step(mx.array(accepted), hidden[:, :-1]))  # timed with the verify, as in llama.cpp
         self.pending = hidden[:, -1:]
