@@ -13,6 +13,8 @@ from .base import Engine, EngineError
 ENGINES = {
     "mlx": "mlx:MlxEngine",
     "llama.cpp": "llamacpp:LlamaCppEngine",
+    "llama-server": "llama_server:LlamaServerEngine",
+    "openai": "openai_server:OpenAIServerEngine",
 }
 
 

@@ -1,0 +1,386 @@
+"""Engine `llama-server`: llama.cpp's own server, run as people run it and measured as a client.
+
+Each arm is one server configuration: `-m target` (`-md draft` for the types that take a draft
+model), `--host 127.0.0.1 --port P --metrics`, the cell's shared flags (`-fa on -c 65536
+--parallel 1 -ngl 99`), `--spec-type <method>` with the depth as that type's longest draft, then
+the arm's own flags. A request is one streamed POST /completion of the prompt's token ids with
+`cache_prompt: false` (every run prefills its whole prompt), `ignore_eos: true` (exactly
+max_new_tokens tokens, as in our loops and llama-bench), `return_tokens: true` and the cell's
+sampler. The client stamps every event as it arrives, and the event's `tokens_predicted` says how
+many tokens have arrived by then. An event carries the id of its last token only: llama-server
+holds a token back while its text is incomplete UTF-8 and sends it with the next one, text
+joined but id dropped, so such tokens are UNKNOWN_ID (-1) in `Generation.tokens` (rare with real
+text, frequent with the tiny test models' byte tokens); the rest are the real ids.
+
+The server's final `timings` give its own decode speed, prefill time and draft counts; its
+/metrics counters before and after the run give acceptance by draft position
+(`llamacpp:spec_decode_num_accepted_tokens_per_pos_total`). llama-server counts no drafts by
+position, so `drafted_by_position` is its own denominator for acceptance by position: the run's
+verification steps (`spec_decode_num_drafts_total`) at every position, which counts a draft
+shorter than a position as a miss there, as llama-server's log line "acc per pos" does.
+
+Drafters that keep state across requests (ngram-mod's shared hash table, ngram-cache's context
+cache, ngram-map-k's and ngram-map-k4v's key maps: common/speculative.cpp, common/ngram-map.cpp)
+get a fresh server before every run, so that no run inherits what an earlier one taught them
+(`drafter_warm=False`); with `keep_drafter_state=True` the server is kept and every run after its
+first is marked `drafter_warm=True`. Other types: `drafter_warm=None`.
+
+`interleaving(arms)` decides whether all arms' servers stay up together ("rotated": runs rotate
+through the arms) or only the current arm's ("blocks"), from agent/engines/server_memory.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from specfleet.record import ENGINE_METHODS, MAX_DEPTH
+
+from . import loopback, server_memory
+from .base import EngineError, Generation, Request, ServerRun, make_generation
+from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT_BUILD = ROOT / ".data" / "llama.cpp" / "bin" / "llama-server"
+SYSTEM = "llama-server"
+REQUEST_TIMEOUT_SECONDS = 600.0  # no event for this long: the server is hung
+VERSION_TIMEOUT_SECONDS = 30.0
+
+# Types that draft with a second model given by -md (draft-mtp drafts with the target's own head).
+DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash")
+# The flag that sets each type's longest draft (common/arg.cpp). ngram-cache has none: it drafts
+# a fixed NGRAM_CACHE_DRAFT tokens (create_state_ngram_cache in common/speculative.cpp).
+DEPTH_FLAGS = {
+    "draft-simple": "--spec-draft-n-max",
+    "draft-mtp": "--spec-draft-n-max",
+    "draft-eagle3": "--spec-draft-n-max",
+    "draft-dflash": "--spec-draft-n-max",
+    "ngram-simple": "--spec-ngram-simple-size-m",
+    "ngram-map-k": "--spec-ngram-map-k-size-m",
+    "ngram-map-k4v": "--spec-ngram-map-k4v-size-m",
+    "ngram-mod": "--spec-ngram-mod-n-max",
+}
+NGRAM_CACHE_DRAFT = 8
+STATEFUL_TYPES = ("ngram-mod", "ngram-cache", "ngram-map-k", "ngram-map-k4v")
+METRIC_PREFIX = "llamacpp:spec_decode_"
+UNKNOWN_ID = -1  # a token the stream counted without sending its id
+
+# "version: 9330 (328874d)" (Homebrew, b9330) or "version: 0.5.0-dev (build 1, commit 0c1e570)".
+_VERSION_RE = re.compile(
+    r"^version:\s*(?:(?P<build>\d+) \((?P<commit>[0-9a-f]+)\)"
+    r"|(?P<release>\S+) \(build (?P<build2>\d+), commit (?P<commit2>[0-9a-f]+)\))",
+    re.M,
+)
+
+
+def find_binary(option: str | None = None) -> Path | None:
+    """The llama-server to run: `option` (the agent's --llama-server), else the one on PATH
+    (Homebrew's on a Mac), else this project's own build; None when there is none."""
+    if option:
+        return Path(option).expanduser()
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path)
+    return PROJECT_BUILD if PROJECT_BUILD.exists() else None
+
+
+def parse_version(text: str) -> dict[str, str]:
+    """llama-server --version's output as {"build", "commit"} (and "release" where it prints one)."""
+    m = _VERSION_RE.search(text)
+    if not m:
+        raise EngineError(f"llama-server --version printed no version line: {text.strip()[:300]!r}")
+    if m["build"]:
+        return {"build": m["build"], "commit": m["commit"]}
+    return {"release": m["release"], "build": m["build2"], "commit": m["commit2"]}
+
+
+def version_label(version: dict[str, str]) -> str:
+    """llama.cpp's own build label ("b9330-328874d", as in its system_fingerprint), after the
+    release where there is one."""
+    label = f"b{version['build']}-{version['commit']}"
+    return f"{version['release']} {label}" if "release" in version else label
+
+
+def spec_types(method: str) -> list[str]:
+    return [] if method == "baseline" else method.split(",")
+
+
+def spec_args(method: str, depth: int) -> list[str]:
+    """--spec-type and each type's longest-draft flag set to the depth."""
+    types = spec_types(method)
+    if not types:
+        return []
+    if types == ["ngram-cache"] and depth != NGRAM_CACHE_DRAFT:
+        raise EngineError(
+            f"ngram-cache drafts a fixed {NGRAM_CACHE_DRAFT} tokens in llama-server (no flag sets it): "
+            f"use depth {NGRAM_CACHE_DRAFT}, not {depth}"
+        )
+    args = ["--spec-type", method]
+    for flag in dict.fromkeys(DEPTH_FLAGS[t] for t in types if t in DEPTH_FLAGS):
+        args += [flag, str(depth)]
+    return args
+
+
+def server_argv(
+    binary: str,
+    target: str,
+    draft: str | None,
+    port: int,
+    shared_flags: Sequence[str],
+    method: str,
+    depth: int,
+    arm_flags: Sequence[str],
+) -> list[str]:
+    argv = [binary, "-m", target]
+    if draft and any(t in DRAFT_MODEL_TYPES for t in spec_types(method)):
+        argv += ["-md", draft]
+    argv += ["--host", loopback.HOST, "--port", str(port), "--metrics", *shared_flags]
+    return argv + spec_args(method, depth) + list(arm_flags)
+
+
+def spec_counters(metrics_text: str) -> dict[str, float]:
+    """llama-server's speculative counters from its /metrics text: name (without the
+    "llamacpp:spec_decode_" prefix) -> value, per-position ones as "...per_pos_total/N"."""
+    counters = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith(METRIC_PREFIX):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name[len(METRIC_PREFIX) :]
+        position = re.search(r'\{position="(\d+)"\}', name)
+        if position:
+            name = name[: position.start()] + "/" + position[1]
+        counters[name] = float(value)
+    return counters
+
+
+def by_position(before: dict[str, float], after: dict[str, float]) -> tuple[int, ...]:
+    """The run's accepted tokens per draft position: the per-position counters' deltas."""
+    key = "num_accepted_tokens_per_pos_total/"
+    positions = sorted(int(k[len(key) :]) for k in after if k.startswith(key))
+    return tuple(int(after[f"{key}{p}"] - before.get(f"{key}{p}", 0)) for p in positions)
+
+
+class LlamaServerEngine:
+    name = "llama-server"
+    methods = ENGINE_METHODS["llama-server"]
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        flags: Sequence[str] = (),
+        memory_bytes: int | None = None,
+        log_dir: str | None = None,
+        keep_drafter_state: bool = False,
+        health_timeout_seconds: float = HEALTH_TIMEOUT_SECONDS,
+    ):
+        found = find_binary(binary)
+        if found is None:
+            raise EngineError(
+                "no llama-server found: not given (the agent's --llama-server PATH), not on PATH "
+                f"(`brew install llama.cpp` on a Mac), and not built here ({PROJECT_BUILD}: "
+                "scripts/build-llama-cpp.sh)"
+            )
+        self.binary = str(found)
+        self.flags = tuple(flags)
+        self.memory_bytes = memory_bytes
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-server-"))
+        self.keep_drafter_state = keep_drafter_state
+        self.health_timeout_seconds = health_timeout_seconds
+        self.target: str = ""
+        self.draft: str | None = None
+        self.plan = ""  # "rotated" | "blocks", once interleaving() has been asked
+        self._servers: dict[tuple, ServerProcess] = {}  # arm key -> its running server
+        self._served: dict[tuple, int] = {}  # arm key -> requests its current server has served
+        self._version: dict[str, str] | None = None
+        self._started = 0
+
+    # ------------------------------------------------------------------ servers
+
+    def _start(self, key: tuple) -> ServerProcess:
+        method, depth, flags = key
+        port = free_port()
+        argv = server_argv(self.binary, self.target, self.draft, port, self.flags, method, depth, flags)
+        self._started += 1
+        log = self.log_dir / f"llama-server-{self._started:03d}-{method.replace(',', '+')}-{depth}.log"
+        server = ServerProcess(argv, port, log, f"llama-server ({method} {depth})", self.health_timeout_seconds)
+        self._servers[key] = server.start()
+        self._served[key] = 0
+        return server
+
+    def _stop(self, key: tuple) -> None:
+        self._servers.pop(key).stop()
+
+    def _server_for(self, key: tuple) -> ServerProcess:
+        """The arm's server, started if it is not up; in blocks mode the other arms' are stopped
+        first; a stateful drafter's server is started afresh unless its state is kept."""
+        if self.plan == "blocks":
+            for other in [k for k in self._servers if k != key]:
+                self._stop(other)
+        server = self._servers.get(key)
+        if server is not None:
+            server.check()  # a server that died is a failed job, never silently replaced
+            if self._stateful(key) and not self.keep_drafter_state and self._served[key] > 0:
+                self._stop(key)
+                server = None
+        return server or self._start(key)
+
+    def _stateful(self, key: tuple) -> bool:
+        return any(t in STATEFUL_TYPES for t in spec_types(key[0]))
+
+    # ------------------------------------------------------------------ Engine
+
+    def load(self, target: str, draft: str | None = None) -> float:
+        """Start the baseline server on the target; the seconds until it answered /health."""
+        self.target, self.draft = target, draft
+        started = time.perf_counter()
+        self._server_for(("baseline", 0, ()))
+        return time.perf_counter() - started
+
+    def interleaving(self, arms) -> str:
+        estimates = [
+            server_memory.server_bytes(
+                self.target,
+                self.draft if any(t in DRAFT_MODEL_TYPES for t in spec_types(a.method)) else None,
+                a.method,
+                (*self.flags, *a.flags),
+            )
+            for a in arms
+        ]
+        self.plan = "rotated" if server_memory.fits(estimates, self.memory_bytes) else "blocks"
+        return self.plan
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        """The baseline server's /tokenize with special tokens (BOS) added."""
+        server = self._server_for(("baseline", 0, ()))
+        try:
+            answer = loopback.post_json(server.port, "/tokenize", {"content": text, "add_special": True})
+        except OSError as e:
+            raise server.died(e) from None
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise loopback.BadAnswer(f"POST /tokenize answered no list of token ids: {str(answer)[:300]}")
+        return tuple(tokens)
+
+    def _check(self, request: Request) -> None:
+        """What the engine itself refuses; an unknown --spec-type is llama-server's to refuse (at
+        start, with its own message), since a newer llama-server may know more types than we do."""
+        method, depth = request.method, request.depth
+        if method == "baseline" and depth != 0:
+            raise EngineError(f"baseline takes depth 0, got {depth}")
+        if method != "baseline" and not 1 <= depth <= MAX_DEPTH:
+            raise EngineError(f"--spec-type {method} needs a depth from 1 to {MAX_DEPTH}, got {depth}")
+        if not request.prompt_tokens:
+            raise EngineError("the prompt is empty")
+        if request.max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
+
+    def _body(self, request: Request) -> dict:
+        s = request.sampler
+        body = {
+            "prompt": list(request.prompt_tokens),
+            "n_predict": request.max_new_tokens,
+            "ignore_eos": True,
+            "cache_prompt": False,
+            "stream": True,
+            "return_tokens": True,
+            "seed": s.seed,
+            # Only the cell's truncations, in llama.cpp's own order; min_p (0.05 by default) off.
+            "samplers": ["top_k", "top_p", "temperature"],
+            "min_p": 0.0,
+        }
+        if s.greedy:  # temperature 0 and the single most likely token: argmax, whatever the chain
+            return {**body, "temperature": 0.0, "top_k": 1, "top_p": 1.0}
+        return {**body, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
+
+    def generate(self, request: Request) -> Generation:
+        self._check(request)
+        key = (request.method, request.depth, tuple(request.flags))
+        server = self._server_for(key)
+        warm = (self._served[key] > 0) if self._stateful(key) else None
+        try:
+            before = spec_counters(self._metrics(server))
+            tokens, times, final = [], [], None
+            started = time.perf_counter()
+            for arrived, event in loopback.stream_events(
+                server.port, "/completion", self._body(request), REQUEST_TIMEOUT_SECONDS
+            ):
+                ids, count = event.get("tokens") or [], event.get("tokens_predicted")
+                if not isinstance(count, int) or count < len(tokens) + len(ids):
+                    raise loopback.BadAnswer(f"{server.name} streamed an event without a token count: {event}")
+                # Tokens held back while their text was incomplete UTF-8 arrive with this event,
+                # counted but without their ids.
+                tokens += [UNKNOWN_ID] * (count - len(tokens) - len(ids)) + ids
+                times += [arrived - started] * (len(tokens) - len(times))
+                if event.get("stop"):
+                    final = event
+            self._served[key] += 1
+            after = spec_counters(self._metrics(server))
+        except OSError as e:
+            raise server.died(e) from None
+        timings = (final or {}).get("timings")
+        if final is None and not server.alive():
+            raise server.died(ConnectionError("the stream ended before its final event"))
+        if not isinstance(timings, dict) or not {"prompt_ms", "predicted_ms", "predicted_n"} <= timings.keys():
+            raise loopback.BadAnswer(
+                f"{server.name}: the stream ended without a final event carrying timings "
+                f"(prompt_ms, predicted_ms, predicted_n); last event: {str(final)[:300]}"
+            )
+        if len(tokens) != request.max_new_tokens or not all(isinstance(t, int) for t in tokens):
+            raise loopback.BadAnswer(
+                f"{server.name} streamed {len(tokens)} tokens for n_predict {request.max_new_tokens} "
+                f"(stop_type {final.get('stop_type')!r})"
+            )
+        gen = make_generation(request, tokens, times)
+        speculative = request.method != "baseline"
+        drafts = int(after.get("num_drafts_total", 0) - before.get("num_drafts_total", 0))
+        accepted_at = by_position(before, after) if speculative else ()
+        gen.server = ServerRun(
+            system=SYSTEM,
+            version=version_label(self._versions()),
+            command=server.command,
+            decode_tokens_per_second=(
+                timings["predicted_n"] / (timings["predicted_ms"] / 1000) if timings["predicted_ms"] > 0 else None
+            ),
+            prefill_seconds=timings["prompt_ms"] / 1000,
+            drafted=int(timings.get("draft_n", 0)) if speculative else None,
+            accepted=int(timings.get("draft_n_accepted", 0)) if speculative else None,
+            drafted_by_position=(drafts,) * len(accepted_at) if drafts else (),
+            accepted_by_position=accepted_at if drafts else (),
+            drafter_warm=warm,
+            interleaving=self.plan,
+        )
+        return gen
+
+    def _metrics(self, server: ServerProcess) -> str:
+        status, body = loopback.request(server.port, "GET", "/metrics")
+        if status != 200:
+            raise loopback.BadAnswer(f"{server.name}: GET /metrics answered HTTP {status} (started with --metrics)")
+        return body.decode(errors="replace")
+
+    def _versions(self) -> dict[str, str]:
+        if self._version is None:
+            try:
+                out = subprocess.run(
+                    [self.binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS
+                )
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise EngineError(f"{self.binary} --version failed: {e}") from None
+            self._version = parse_version(out.stdout + out.stderr)
+        return self._version
+
+    def versions(self) -> dict[str, str]:
+        return {f"llama-server.{k}": v for k, v in self._versions().items()}
+
+    def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
+        raise EngineError("verify-cost needs an in-process engine (llama.cpp or mlx): a server hides its forwards")
+
+    def close(self) -> None:
+        """Stop every server this engine started."""
+        for key in list(self._servers):
+            self._stop(key)
