@@ -210,6 +210,79 @@ def test_reference_arms_are_lossless(engine, prompts):
         _check_accounting(gen, request)
 
 
+EOS = tinymodels.VOCAB_SIZE - 1  # 511: the tiny models' only end-of-generation token
+EOS_PROMPT = "fleet speed that"  # the tiny target's greedy continuation has EOS at position 13
+# Small n-gram parameters, so that ngram-mod and ngram-map-k4v draft within a short run.
+SMALL_NGRAMS = {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_size_n": 2}
+
+
+def _lift_the_ban(engine, monkeypatch) -> None:
+    """Let the engine's target sample end-of-generation tokens again."""
+    if engine.name == "mlx":
+        monkeypatch.setattr(engine, "_end_tokens", lambda: [])
+    else:
+        monkeypatch.setattr(engine._target, "end_tokens", [])
+
+
+def test_both_engines_ban_the_same_end_token(engine):
+    ends = engine._end_tokens() if engine.name == "mlx" else engine._target.end_tokens
+    assert list(ends) == [EOS]
+
+
+def test_unbanned_greedy_emits_eos_on_the_eos_prompt(engine, monkeypatch):
+    """What the EOS tests stand on: without the ban the target's greedy run emits EOS (and
+    carries on past it); with it, the run is the same up to there and never emits it."""
+    prompt = engine.tokenize(EOS_PROMPT)
+    banned = engine.generate(Request(prompt, 24)).tokens
+    _lift_the_ban(engine, monkeypatch)
+    free = engine.generate(Request(prompt, 24)).tokens
+    assert free.index(EOS) == 13 and free[:13] == banned[:13]
+    assert EOS not in banned and banned[13] != EOS
+
+
+@pytest.mark.parametrize("sampler", [Sampler(), SAMPLED], ids=["greedy", "sampled"])
+def test_no_method_emits_eos(engine, sampler):
+    """Every method, ours and the libraries' own, on a prompt where EOS would come: never
+    emitted; under greedy decoding every method gives the baseline's tokens."""
+    prompt = engine.tokenize(EOS_PROMPT)
+    baseline = engine.generate(Request(prompt, 48, sampler=sampler)).tokens
+    assert EOS not in baseline
+    for method in engine.methods:
+        if method in ("baseline", "mtp"):  # the tiny llama target has no MTP head
+            continue
+        depth = 3 if method in SPECULATIVE else 0
+        gen = engine.generate(Request(prompt, 48, method=method, depth=depth, sampler=sampler, **SMALL_NGRAMS))
+        assert EOS not in gen.tokens, method
+        if sampler.greedy:
+            assert gen.tokens == baseline, method
+
+
+def test_drafts_are_not_banned(tiny_models):
+    """llama-server's draft samplers do not see the request's EOS ban, and neither do ours: a
+    draft model equal to the target proposes the EOS that the banned target then rejects, its
+    only rejection (on PROMPTS[0] it accepts everything)."""
+    for name in NAMES:
+        engine = make_engine(name)
+        target = _paths(tiny_models, name, "target")
+        engine.load(target, target)
+        prompt = engine.tokenize(EOS_PROMPT)
+        gen = engine.generate(Request(prompt, 24, method="draft", depth=4))
+        assert gen.tokens == engine.generate(Request(prompt, 24)).tokens
+        rejected = [r for r in gen.rounds if r.accepted < r.drafted]
+        assert [r.proposed[r.accepted] for r in rejected] == [EOS], name
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "ngram-mod", "ngram-map-k4v"])
+def test_every_speculative_method_is_lossless(engine, prompts, method):
+    for prompt in [*prompts, engine.tokenize(EOS_PROMPT)]:
+        baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
+        for depth in (1, 4):
+            request = Request(prompt, NEW_TOKENS, method=method, depth=depth, **SMALL_NGRAMS)
+            gen = engine.generate(request)
+            assert gen.tokens == baseline, (method, depth)
+            _check_accounting(gen, request)
+
+
 def test_verify_cost(engine):
     costs = engine.verify_cost(64, max_rows=4, repeats=3)
     assert len(costs) == 4

@@ -202,3 +202,17 @@ def test_sampled_mtp_is_reproducible(engine, prompts):
     assert first.tokens == second.tokens
     assert [r.proposed for r in first.rounds] == [r.proposed for r in second.rounds]
     _check_rounds(first, 3)
+
+
+EOS = tinymodels.VOCAB_SIZE - 1
+EOS_PROMPT = "as by as of model else and"  # the hybrid's greedy continuation has EOS at position 13
+
+
+def test_mtp_never_emits_eos(engine, monkeypatch):
+    """The target's sampling bans end-of-generation tokens in every method, MTP's included."""
+    prompt = engine.tokenize(EOS_PROMPT)
+    baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
+    runs = [engine.generate(Request(prompt, NEW_TOKENS, method=m, depth=3)) for m in ("mtp", "draft", "ngram")]
+    assert EOS not in baseline and all(gen.tokens == baseline for gen in runs)
+    monkeypatch.setattr(engine._target, "end_tokens", [])
+    assert engine.generate(Request(prompt, NEW_TOKENS)).tokens.index(EOS) == 13  # the ban is what kept it out

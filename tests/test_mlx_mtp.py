@@ -137,3 +137,17 @@ def test_verify_cost_rolls_back_on_the_hybrid(hybrid):
     assert len(seconds) == 4 and all(s > 0 for s in seconds)
     prompt = hybrid.tokenize(TEXTS[0])
     assert hybrid.generate(Request(prompt, 8)).tokens == hybrid.generate(Request(prompt, 8)).tokens
+
+
+EOS = 511  # the tiny models' end-of-generation token
+EOS_PROMPT = "as by as of model else and"  # the hybrid's greedy continuation has EOS at position 13
+
+
+def test_mtp_never_emits_eos(hybrid, monkeypatch):
+    """The target's sampling bans the tokenizer's EOS in every method, MTP's included."""
+    prompt = hybrid.tokenize(EOS_PROMPT)
+    baseline = hybrid.generate(Request(prompt, NEW_TOKENS)).tokens
+    runs = [hybrid.generate(Request(prompt, NEW_TOKENS, method=m, depth=3)) for m in ("mtp", "draft", "ngram")]
+    assert EOS not in baseline and all(gen.tokens == baseline for gen in runs)
+    monkeypatch.setattr(hybrid, "_end_tokens", lambda: [])
+    assert hybrid.generate(Request(prompt, NEW_TOKENS)).tokens.index(EOS) == 13  # the ban is what kept it out

@@ -28,7 +28,10 @@ class EngineError(ValueError):
 @dataclass(frozen=True)
 class Request:
     prompt_tokens: tuple[int, ...]
-    max_new_tokens: int  # exactly this many tokens are generated: EOS does not stop a run (as in llama-bench)
+    # Exactly this many tokens are generated. End-of-generation tokens are banned (logit -inf) in
+    # the target's sampling, as llama-server's `ignore_eos: true` bans them, so a run never ends
+    # early and never emits one; drafts are not banned (the server's draft samplers are not).
+    max_new_tokens: int
     method: str = "baseline"
     depth: int = 0  # draft depth K; 0 for baseline
     sampler: Sampler = Sampler()

@@ -8,6 +8,13 @@ that matches the target's own samples, and drop the rest from the KV cache with
 (base.Drafter): a draft model (`_DraftModel`), the target's own MTP head (llamacpp_mtp.py), the
 n-gram drafters (ngram.py). llama-cpp-python's high-level `Llama` is used only for the reference
 arms.
+
+Runs are fixed-length: every end-of-generation token of the vocabulary (llama_vocab_is_eog) is
+banned where the target samples, with a logit-bias sampler first in the chain, as llama-server
+applies `ignore_eos` (common/common.cpp puts the EOG biases in the sampling params' logit_bias,
+common/sampling.cpp adds them before the sampling steps). The server's draft samplers are built
+without them (common/speculative.cpp: a top-k chain of their own), so ours are too. The
+reference arms get the same ban through Llama.generate's logits_processor.
 """
 
 from __future__ import annotations
@@ -123,6 +130,7 @@ class _Context:
         self.cparams = cparams  # an MTP context on this model copies them
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.end_tokens = [i for i in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, i)]
         self.n_embd = ll.llama_model_n_embd_out(self.model)
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
@@ -230,12 +238,16 @@ class _Context:
 
 class _Chain:
     """A llama.cpp sampler chain: greedy, or top-k, top-p, temperature and a seeded draw, in
-    llama.cpp's usual order. Draft and verify each get one with the same settings."""
+    llama.cpp's usual order. Draft and verify each get one with the same settings; with
+    `banned` (token ids of a vocabulary of n_vocab), a logit bias of -inf on them comes first."""
 
-    def __init__(self, sampler: Sampler):
+    def __init__(self, sampler: Sampler, banned: list[int] | None = None, n_vocab: int = 0):
         params = ll.llama_sampler_chain_default_params()
         params.no_perf = True
         self.chain = ll.llama_sampler_chain_init(params)
+        if banned:
+            biases = (ll.llama_logit_bias * len(banned))(*[ll.llama_logit_bias(t, float("-inf")) for t in banned])
+            ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
         if sampler.greedy:
             ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_greedy())
         else:
@@ -412,8 +424,12 @@ class LlamaCppEngine:
         gen.peak_memory_bytes = _peak_rss_bytes()
         return gen
 
+    def _verify_chain(self, sampler: Sampler) -> _Chain:
+        """The target's sampler chain, end-of-generation tokens banned."""
+        return _Chain(sampler, self._target.end_tokens, self._target.n_vocab)
+
     def _baseline(self, request: Request) -> Generation:
-        target, chain = self._target, _Chain(request.sampler)
+        target, chain = self._target, self._verify_chain(request.sampler)
         try:
             tokens, times = [], []
             start = time.perf_counter()
@@ -431,7 +447,8 @@ class LlamaCppEngine:
 
     def _drafter(self, request: Request, chains: list[_Chain]) -> Drafter:
         """The request's drafter. Model drafters sample with a chain of the target's settings
-        (added to `chains`, for the caller to free)."""
+        (added to `chains`, for the caller to free) without the end-of-generation ban, as
+        llama-server's draft samplers do."""
         if request.method not in ("draft", "mtp"):
             return ngram.make_drafter(request.method, request)
         chains.append(_Chain(request.sampler))
@@ -442,7 +459,7 @@ class LlamaCppEngine:
     def _speculative(self, request: Request) -> Generation:
         target, n, depth = self._target, request.max_new_tokens, request.depth
         prompt = list(request.prompt_tokens)
-        chains = [_Chain(request.sampler)]
+        chains = [self._verify_chain(request.sampler)]
         chain = chains[0]
         drafter = self._drafter(request, chains)
         rounds: list[Round] = []
@@ -507,8 +524,10 @@ class LlamaCppEngine:
         return self._references[method]
 
     def _reference(self, request: Request) -> Generation:
-        """Llama.generate, plain or with LlamaPromptLookupDecoding: the library's own path.
-        Its lookup takes suffixes from ngram_max down to 1 (it has no minimum)."""
+        """Llama.generate, plain or with LlamaPromptLookupDecoding: the library's own path,
+        end-of-generation tokens banned by a logits processor (which llama-cpp-python runs as a
+        sampler at the head of its chain). Its lookup takes suffixes from ngram_max down to 1
+        (it has no minimum)."""
         llm = self._reference_llama(request.method)
         llm.draft_model = (
             LlamaPromptLookupDecoding(max_ngram_size=request.ngram_max, num_pred_tokens=request.depth)
@@ -518,10 +537,22 @@ class LlamaCppEngine:
         s = request.sampler
         llm.set_seed(s.seed)
         llm.reset()
+        banned = np.array(self._target.end_tokens, dtype=np.intp)
+
+        def ban(history, logits: np.ndarray) -> np.ndarray:
+            logits[banned] = -np.inf
+            return logits
+
         tokens, times = [], []
         start = time.perf_counter()
         for token in llm.generate(
-            list(request.prompt_tokens), top_k=s.top_k, top_p=s.top_p, min_p=0.0, temp=s.temperature, repeat_penalty=1.0
+            list(request.prompt_tokens),
+            top_k=s.top_k,
+            top_p=s.top_p,
+            min_p=0.0,
+            temp=s.temperature,
+            repeat_penalty=1.0,
+            logits_processor=[ban],
         ):
             tokens.append(token)
             times.append(time.perf_counter() - start)

@@ -8,16 +8,21 @@ agent/engines/ngram.py) proposes up to K tokens, the target scores them all in o
 pass, the longest prefix that matches the target's own samples is kept, and every cache goes
 back to what was kept: attention caches are trimmed, recurrent ones (GatedDeltaNet, Mamba)
 restored and fed the kept tokens again (`_Cache`).
+
+Runs are fixed-length: the tokenizer's end-of-sequence tokens are banned (logit -inf) wherever
+the target samples, in our loops and in the reference arms (a logits processor), as
+llama-server's `ignore_eos` bans them; draft proposals are not banned, as the server's are not.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import mlx_lm
+import numpy as np
 from mlx_lm.generate import generation_stream, stream_generate, wired_limit
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
@@ -41,13 +46,36 @@ PREFILL_STEP_TOKENS = 2048  # mlx_lm.generate_step's default: bounds prefill mem
 SampleFn = Callable[[mx.array], mx.array]  # logits (rows, vocab) -> tokens (rows,)
 
 
-def _sample_fn(sampler: Sampler) -> SampleFn:
+def _ban(tokens: Sequence[int]) -> Callable[[mx.array], mx.array]:
+    """logits (..., vocab) -> the same with `tokens` at -inf; the identity when there are none."""
+    if not tokens:
+        return lambda logits: logits
+    masks: dict[int, mx.array] = {}  # by vocabulary width (a model's may be padded)
+
+    def ban(logits: mx.array) -> mx.array:
+        width = logits.shape[-1]
+        if width not in masks:
+            mask = np.zeros(width, dtype=bool)
+            mask[[t for t in tokens if t < width]] = True
+            masks[width] = mx.array(mask)
+        return mx.where(masks[width], mx.array(float("-inf"), dtype=logits.dtype), logits)
+
+    return ban
+
+
+def _sample_fn(sampler: Sampler, banned: Sequence[int] = ()) -> SampleFn:
     """Greedy argmax, or mlx-lm's own sampler chain (top-p, top-k, temperature) so that draft,
-    verify and the reference arms all truncate the same way."""
+    verify and the reference arms all truncate the same way; `banned` tokens never come out."""
+    ban = _ban(banned)
     if sampler.greedy:
-        return lambda logits: mx.argmax(logits, axis=-1)
+        return lambda logits: mx.argmax(ban(logits), axis=-1)
     chain = make_sampler(temp=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k)
-    return lambda logits: chain(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+    def sample(logits: mx.array) -> mx.array:
+        logits = ban(logits)
+        return chain(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+    return sample
 
 
 def _forward(model, inputs: mx.array, cache, hidden: bool = False) -> tuple[mx.array, mx.array | None]:
@@ -258,8 +286,12 @@ class MlxEngine:
         gen.peak_memory_bytes = mx.get_peak_memory()
         return gen
 
+    def _end_tokens(self) -> list[int]:
+        """The tokens banned in fixed-length runs: the tokenizer's end-of-sequence ids."""
+        return sorted(self._tokenizer.eos_token_ids)
+
     def _baseline(self, request: Request) -> Generation:
-        sample = _sample_fn(request.sampler)
+        sample = _sample_fn(request.sampler, self._end_tokens())
         cache = make_prompt_cache(self._model)
         n = request.max_new_tokens
         tokens, times = [], []
@@ -277,18 +309,19 @@ class MlxEngine:
         return make_generation(request, tokens, times)
 
     def _drafter(self, request: Request, target: _Target) -> Drafter:
-        """The request's drafter, proposing MLX arrays; model drafters sample with the target's
-        sampler settings."""
-        sample = _sample_fn(request.sampler)
+        """The request's drafter, proposing MLX arrays. Model drafters sample with the
+        target's sampler settings but without the end-of-sequence ban, as llama-server's
+        draft samplers do."""
+        draft_sample = _sample_fn(request.sampler)
         if request.method == "draft":
-            return _DraftModel(self._draft, sample)
+            return _DraftModel(self._draft, draft_sample)
         if request.method == "mtp":
-            return MtpDrafter(target, self._mtp_head(), sample)
+            return MtpDrafter(target, self._mtp_head(), draft_sample)
         return _Proposals(ngram.make_drafter(request.method, request))
 
     def _speculative(self, request: Request) -> Generation:
         n, depth = request.max_new_tokens, request.depth
-        sample = _sample_fn(request.sampler)
+        sample = _sample_fn(request.sampler, self._end_tokens())
         prompt = list(request.prompt_tokens)
         target = _Target(self._model, keep_hidden=request.method == "mtp")  # the MTP head reads h
         drafter = self._drafter(request, target)
@@ -334,27 +367,25 @@ class MlxEngine:
         return make_generation(request, tokens, times, rounds, accepted_at, drafted_at)
 
     def _reference(self, request: Request) -> Generation:
-        """mlx_lm.stream_generate, with and without its draft model: the library's own path."""
+        """mlx_lm.stream_generate, with and without its draft model: the library's own path,
+        with the end-of-sequence ban as a logits processor (mlx-lm applies it to its draft
+        model's sampling too)."""
         s = request.sampler
         extra = {"draft_model": self._draft, "num_draft_tokens": request.depth} if request.method == "ref-draft" else {}
-        tokenizer = self._tokenizer
-        eos = tokenizer.eos_token_ids
-        tokenizer.eos_token_ids = []  # fixed-length runs, like ours
+        ban = _ban(self._end_tokens())
         tokens, times = [], []
-        try:
-            start = time.perf_counter()
-            for response in stream_generate(
-                self._model,
-                tokenizer,
-                list(request.prompt_tokens),
-                max_tokens=request.max_new_tokens,
-                sampler=make_sampler(temp=s.temperature, top_p=s.top_p, top_k=s.top_k),
-                **extra,
-            ):
-                tokens.append(response.token)
-                times.append(time.perf_counter() - start)
-        finally:
-            tokenizer.eos_token_ids = eos
+        start = time.perf_counter()
+        for response in stream_generate(
+            self._model,
+            self._tokenizer,
+            list(request.prompt_tokens),
+            max_tokens=request.max_new_tokens,
+            sampler=make_sampler(temp=s.temperature, top_p=s.top_p, top_k=s.top_k),
+            logits_processors=[lambda history, logits: ban(logits)],
+            **extra,
+        ):
+            tokens.append(response.token)
+            times.append(time.perf_counter() - start)
         return make_generation(request, tokens, times)
 
     def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
