@@ -41,7 +41,8 @@ HEALTH_TIMEOUT_SECONDS = 600.0  # a large model on a slow disk can take minutes 
 HEALTH_POLL_SECONDS = 0.1
 HEALTH_REQUEST_TIMEOUT_SECONDS = 2.0
 STOP_GRACE_SECONDS = 10.0
-LOG_TAIL_LINES = 15
+LOG_TAIL_LINES = 12
+LOG_LINE_CHARS = 120  # 15 lines of these, and the reason, fit in the agent's 2000-character failure report
 
 _running: set[ServerProcess] = set()  # started and not yet stopped, for stop_all()
 _running_lock = threading.Lock()
@@ -104,10 +105,11 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 def log_excerpt(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The log's last `lines` lines, after its first error lines when those come earlier (a
-    server that refuses an argument prints the reason first and its usage after)."""
+    server that refuses an argument prints the reason first and its usage after); each line cut
+    to LOG_LINE_CHARS, so that the whole fits in the agent's report of a failed job."""
     try:
         with open(path, errors="replace") as f:
-            text = f.read().splitlines()
+            text = [line[:LOG_LINE_CHARS] for line in f.read().splitlines()]
     except OSError:
         return ""
     tail = text[-lines:]
