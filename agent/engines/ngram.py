@@ -17,9 +17,10 @@ How llama-server drives llama.cpp's drafters, and how our loops mirror it (`Serv
   the newest sampled one, `id_last` = that newest token, `n_max` = `get_n_draft_max()` =
   min(n_ctx - n_tokens - 2, n_remaining - 1) where n_remaining = n_predict - tokens generated so
   far. When that is 0 or less the round drafts nothing and the drafter is not called. Ours:
-  `k` = min(depth, max_new_tokens - generated - 1) (the engine's context check makes the n_ctx
-  term never the smaller), propose() is not called when k is 0, and propose(context, k) runs the
-  drafter on context[:-1] and context[-1].
+  `k` = min(depth, max_new_tokens - generated - 1), propose() is not called when k is 0, and
+  propose(context, k) runs the drafter on context[:-1] and context[-1]. (The n_ctx term is never
+  the smaller for a server with our llama.cpp engine's context size: the engine refuses requests
+  that need more than prompt + max_new_tokens + depth + 1 positions.)
 - The drafter applies its own limits first: ngram-mod's n_max (--spec-ngram-mod-n-max) and its
   n_min (a draft shorter than n_min is dropped: common_speculative_impl_ngram_mod::draft_one),
   k4v's size_m (--spec-ngram-map-k4v-size-m); both are `Request.depth` here. Then
