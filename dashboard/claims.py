@@ -2,18 +2,32 @@
 chip from fleet runs, and write the sweep that would test it. No Streamlit here; the
 Questions page arranges it.
 
-Selection is exact. A claim's conditions name the system (engine and implementation: our own
-in-process loops are "specfleet", which is all the fleet runs today; a claim about MTPLX or
-llama-server selects only runs of that implementation, so none yet), the models by recorded
-reference (Hugging Face id or file name) or digest, the recorded quantisation and architecture
-(equal once normalised: lower case, punctuation dropped, an HF "...ForCausalLM" suffix
-dropped), the sampler, the prompt category and set, and the context depth. Nothing is matched
-by substring. The selected runs are split by comparable group (specfleet/record.py
-CHECKED_KEYS) and chip and never pooled.
+A claim names the system it is about as runs record it (specfleet/record.py: `engine`,
+`system`, `method`), and only runs of that system settle it. Our in-process loops are engine
+mlx or llama.cpp, system "specfleet"; llama.cpp's own server is engine llama-server, system
+"llama-server", method its --spec-type (depth: --spec-draft-n-max, or an n-gram type's own
+maximum); an OpenAI-compatible server is engine openai, system its name ("MTPLX", "OptiQ",
+"oMLX", ...), method what its command does. So an MTPLX claim is settled by openai runs of
+system MTPLX only, a draft-mtp claim by llama-server runs of method draft-mtp only. Our loop of
+the same method on the same weights (`OUR_LOOP`: llama-server draft-mtp -> llama.cpp mtp, an
+MLX server's mtp -> mlx mtp, ...) is evaluated on the claim's other conditions and shown
+beside its verdict ("our loop, same weights"), never as it. The ledger refuses a system,
+engine and method that no run can record.
+
+Selection is exact: the system, the models by recorded reference (Hugging Face id or file
+name) or digest, the recorded quantisation and architecture (equal once normalised: lower
+case, punctuation dropped, an HF "...ForCausalLM" suffix dropped), the sampler, the prompt
+category and set, the context depth and the draft depth. Nothing is matched by substring. The
+selected runs are split by comparable group (specfleet/record.py CHECKED_KEYS, the system
+among them) and chip and never pooled.
 
 Verdicts are dashboard/inference.py's: a ratio's interval (t over machine means of
 specfleet.speedup.per_prompt_sql's rows) against the claim's tolerance band, best depth by a
-confidence set, and the false-discovery step over every claim's decisions (`evaluate_all`)."""
+confidence set, and the false-discovery step over every claim's decisions (`evaluate_all`).
+
+`sweep_yaml` writes the sweep that tests a claim on its own system (llama-server arms with the
+source's server flags, an OpenAI-compatible server's command templates), with our loop of the
+same method as a second engine of the same file where there is one."""
 
 from __future__ import annotations
 
@@ -27,18 +41,21 @@ import duckdb
 import pandas as pd
 import yaml
 
+from coordinator import server_arms
 from dashboard import inference, stats
 from specfleet import speedup
 from specfleet.record import (
     ARCHITECTURE_SUFFIX,
     CHECKED_KEYS,
+    ENGINE_METHODS,
     ENGINES,
+    IN_PROCESS_ENGINES,
     MAX_DEPTH,
-    METHODS,
     PROMPT_CATEGORIES,
-    REFERENCE_METHODS,
+    SERVER_SPEC_TYPES,
     VERIFY_COST,
     architecture_family,
+    is_method,
 )
 
 LEDGER = Path(__file__).with_name("claims.yaml")
@@ -54,7 +71,7 @@ RULE_METRICS = {"best_depth_in": ("best_depth",), "none_measured": ("runs",)}
 CLAIM_KEYS = {"id", "statement", "source", "conditions", "metric", "expected", "verdict", "sweep", "note"}
 CONDITION_KEYS = {
     "engine",
-    "implementation",
+    "system",
     "method",
     "models",
     "digests",
@@ -67,10 +84,37 @@ CONDITION_KEYS = {
     "prompt_set",
     "context_tokens",
 }
-# Who ran the decode loop. "specfleet": our in-process loops (agent/), all the fleet runs today;
-# the others are systems claims are made about, which select no run until the fleet runs them.
+SWEEP_FIELDS = ("target", "draft", "flags", "command", "arm_command", "max_new_tokens")
+# The system under test as runs record it (RunRecord.system): our in-process loops, llama.cpp's
+# own server, or for engine openai the OpenAI-compatible server's own name.
 OURS = "specfleet"
-IMPLEMENTATIONS = (OURS, "MTPLX", "llama-server draft-mtp", "llama-server ngram-mod")
+LLAMA_SERVER = "llama-server"
+# Our in-process loop of the same method as a server's runs, on the same weights: (engine,
+# method) of the server's runs -> (engine, method) of ours. The OpenAI-compatible servers the
+# seeds name (MTPLX, OptiQ, oMLX, mlx_lm.server) are MLX servers. Shown beside a claim's
+# verdict, never as it.
+OUR_LOOP = {
+    ("llama-server", "draft-mtp"): ("llama.cpp", "mtp"),
+    ("llama-server", "draft-simple"): ("llama.cpp", "draft"),
+    ("llama-server", "ngram-mod"): ("llama.cpp", "ngram-mod"),
+    ("llama-server", "ngram-map-k4v"): ("llama.cpp", "ngram-map-k4v"),
+    ("openai", "mtp"): ("mlx", "mtp"),
+    ("openai", "draft"): ("mlx", "draft"),
+}
+# How a generated sweep starts an OpenAI-compatible server: its baseline's command template and
+# its arms' per method ({model}, {depth}, {port}). OptiQ names no depth flag in the seeds, so its
+# arm runs OptiQ's own depth. A claim about a server not here gives sweep.command and
+# sweep.arm_command.
+SERVER_PRESETS = {
+    "MTPLX": {
+        "baseline": "mtplx serve --model {model} --port {port}",
+        "mtp": "mtplx serve --model {model} --mtp --depth {depth} --port {port}",
+    },
+    "OptiQ": {
+        "baseline": "optiq serve --model {model} --port {port}",
+        "mtp": "optiq serve --model {model} --mtp --port {port}",
+    },
+}
 SAMPLER_KEYS = ("temperature", "top_p", "top_k", "seed")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,79}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -111,25 +155,63 @@ class Claim:
     metric: str
     expected: str
     rule: Rule
-    sweep: dict[str, str] = field(default_factory=dict)
+    sweep: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+
+    @property
+    def engine(self) -> str:
+        return self.conditions["engine"]
 
     @property
     def method(self) -> str:
         return self.conditions["method"]
 
     @property
-    def implementation(self) -> str:
-        return self.conditions.get("implementation") or OURS
+    def system(self) -> str:
+        """The system under test as its runs record it (RunRecord.system)."""
+        return self.conditions["system"]
 
     @property
-    def system(self) -> str:
-        """The system the claim is about, as the page names it."""
-        return f"{self.implementation} ({self.conditions['engine']} {self.method})"
+    def label(self) -> str:
+        """The system and method the claim is about, as the pages name a run's:
+        "llama-server draft-mtp", "MTPLX (openai) mtp", "specfleet llama.cpp mtp"."""
+        return system_method_label(self.system, self.engine, self.method)
 
     @property
     def depths(self) -> list[int]:
+        """The claim's draft depths; [] for a claim of runs at any depth."""
         return _as_list(self.conditions.get("depth"))
+
+
+def system_label(system: str, engine: str) -> str:
+    """How the pages name the system a run measured: "specfleet mlx" (our loop, by engine),
+    "llama-server", "MTPLX (openai)". system_label_sql is the same in SQL."""
+    if system == OURS:
+        return f"{OURS} {engine}"
+    return system if system == engine else f"{system} ({engine})"
+
+
+def system_method_label(system: str, engine: str, method: str) -> str:
+    return f"{system_label(system, engine)} {method}"
+
+
+def system_label_sql(prefix: str = "") -> str:
+    """SQL: system_label of a run's typed columns (`prefix` qualifies them: "g.")."""
+    system, engine = f"{prefix}system", f"{prefix}engine"
+    return (
+        f"CASE WHEN {system} = '{OURS}' THEN {system} || ' ' || {engine} WHEN {system} = {engine} THEN {system}"
+        f" ELSE {system} || ' (' || {engine} || ')' END"
+    )
+
+
+def our_loop(claim: Claim) -> Claim | None:
+    """The claim on our in-process loop of the same method and the same weights (OUR_LOOP),
+    for a claim about another system: what is shown beside its verdict. None for a claim
+    about our loops, or a method we have no loop of."""
+    if claim.system == OURS or (claim.engine, claim.method) not in OUR_LOOP:
+        return None
+    engine, method = OUR_LOOP[(claim.engine, claim.method)]
+    return replace(claim, conditions={**claim.conditions, "engine": engine, "method": method, "system": OURS})
 
 
 def _as_list(value) -> list:
@@ -183,18 +265,25 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
 
     cond = rec.get("conditions")
     if not isinstance(cond, dict):
-        fail("conditions", "is required: a mapping of engine, implementation, method, models, chip, depth, sampler")
+        fail("conditions", "is required: a mapping of engine, system, method, models, chip, depth, sampler")
         cond = {}
     for key in sorted(set(cond) - CONDITION_KEYS, key=str):
-        hint = " (models are named by exact reference: use models or digests)" if key == "model_family" else ""
+        hint = {
+            "model_family": " (models are named by exact reference: use models or digests)",
+            "implementation": " (the system under test is `system`, as runs record it, with its engine and method)",
+        }.get(key, "")
         fail(f"conditions.{key}", f"unknown field (allowed: {', '.join(sorted(CONDITION_KEYS))}){hint}")
-    if cond.get("engine") not in ENGINES:
+    engine = cond.get("engine")
+    if engine not in ENGINES:
         fail("conditions.engine", f"is required: one of {', '.join(ENGINES)}")
-    if cond.get("implementation") is not None and cond["implementation"] not in IMPLEMENTATIONS:
-        fail("conditions.implementation", f"must be one of {', '.join(IMPLEMENTATIONS)}")
-    methods = [m for m in METHODS + REFERENCE_METHODS if m != "baseline"]
-    if cond.get("method") not in methods:
-        fail("conditions.method", f"is required: one of {', '.join(methods)}")
+    system = _check_system(engine, cond.get("system"), fail)
+    method = cond.get("method")
+    if engine in ENGINES and (
+        not isinstance(method, str) or method in ("baseline", VERIFY_COST) or not is_method(engine, method)
+    ):
+        known = ", ".join(m for m in ENGINE_METHODS[engine] if m != "baseline")
+        lists = " or a comma list of them" if engine == LLAMA_SERVER else ""
+        fail("conditions.method", f"is required: a method engine {engine} runs ({known}){lists}, got {method!r}")
     for name in ("quantisation", "architecture", "chip", "prompt_set"):
         if cond.get(name) is not None and (not isinstance(cond[name], str) or not cond[name].strip()):
             fail(f"conditions.{name}", "must be a non-empty string or null")
@@ -222,8 +311,13 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
     if not all(_is_int(c) and c >= 0 for c in contexts):
         fail("conditions.context_tokens", "must be a token count >= 0 or a list of them")
     depths = _as_list(cond.get("depth"))
-    if not depths or not all(_is_int(d) and 0 <= d <= MAX_DEPTH for d in depths):
-        fail("conditions.depth", f"is required: a draft depth 0-{MAX_DEPTH} or a list of them")
+    if (depths or rec.get("metric") != "runs") and (
+        not depths or not all(_is_int(d) and 0 <= d <= MAX_DEPTH for d in depths)
+    ):
+        fail(
+            "conditions.depth",
+            f"is required: a draft depth 0-{MAX_DEPTH} or a list of them (a claim of metric runs may leave it out)",
+        )
     sampler = cond.get("sampler", {})
     if not isinstance(sampler, dict):
         fail("conditions.sampler", "must be a mapping of temperature, top_p, top_k, seed")
@@ -267,11 +361,10 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
                 v["rule"], *_band(v), min_machines=v.get("min_machines", default), min_runs=v.get("min_runs", 1)
             )
     sweep = rec.get("sweep", {})
-    paths_ok = isinstance(sweep, dict) and all(
-        k in ("target", "draft") and isinstance(x, str) for k, x in sweep.items()
-    )
-    if not paths_ok:
-        fail("sweep", "must be a mapping {target, draft} of model paths")
+    if not isinstance(sweep, dict):
+        fail("sweep", f"must be a mapping of {', '.join(SWEEP_FIELDS)}")
+        sweep = {}
+    _check_sweep(sweep, engine, system, method, fail)
     if rec.get("note") is not None and not isinstance(rec["note"], str):
         fail("note", "must be a string")
     if len(problems) != before or rule is None:
@@ -280,13 +373,70 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
         id=rec["id"],
         statement=rec["statement"].strip(),
         source=source,
-        conditions={**cond, "sampler": sampler},
+        conditions={**cond, "system": system, "sampler": sampler},
         metric=rec["metric"],
         expected=str(rec["expected"]),
         rule=rule,
         sweep=sweep,
         note=(rec.get("note") or "").strip(),
     )
+
+
+def _check_system(engine, system, fail) -> str | None:
+    """The claim's system, as runs of its engine record it: our in-process engines' runs are
+    "specfleet", llama-server's "llama-server" (both may be left out), an OpenAI-compatible
+    server's its own name (required)."""
+    if system is not None and (not isinstance(system, str) or not system.strip()):
+        fail("conditions.system", "must be the system's name as its runs record it")
+        return None
+    if engine in IN_PROCESS_ENGINES:
+        if system not in (None, OURS):
+            fail(
+                "conditions.system",
+                f"engine {engine} runs specfleet's own in-process loops, system {OURS!r}, never {system!r}"
+                " (a claim about another system names the engine its runs record: llama-server or openai)",
+            )
+        return OURS
+    if engine == LLAMA_SERVER:
+        if system not in (None, LLAMA_SERVER):
+            fail("conditions.system", f"engine llama-server's runs are system 'llama-server', never {system!r}")
+        return LLAMA_SERVER
+    if engine == "openai":
+        if system is None:
+            fail(
+                "conditions.system",
+                "is required for engine openai: the OpenAI-compatible server's name as its runs record it"
+                " (MTPLX, OptiQ, oMLX, mlx_lm.server, ...)",
+            )
+        elif system in (OURS, LLAMA_SERVER):
+            fail("conditions.system", f"{system!r} is not an OpenAI-compatible server's name (engine openai)")
+        return system
+    return None
+
+
+def _check_sweep(sweep: dict, engine, system, method, fail) -> None:
+    """The claim's sweep fields: model paths, llama-server flags, an OpenAI-compatible
+    server's command templates (required where SERVER_PRESETS has none), max_new_tokens."""
+    for key in sorted(set(sweep) - set(SWEEP_FIELDS), key=str):
+        fail(f"sweep.{key}", f"unknown field (allowed: {', '.join(SWEEP_FIELDS)})")
+    for key in ("target", "draft", "flags", "command", "arm_command"):
+        if key in sweep and (not isinstance(sweep[key], str) or not sweep[key].strip()):
+            fail(f"sweep.{key}", "must be a non-empty string")
+    tokens = sweep.get("max_new_tokens", 1)
+    if not _is_int(tokens) or not 1 <= tokens <= 16384:
+        fail("sweep.max_new_tokens", "must be a token count 1-16384")
+    if "flags" in sweep and engine != LLAMA_SERVER:
+        fail("sweep.flags", "llama-server's flags apply to engine llama-server (openai: sweep.command, arm_command)")
+    for key in ("command", "arm_command"):
+        if key in sweep and engine != "openai":
+            fail(f"sweep.{key}", "an OpenAI-compatible server's command template applies to engine openai")
+    if engine == "openai" and isinstance(system, str) and isinstance(method, str):
+        preset = SERVER_PRESETS.get(system, {})
+        known = ", ".join(SERVER_PRESETS)
+        if "command" not in sweep and "baseline" not in preset:
+            fail("sweep.command", f"is required: no command is known for {system} (known: {known}); a template")
+        if "arm_command" not in sweep and method not in preset:
+            fail("sweep.arm_command", f"is required: no {method} command is known for {system}; a template")
 
 
 def parse_claims(text: str) -> list[Claim]:
@@ -341,7 +491,7 @@ _COLUMNS = (
     "tokens_accepted",
 )
 _SELECT = (
-    ", ".join(_COLUMNS) + ", implementation, CAST(env_nominal AS BOOLEAN) AS env_nominal,"
+    ", ".join(_COLUMNS) + ", CAST(env_nominal AS BOOLEAN) AS env_nominal,"
     f" CAST(lossless AS BOOLEAN) AS lossless, {speedup.COMPARABLE_ID} AS comparable"
 )
 
@@ -362,20 +512,17 @@ _ARCHITECTURE = _norm_sql(f"regexp_replace(target_architecture, '{ARCHITECTURE_S
 def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
     """The claim's conditions as (name, SQL condition on a run's typed columns), each an exact
     match, with their named parameters. Baselines of the same system, models, chips and
-    sampler are selected with the arm."""
+    sampler are selected with the arm; a claim of any depth has no depth condition."""
     c = claim.conditions
     out = [
         ("engine", "engine = $engine"),
-        ("implementation", "implementation = $implementation"),
+        ("system", "system = $system"),
         ("method", "method IN ('baseline', $method)"),
-        ("depth", "(method = 'baseline' OR list_contains($depths::INTEGER[], depth))"),
     ]
-    params: dict[str, Any] = {
-        "engine": c["engine"],
-        "implementation": claim.implementation,
-        "method": c["method"],
-        "depths": claim.depths,
-    }
+    params: dict[str, Any] = {"engine": c["engine"], "system": claim.system, "method": c["method"]}
+    if claim.depths:
+        out.append(("depth", "(method = 'baseline' OR list_contains($depths::INTEGER[], depth))"))
+        params["depths"] = claim.depths
     chip = c.get("chip")
     if chip and chip.endswith("*"):
         out.append(("chip", "starts_with(chip, $chip)"))
@@ -424,20 +571,14 @@ def _chip_label(pattern: str | None) -> str:
 
 
 def _fleet(con: duckdb.DuckDBPyConnection, runs: pd.DataFrame) -> None:
-    """The runs as view `fleet`, generation runs only, with each run's implementation (a run
-    that records none ran in our loops: specfleet)."""
+    """The runs as table `fleet`, generation runs only."""
     con.register("fleet_frame", runs)
-    if "implementation" in runs.columns:
-        sql = "SELECT * REPLACE (coalesce(nullif(implementation, ''), $ours) AS implementation) FROM fleet_frame"
-    else:
-        sql = "SELECT *, $ours AS implementation FROM fleet_frame"
-    con.execute(f"CREATE TEMP TABLE fleet AS {sql}", {"ours": OURS})
-    con.execute(f"DELETE FROM fleet WHERE method = '{VERIFY_COST}'")
+    con.execute(f"CREATE TEMP TABLE fleet AS SELECT * FROM fleet_frame WHERE method != '{VERIFY_COST}'")
     con.unregister("fleet_frame")
 
 
 def _empty_runs() -> pd.DataFrame:
-    return pd.DataFrame(columns=[*_COLUMNS, "implementation", "env_nominal", "lossless", "comparable"])
+    return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "comparable"])
 
 
 def matching_runs(claim: Claim, runs: pd.DataFrame) -> pd.DataFrame:
@@ -468,9 +609,11 @@ def _matched(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame | None = None)
 def selection(claim: Claim, runs: pd.DataFrame) -> dict[str, Any]:
     """What the claim selected and why the rest was left out, in one query: fleet (generation
     runs), selected (runs, baselines included), arm (of them, the claim's method), models
-    (target references), systems ("implementation (engine)"), and excluded: for each
-    condition, the generation runs of the fleet that fail it (a run may fail several)."""
-    empty = dict(selected=0, arm=0, models=[], systems=[], excluded={}, fleet=0)
+    (target references), systems (system_label: "specfleet mlx", "MTPLX (openai)"), of_system
+    (the fleet's runs of the claim's system, engine and method, whatever their other fields),
+    and excluded: for each condition, the generation runs of the fleet that fail it (a run may
+    fail several)."""
+    empty = dict(selected=0, arm=0, models=[], systems=[], of_system=0, excluded={}, fleet=0)
     if runs.empty:
         return empty
     con = duckdb.connect()
@@ -482,17 +625,20 @@ def selection(claim: Claim, runs: pd.DataFrame) -> dict[str, Any]:
         f"SELECT count(*) AS fleet, count(*) FILTER (WHERE {every}) AS selected,"
         f" count(*) FILTER (WHERE {every} AND method = $method) AS arm,"
         f" list(DISTINCT target_reference ORDER BY target_reference) FILTER (WHERE {every}) AS models,"
-        f" list(DISTINCT implementation || ' (' || engine || ')' ORDER BY 1) FILTER (WHERE {every}) AS systems,"
+        f" list(DISTINCT {system_label_sql()} ORDER BY 1) FILTER (WHERE {every}) AS systems,"
+        " count(*) FILTER (WHERE engine = $engine AND system = $system AND method = $method) AS of_system,"
         f" {fails} FROM fleet",
         params,
     ).fetchone()
-    excluded = {name: int(row[5 + i]) for i, (name, _) in enumerate(conds) if row[5 + i]}
+    first = 6  # the columns before the conditions' counts
+    excluded = {name: int(row[first + i]) for i, (name, _) in enumerate(conds) if row[first + i]}
     return dict(
         fleet=int(row[0]),
         selected=int(row[1]),
         arm=int(row[2]),
         models=list(row[3] or []),
         systems=list(row[4] or []),
+        of_system=int(row[5]),
         excluded=excluded,
     )
 
@@ -700,30 +846,42 @@ def _runs_rows(con, cells: pd.DataFrame) -> list[dict]:
 
 def _no_run(claim: Claim, none: dict, sel: dict) -> dict:
     """The one row of a claim no run matches: an absence claim holds, any other is
-    inconclusive, saying what the conditions left out."""
+    inconclusive, saying whether the fleet holds no run of the claim's system at all or none
+    on its other conditions, and what the conditions left out."""
     if claim.metric == "runs":
-        return dict(none, verdict=inference.REPRODUCED, figure=0.0, why=f"no run of {claim.system} in the fleet yet")
-    if claim.implementation != OURS:
-        why = f"no runs of {claim.implementation}"
-    else:
+        return dict(none, verdict=inference.REPRODUCED, figure=0.0, why=f"no run of {claim.label} in the fleet yet")
+    if claim.system == OURS:
         why = "no run in the fleet matches its conditions"
+    elif not sel.get("of_system"):
+        why = f"no runs of {claim.label} in the fleet yet"
+    else:
+        why = f"no run of {claim.label} in the fleet matches its other conditions"
     if sel.get("excluded"):
         why += " (" + selection_text(sel) + ")"
     return dict(none, verdict=inference.INCONCLUSIVE, why=why)
 
 
-def _beside(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> str:
-    """Our loop's figure on the claim's other conditions, for a claim about another system:
-    shown beside its verdict, never as it."""
-    if claim.implementation == OURS or claim.metric == "runs":
+def beside(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> str:
+    """For a claim about another system than ours: our loop of the same method on the same
+    weights and the claim's other conditions (our_loop), per chip, as one line ("our loop,
+    same weights (specfleet llama.cpp mtp) on Apple M1 Max: 0.87 [0.84, 0.9], 2 machine(s)").
+    Shown beside the claim's verdict, never as it; '' when there is no such loop or run."""
+    ours = our_loop(claim)
+    if ours is None or runs.empty:
         return ""
-    ours = replace(claim, conditions={**claim.conditions, "implementation": OURS})
     out = _evaluate(ours, runs, jobs)
     out = out[out["runs"] > 0]
-    return "; ".join(
-        f"{OURS}'s loop on {r.chip}: {r.figure:.3g} [{r.ci_low:.3g}, {r.ci_high:.3g}], {r.machines} machine(s)"
-        for r in out.itertuples()
-    )
+    parts = []
+    for r in out.itertuples():
+        depth = r.why.split(": ", 1)[0] + " " if r.why.startswith("K=") else ""
+        if claim.metric == "runs":
+            parts.append(f"{r.chip}: {r.runs} run(s) on {r.machines} machine(s)")
+        elif r.figure == r.figure:
+            interval = "" if r.ci_low != r.ci_low else f" [{r.ci_low:.3g}, {r.ci_high:.3g}]"
+            parts.append(f"{r.chip}: {depth}{r.figure:.3g}{interval}, {r.machines} machine(s)")
+    if not parts:
+        return ""
+    return f"our loop, same weights ({ours.label}) on " + "; ".join(parts)
 
 
 def evaluate(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
@@ -732,13 +890,13 @@ def evaluate(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFra
     interval, the machines, fewest prompts and runs (pairs, for a ratio) behind it, the runs
     left out as not nominal, the verdict's p-value, and why. Runs that differ in a checked key
     are never pooled: `differs` names each group's values of the keys in which the claim's
-    groups differ. `jobs` (job_id, attempt, state) says which attempts are valid. A claim about
-    another system than ours that selects no run says so, with our loop's figure on the same
-    conditions in `beside`. adjusted_verdict is the verdict itself here; `evaluate_all`
-    applies the false-discovery step across claims."""
+    groups differ. `jobs` (job_id, attempt, state) says which attempts are valid. Only runs of
+    the claim's system settle it; for a claim about another system, `beside` holds our loop's
+    figure of the same method on the same weights wherever it has runs (never the verdict).
+    adjusted_verdict is the verdict itself here; `evaluate_all` applies the false-discovery
+    step across claims."""
     out = _evaluate(claim, runs, jobs)
-    if (out["runs"] == 0).all():
-        out["beside"] = _beside(claim, runs, jobs)
+    out["beside"] = beside(claim, runs, jobs)
     return out
 
 
@@ -819,16 +977,39 @@ def evaluate_all(claims: list[Claim], runs: pd.DataFrame, jobs: pd.DataFrame, q:
 # ---------------------------------------------------------------- the sweep that tests a claim
 
 
+def sweep_depths(claim: Claim) -> list[int]:
+    """The depths a claim's sweep measures: the claim's own, or for a claim of any depth the
+    method's default (llama.cpp's: --spec-draft-n-max 3, ngram-mod's n_max 64, ...; 3 for
+    our other loops)."""
+    if claim.depths:
+        return claim.depths
+    types = claim.method.split(",")
+    return [server_arms.depth_flag(claim.method)[1] if all(t in SERVER_SPEC_TYPES for t in types) else 3]
+
+
+def _needs_draft(method: str) -> bool:
+    return method in ("draft", "ref-draft") or "draft-simple" in method.split(",")
+
+
 def sweep_yaml(claim: Claim) -> str:
-    """A sweep file that measures the claim's arm against the baseline on the claim's chips."""
+    """A sweep file that measures the claim's arm against the baseline on the claim's own
+    system and chips: in-process methods for our loops, llama-server arms (`spec_type` and its
+    depths, with the source's server flags), or an OpenAI-compatible server's command templates
+    (SERVER_PRESETS, or the claim's sweep.command and sweep.arm_command). A claim about
+    another system gets our loop of the same method on the same weights as the file's second
+    engine (our_loop), whose runs stand beside the verdict."""
     c = claim.conditions
-    engine = c["engine"]
+    engine, method = claim.engine, claim.method
+    depths = sweep_depths(claim)
     named = (c.get("models") or ["target"])[0].split("/")[-1]
-    default = "/models/" + named + (".gguf" if engine == "llama.cpp" and not named.endswith(".gguf") else "")
-    target = claim.sweep.get("target") or default
+    gguf = engine in ("llama.cpp", LLAMA_SERVER) and not named.endswith(".gguf")
+    target = claim.sweep.get("target") or "/models/" + named + (".gguf" if gguf else "")
     models = {"target": target}
-    if c["method"] in ("draft", "ref-draft"):
+    if _needs_draft(method):
         models["draft"] = claim.sweep.get("draft") or target + "-draft"
+    ours = our_loop(claim)
+    engines = [engine] + ([ours.engine] if ours else [])
+    notes = []
     doc: dict[str, Any] = {"name": f"claim-{claim.id}"}
     chip = c.get("chip")
     if chip == "Apple*":
@@ -836,19 +1017,42 @@ def sweep_yaml(claim: Claim) -> str:
     elif chip and not chip.endswith("*"):
         doc["target"] = {"chips": [chip]}
     doc.update(
-        models={engine: models},
-        engines=[engine],
+        models={e: dict(models) for e in engines},
+        engines=engines,
         samplers=[dict(c.get("sampler") or {"temperature": 0})],
         prompt_sets=[c.get("prompt_set") or (_as_list(c.get("prompt_category")) or ["conversation"])[0]],
-        methods={c["method"]: claim.depths},
-        max_new_tokens=256,
-        warmup=3,
-        repeats=SWEEP_REPEATS,
     )
-    if c["method"] in ("ngram", "ref-ngram"):
-        doc["ngram"] = {"n_min": 1, "n_max": 3}
+    in_process = claim if engine in IN_PROCESS_ENGINES else ours
+    if in_process is not None:
+        doc["methods"] = {in_process.method: list(depths)}
+        if in_process.method in ("ngram", "ref-ngram"):
+            doc["ngram"] = {"n_min": 1, "n_max": 3}
+    if engine == LLAMA_SERVER:
+        if claim.sweep.get("flags"):
+            doc["server"] = {"flags": claim.sweep["flags"]}
+            notes.append(f"llama-server's flags are the source's: {claim.sweep['flags']}")
+        doc["arms"] = [{"spec_type": method, "depths": list(depths)}]
+    elif engine == "openai":
+        preset = SERVER_PRESETS.get(claim.system, {})
+        arm = claim.sweep.get("arm_command") or preset[method]
+        if "{depth}" not in arm:
+            depths = depths[:1]
+            notes.append(
+                f"{claim.system}'s {method} command sets no depth (the seeds name no depth flag for it): its one arm"
+                f" runs {claim.system}'s own depth and is recorded as K={depths[0]}, the claim's;"
+                " put its depth option into arms[0].command if it has one"
+            )
+        doc["server"] = {"system": claim.system, "command": claim.sweep.get("command") or preset["baseline"]}
+        doc["arms"] = [{"method": method, "depths": list(depths), "command": arm}]
+    doc.update(max_new_tokens=claim.sweep.get("max_new_tokens", 256), warmup=3, repeats=SWEEP_REPEATS)
     header = f"# Tests claim {claim.id}: {claim.statement}\n"
-    if claim.implementation != OURS:
-        header += f"# The claim is about {claim.implementation}; this sweep runs specfleet's own loop beside it.\n"
+    if claim.system != OURS:
+        header += f"# The claim is about {claim.label}: only its runs settle it.\n"
+    if ours is not None:
+        header += (
+            f"# Engine {ours.engine} runs our loop of the same method on the same weights ({ours.label}):"
+            " shown beside the verdict, never as it.\n"
+        )
+    header += "".join(f"# {n}.\n" for n in notes)
     header += "# Point models at your files, then: specfleet sweep submit FILE\n"
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)

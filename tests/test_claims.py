@@ -1,7 +1,10 @@
-"""The claims ledger: every record checks, every sweep parses, verdicts from known runs by the
-interval rule, and a malformed record is refused with its field named."""
+"""The claims ledger: every record checks, every sweep parses on the claim's own system (with our
+loop of the same method beside), verdicts from known runs by the interval rule, a malformed
+record (a system, engine and method no run can record among them) is refused with its field
+named, and only runs of a claim's system settle it."""
 
 import dataclasses
+import shlex
 
 import duckdb
 import numpy as np
@@ -12,7 +15,7 @@ import yaml
 from coordinator.sweeps import parse_sweep
 from dashboard import claims, inference
 from specfleet import speedup
-from specfleet.record import CHECKED_KEYS, ENGINE_METHODS, ModelIdentity, Sampler
+from specfleet.record import CHECKED_KEYS, IN_PROCESS_ENGINES, ModelIdentity, Sampler, is_method
 from tests.fleet import jobs_of, register_runs
 from tests.test_dashboard import MLX_27B, VARIANTS, record, row, sha
 
@@ -23,6 +26,7 @@ REQUIRED = {
     "llamacpp-mtp-m5-max-dense-27b",
     "llamacpp-mtp-m5-max-moe-35b",
     "llamacpp-mtp-m1-max-net-loss-n2",
+    "llamacpp-mtp-m1-max-net-loss-n6",
     "optiq-depth-k1",
     "optiq-depth-k2",
     "optiq-depth-k3",
@@ -31,7 +35,7 @@ REQUIRED = {
     "small-target-loses",
     "mtp-cuts-prefill-m2-ultra",
     "matched-truncation-acceptance",
-    "ngram-mod-gain-3-9pct",
+    "ngram-mod-qwen3.6-35b-1.37x",
     "no-mac-ngram-mod-benchmark",
 }
 GOOD = {
@@ -60,17 +64,79 @@ def test_the_ledger_holds_the_seed_claims_with_their_sources():
 
 @pytest.mark.parametrize("claim", claims.load_claims(), ids=lambda c: c.id)
 def test_every_generated_sweep_parses(claim):
-    """Every claim's sweep is ready to submit: the coordinator accepts it as it is."""
-    method, engine = claim.conditions["method"], claim.conditions["engine"]
-    assert method in ENGINE_METHODS[engine]
+    """Every claim's sweep is ready to submit: the coordinator accepts it as it is, and it
+    measures the claim's own system (and our loop of the same method as a second engine)."""
+    method, engine = claim.method, claim.engine
+    assert is_method(engine, method)
     sweep = parse_sweep(claims.sweep_yaml(claim))
-    assert sweep.engines == [engine]
-    assert {(a.method, a.depth) for a in sweep.arms} == {("baseline", 0)} | {(method, d) for d in claim.depths}
+    depths = claims.sweep_depths(claim)
+    ours = claims.our_loop(claim)
+    assert sweep.engines == [engine] + ([ours.engine] if ours else [])
+    if engine == "openai" and "{depth}" not in sweep.arms_of(engine)[-1].command:
+        depths = depths[:1]  # a server whose command sets no depth runs one arm
+    assert {(a.method, a.depth) for a in sweep.arms_of(engine)} == {("baseline", 0)} | {(method, d) for d in depths}
+    if ours:
+        arms = {(a.method, a.depth) for a in sweep.arms_of(ours.engine)}
+        assert arms == {("baseline", 0)} | {(ours.method, d) for d in claims.sweep_depths(claim)}
+        assert sweep.models[ours.engine]["target"] == sweep.models[engine]["target"]  # the same weights
+    if engine == "llama-server":
+        assert sweep.server.flags == tuple(shlex.split(claim.sweep.get("flags", "")))
+    if engine == "openai":
+        assert sweep.server.system == claim.system and sweep.server.command
+        assert all(a.command for a in sweep.arms_of(engine) if a.method != "baseline")
+    assert {c.engine for c in sweep.cells()} == set(sweep.engines)
     chip = claim.conditions.get("chip")
     if chip == "Apple*":
         assert sweep.target["chip_families"] == list(claims.MAC_FAMILIES)
     elif chip:
         assert sweep.target["chips"] == [chip]
+
+
+def test_the_seeds_systems_get_their_own_sweeps():
+    """The draft-mtp claims run llama-server with the seed's flags; the M1 Max ones the bug
+    report's; ngram-mod its defaults; MTPLX and OptiQ their presets."""
+    dense = parse_sweep(claims.sweep_yaml(claim("llamacpp-mtp-m5-max-dense-27b")))
+    assert dense.server.flags == ("-ngl", "999", "-fa", "on", "-c", "65536", "--parallel", "1")
+    assert [(a.method, a.depth) for a in dense.arms_of("llama-server")] == [("baseline", 0), ("draft-mtp", 3)]
+    assert [(a.method, a.depth) for a in dense.arms_of("llama.cpp")] == [("baseline", 0), ("mtp", 3)]
+    (cell,) = [c for c in dense.cells() if c.engine == "llama-server"]
+    assert cell.server.flags == dense.server.flags and cell.model["target"].endswith("Qwen3.6-27B-Q8_0.gguf")
+    m1 = parse_sweep(claims.sweep_yaml(claim("llamacpp-mtp-m1-max-net-loss-n6")))
+    assert m1.server.flags == ("-ngl", "99") and m1.max_new_tokens == 2048 and m1.target["chips"] == ["Apple M1 Max"]
+    assert ("draft-mtp", 6) in {(a.method, a.depth) for a in m1.arms_of("llama-server")}
+    mod = parse_sweep(claims.sweep_yaml(claim("ngram-mod-qwen3.6-35b-1.37x")))
+    assert [(a.method, a.depth) for a in mod.arms_of("llama-server")] == [("baseline", 0), ("ngram-mod", 64)]
+    assert ("ngram-mod", 64) in {(a.method, a.depth) for a in mod.arms_of("llama.cpp")}
+    anywhere = parse_sweep(claims.sweep_yaml(claim("no-mac-ngram-mod-benchmark")))  # a claim of any depth
+    assert ("ngram-mod", 64) in {(a.method, a.depth) for a in anywhere.arms_of("llama-server")}
+    mtplx = parse_sweep(claims.sweep_yaml(claim("mtplx-2-3x")))
+    assert mtplx.server.system == "MTPLX" and mtplx.server.command == "mtplx serve --model {model} --port {port}"
+    (arm,) = [a for a in mtplx.arms_of("openai") if a.method == "mtp"]
+    assert (arm.depth, arm.command) == (3, "mtplx serve --model {model} --mtp --depth {depth} --port {port}")
+    text = claims.sweep_yaml(claim("optiq-depth-k2"))
+    optiq = parse_sweep(text)
+    assert optiq.server.command == "optiq serve --model {model} --port {port}"
+    assert [(a.method, a.depth, a.command) for a in optiq.arms_of("openai")][1:] == [
+        ("mtp", 2, "optiq serve --model {model} --mtp --port {port}")
+    ]
+    assert "sets no depth" in text  # said, in the file itself
+    assert "never as it" in text and "specfleet mlx mtp" in text
+
+
+def test_a_server_without_a_preset_takes_its_commands_from_the_claim():
+    rec = {
+        **GOOD,
+        "conditions": {"engine": "openai", "system": "oMLX", "method": "mtp", "depth": [1, 2]},
+        "sweep": {
+            "target": "mlx-community/Some-Model-4bit",
+            "command": "omlx serve {model} --port {port}",
+            "arm_command": "omlx serve {model} --mtp {depth} --port {port}",
+        },
+    }
+    c = claims.parse_claims(yaml.safe_dump([rec]))[0]
+    sweep = parse_sweep(claims.sweep_yaml(c))
+    assert sweep.server.system == "oMLX" and sweep.engines == ["openai", "mlx"]
+    assert [a.depth for a in sweep.arms_of("openai")] == [0, 1, 2]
 
 
 def test_a_supported_method_gives_a_sweep_that_parses():
@@ -104,10 +170,55 @@ def test_a_supported_method_gives_a_sweep_that_parses():
             "claims[0] (my-claim).conditions.models",
         ),
         ({"conditions": {**GOOD["conditions"], "digests": ["abc"]}}, "claims[0] (my-claim).conditions.digests"),
+        # the system under test is the recorded `system`: the old free-text field is refused
         (
-            {"conditions": {**GOOD["conditions"], "implementation": "vllm"}},
+            {"conditions": {**GOOD["conditions"], "implementation": "MTPLX"}},
             "claims[0] (my-claim).conditions.implementation",
         ),
+        # systems, engines and methods that no run can record together
+        ({"conditions": {**GOOD["conditions"], "system": "MTPLX"}}, "claims[0] (my-claim).conditions.system"),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "llama-server", "method": "draft-mtp", "system": "MTPLX"}},
+            "claims[0] (my-claim).conditions.system",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "openai", "method": "mtp"}},
+            "claims[0] (my-claim).conditions.system",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "openai", "method": "mtp", "system": "specfleet"}},
+            "claims[0] (my-claim).conditions.system",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "openai", "method": "mtp", "system": "llama-server"}},
+            "claims[0] (my-claim).conditions.system",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "llama-server", "method": "mtp"}},
+            "claims[0] (my-claim).conditions.method",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "llama-server", "method": "draft-mtp,draft-mtp"}},
+            "claims[0] (my-claim).conditions.method",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "openai", "system": "MTPLX", "method": "draft-mtp"}},
+            "claims[0] (my-claim).conditions.method",
+        ),
+        ({"conditions": {**GOOD["conditions"], "method": "draft-mtp"}}, "claims[0] (my-claim).conditions.method"),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "llama.cpp", "method": "ref-draft"}},
+            "claims[0] (my-claim).conditions.method",
+        ),
+        ({"conditions": {**GOOD["conditions"], "method": "baseline"}}, "claims[0] (my-claim).conditions.method"),
+        # a server with no known command needs the claim's templates
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "openai", "system": "oMLX", "method": "mtp"}},
+            "claims[0] (my-claim).sweep.command",
+        ),
+        ({"sweep": {"flags": "-ngl 99"}}, "claims[0] (my-claim).sweep.flags"),  # llama-server's flags, on mlx
+        ({"sweep": {"target": "/models/x", "path": "y"}}, "claims[0] (my-claim).sweep.path"),
+        ({"conditions": {**GOOD["conditions"], "depth": None}}, "claims[0] (my-claim).conditions.depth"),
         (
             {"conditions": {**GOOD["conditions"], "prompt_category": "chat"}},
             "claims[0] (my-claim).conditions.prompt_category",
@@ -161,11 +272,12 @@ def claim(claim_id):
 
 
 def ours(claim_id):
-    """A ledger claim with its conditions, about specfleet's own loop: a claim about
-    llama-server or MTPLX selects no run until the fleet runs them, so the rules are tested
-    on the same conditions and band in the fleet's own system."""
-    c = claim(claim_id)
-    return dataclasses.replace(c, conditions={**c.conditions, "implementation": claims.OURS})
+    """A ledger claim about llama-server or MTPLX on our loop of the same method and weights
+    (claims.our_loop, what stands beside its verdict), with its other conditions and band: the
+    rules tested on the fleet's own system."""
+    c = claims.our_loop(claim(claim_id))
+    assert c is not None and c.system == claims.OURS and c.engine in IN_PROCESS_ENGINES
+    return c
 
 
 def geometric(*machines):
@@ -254,8 +366,11 @@ def test_runs_outside_the_conditions_do_not_count():
             model=dataclasses.replace(Q9B, reference="Qwen3.5-9B-MTP-Q4_K_M-imat.gguf"),
         )
     )
-    decoy = pd.DataFrame(fleet_runs("Apple M1 Max", "g", "j8", ratios)).assign(implementation="llama-server draft-mtp")
-    other = pd.concat([other.assign(implementation=""), decoy], ignore_index=True)  # "" is ours
+    # runs of other systems on the same weights: llama.cpp's own server and an OpenAI-compatible one
+    server = dict(engine="llama-server", method="draft-mtp", system="llama-server")
+    decoys = fleet_runs("Apple M1 Max", "g", "j8", ratios, **server)
+    decoys += fleet_runs("Apple M1 Max", "h", "j9", ratios, engine="openai", system="oMLX")
+    other = pd.concat([other, pd.DataFrame(decoys)], ignore_index=True)
     out = claims.evaluate(c, other, jobs_of(other))
     assert out["chip"].tolist() == ["Apple M1 Max"] and out.iloc[0]["runs"] == 0
     assert out.iloc[0]["verdict"] == INCONCLUSIVE and out.iloc[0]["why"].startswith("no run in the fleet matches")
@@ -263,17 +378,27 @@ def test_runs_outside_the_conditions_do_not_count():
     assert (sel["selected"], sel["arm"], sel["fleet"]) == (8, 0, len(other))  # the depth-6 job's baselines
     # each condition counts the runs it leaves out (a baseline fails only the conditions of baselines)
     assert sel["excluded"] == {
-        "implementation": 16,
-        "engine": 16,
+        "engine": 48,  # mlx, llama-server, openai
+        "system": 32,  # llama-server, oMLX
+        "method": 8,  # draft-mtp's arm runs
         "depth": 8,
         "chip": 16,
         "models": 32,
         "quantisation": 32,  # Q8_0, and the Llama file that records none
         "sampler.temperature": 16,
     }
-    # the claim itself, about llama-server, selects only llama-server's runs
-    out = claims.evaluate(claim("llamacpp-mtp-m1-max-net-loss-n2"), other, jobs_of(other))
-    assert out.iloc[0]["runs"] == 8 and out.iloc[0]["verdict"] == REPRODUCED
+    # the claim itself, about llama-server, selects only llama-server's runs...
+    c = claim("llamacpp-mtp-m1-max-net-loss-n2")
+    out = claims.evaluate(c, other, jobs_of(other))
+    assert out.iloc[0]["runs"] == 8 and out.iloc[0]["verdict"] == REPRODUCED and out.iloc[0]["beside"] == ""
+    assert claims.selection(c, other)["systems"] == ["llama-server"]
+    # ...and our loop on the same weights stands beside it, never in it
+    mine = pd.DataFrame(fleet_runs("Apple M1 Max", "i", "j10", [0.9] * 8))
+    both = pd.concat([other, mine], ignore_index=True)
+    out = claims.evaluate(c, both, jobs_of(both))
+    assert (out.iloc[0]["runs"], out.iloc[0]["figure"]) == (8, pytest.approx(0.8))
+    assert out.iloc[0]["beside"].startswith("our loop, same weights (specfleet llama.cpp mtp) on Apple M1 Max: 0.9 [")
+    assert out.iloc[0]["beside"].endswith("1 machine(s)")
 
 
 def test_models_quantisation_and_architecture_match_exactly():
@@ -320,18 +445,21 @@ def test_acceptance_and_prefill_claims():
     )
     sampled = Sampler(temperature=1.0, top_p=0.95, top_k=20)
     rows = []
-    for agent in ("mini-1", "mini-2", "mini-3"):
-        rows += fleet_runs(
-            "Apple M4 Pro", agent, f"j-{agent}", [1.2] * 6, engine="mlx", depth=3, model=model, sampler=sampled
-        )
-    for r in rows:
+    for agent in ("mini-1", "mini-2", "mini-3"):  # OptiQ's server, reporting its draft counts
+        server = dict(engine="openai", system="OptiQ", depth=3, model=model, sampler=sampled)
+        rows += fleet_runs("Apple M4 Pro", agent, f"j-{agent}", [1.2] * 6, **server)
+    loop = fleet_runs(
+        "Apple M4 Pro", "mini-4", "j-ours", [1.2] * 6, engine="mlx", depth=3, model=model, sampler=sampled
+    )
+    for r in rows + loop:
         if r["method"] == "mtp":
-            r["tokens_drafted"], r["tokens_accepted"] = 100, 62
-    runs = pd.DataFrame(rows)
+            r["tokens_drafted"], r["tokens_accepted"] = 100, 62 if r["system"] == "OptiQ" else 40
+    runs = pd.DataFrame(rows + loop)
     row = claims.evaluate(acc, runs, jobs_of(runs)).iloc[0]
     assert (row["verdict"], row["figure"], row["runs"], row["machines"]) == (REPRODUCED, pytest.approx(0.62), 18, 3)
     assert not row["tested"] and "bootstrap" in row["why"]  # the median's interval; no p-value
-    one = runs[runs["agent_id"] == "mini-1"]
+    assert row["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 0.4 ")  # never in it
+    one = runs[runs["agent_id"].isin(["mini-1", "mini-4"])]
     assert claims.evaluate(acc, one, jobs_of(one)).iloc[0]["verdict"] == INCONCLUSIVE
 
     pre = ours("mtp-cuts-prefill-m2-ultra")
@@ -346,21 +474,58 @@ def test_acceptance_and_prefill_claims():
 
 
 def test_absence_claim_is_contradicted_by_the_first_mac_run_of_its_system():
-    c = claim("no-mac-ngram-mod-benchmark")
+    c = claim("no-mac-ngram-mod-benchmark")  # llama-server ngram-mod at any depth
+    assert c.depths == [] and c.label == "llama-server ngram-mod"
     assert claims.evaluate(c, pd.DataFrame(), jobs_of(pd.DataFrame())).iloc[0]["verdict"] == REPRODUCED
-    # specfleet's own n-gram loop (prompt lookup) on a Mac is not ngram-mod
-    loop = pd.DataFrame(fleet_runs("Apple M3", "air", "j0", [1.05] * 3, method="ngram", depth=3))
-    assert claims.evaluate(c, loop, jobs_of(loop)).iloc[0]["verdict"] == REPRODUCED
-    mod = "llama-server ngram-mod"
-    linux = pd.DataFrame(fleet_runs("AMD EPYC", "box", "j1", [1.05] * 3, method="ngram", depth=3)).assign(
-        implementation=mod
+    # specfleet's own n-gram loop (prompt lookup) on a Mac is not ngram-mod; our ngram-mod loop is
+    # not llama.cpp's either: it stands beside the verdict
+    loop = pd.DataFrame(
+        fleet_runs("Apple M3", "air", "j0", [1.05] * 3, method="ngram", depth=3)
+        + fleet_runs("Apple M3", "air", "j00", [1.05] * 3, method="ngram-mod", depth=64)
     )
+    row = claims.evaluate(c, loop, jobs_of(loop)).iloc[0]
+    assert row["verdict"] == REPRODUCED and row["runs"] == 0
+    assert (
+        row["beside"] == "our loop, same weights (specfleet llama.cpp ngram-mod) on Apple M3: 3 run(s) on 1 machine(s)"
+    )
+    mod = dict(engine="llama-server", method="ngram-mod", system="llama-server")
+    linux = pd.DataFrame(fleet_runs("AMD EPYC", "box", "j1", [1.05] * 3, depth=64, **mod))
     assert claims.evaluate(c, linux, jobs_of(linux)).iloc[0]["verdict"] == REPRODUCED  # not a Mac
-    mac = pd.DataFrame(fleet_runs("Apple M3", "air", "j2", [1.05] * 3, method="ngram", depth=3)).assign(
-        implementation=mod
-    )
+    mac = pd.DataFrame(fleet_runs("Apple M3", "air", "j2", [1.05] * 3, depth=24, **mod))  # any n_max counts
     row = claims.evaluate(c, mac, jobs_of(mac)).iloc[0]
     assert (row["chip"], row["verdict"], row["machines"], row["runs"]) == ("Apple M3", CONTRADICTED, 1, 3)
+
+
+def test_a_claim_about_a_system_waits_for_its_runs_and_says_so():
+    c = claim("mtplx-m4-pro-2.6x")
+    mlx = dict(engine="mlx", model=MLX_27B, depth=3)
+    ours_only = pd.DataFrame(fleet_runs("Apple M4 Pro", "mini", "j1", [2.5] * 4, **mlx))
+    row = claims.evaluate(c, ours_only, jobs_of(ours_only)).iloc[0]
+    assert (row["verdict"], row["runs"]) == (INCONCLUSIVE, 0)
+    assert row["why"].startswith("no runs of MTPLX (openai) mtp in the fleet yet")
+    assert row["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 2.5")
+    # MTPLX runs of another model: the fleet holds MTPLX runs, none on the claim's conditions
+    other = dataclasses.replace(MLX_27B, reference="org/another-model", digest=sha("another"))
+    elsewhere = pd.DataFrame(
+        fleet_runs("Apple M4 Pro", "mini", "j2", [2.5] * 4, engine="openai", system="MTPLX", depth=3, model=other)
+    )
+    row = claims.evaluate(c, elsewhere, jobs_of(elsewhere)).iloc[0]
+    assert row["why"].startswith("no run of MTPLX (openai) mtp in the fleet matches its other conditions")
+
+
+def test_system_labels_in_sql_and_python_agree():
+    cases = [("specfleet", "mlx"), ("specfleet", "llama.cpp"), ("llama-server", "llama-server"), ("MTPLX", "openai")]
+    con = duckdb.connect()
+    for system, engine in cases:
+        sql = con.execute(
+            f"SELECT {claims.system_label_sql()} FROM (SELECT ? AS system, ? AS engine)", [system, engine]
+        )
+        assert sql.fetchone()[0] == claims.system_label(system, engine)
+    assert [claims.system_method_label(s, e, "mtp") for s, e in cases[1:]] == [
+        "specfleet llama.cpp mtp",
+        "llama-server mtp",
+        "MTPLX (openai) mtp",
+    ]
 
 
 def test_every_checked_key_has_a_variant():
@@ -370,13 +535,20 @@ def test_every_checked_key_has_a_variant():
 @pytest.mark.parametrize("key", CHECKED_KEYS)
 def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
     """Two machines on one chip, one in another comparable group: never pooled. Each group's
-    figure is specfleet.speedup's on that group's runs alone."""
+    figure is specfleet.speedup's on that group's runs alone. For `system`, two
+    OpenAI-compatible servers (MTPLX and OptiQ) on one engine: a claim names one of them."""
+    conditions = {"engine": "mlx", "method": "mtp", "depth": 2}
+    base_fields, variant_fields = {"engine": "mlx"}, VARIANTS[key]
+    if key == "system":
+        conditions = {"engine": "openai", "system": "MTPLX", "method": "mtp", "depth": 2}
+        base_fields = variant_fields = {"engine": "openai", "engine_version": "httpx=0.28.1", "system": "MTPLX"}
+        variant_fields = {**variant_fields, "system": "OptiQ"}
     c = claims.parse_claims(
         yaml.safe_dump(
             [
                 {
                     **GOOD,
-                    "conditions": {"engine": "mlx", "method": "mtp", "depth": 2},
+                    "conditions": conditions,
                     "verdict": {"rule": "range", "low": 0.75, "high": 0.85, "min_machines": 1, "min_runs": 6},
                 }
             ]
@@ -384,16 +556,23 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
     )[0]
     base = [0.78, 0.8, 0.82, 0.79, 0.81, 0.8]
     variant = [0.9, 0.92, 0.88, 0.91, 0.89, 0.9]
-    rows = fleet_runs("Apple M4 Pro", "a", "j1", base, engine="mlx", model=MLX_27B)
-    rows += fleet_runs("Apple M4 Pro", "b", "j2", variant, **{"engine": "mlx", "model": MLX_27B, **VARIANTS[key]})
+    rows = fleet_runs("Apple M4 Pro", "a", "j1", base, model=MLX_27B, **base_fields)
+    rows += fleet_runs("Apple M4 Pro", "b", "j2", variant, **{"engine": "mlx", "model": MLX_27B, **variant_fields})
     runs = pd.DataFrame(rows)
     out = claims.evaluate(c, runs, jobs_of(runs)).set_index("group")
     con = duckdb.connect()
     register_runs(con, runs)
     truth = speedup.speedups(con).set_index("comparable")
     assert len(truth) == 2  # the definition itself keeps them apart
-    if key == "engine":  # the claim's conditions name one engine: the other group is not its
-        assert list(out.index) == [truth.index[truth["engine"] == "mlx"][0]]
+    groups = con.execute(f"SELECT DISTINCT {speedup.COMPARABLE_ID} AS g, engine, system FROM runs").df()
+    if key in ("engine", "system"):  # the claim's conditions name one engine and system: the other group is not its
+        mine = groups[(groups["engine"] == c.engine) & (groups["system"] == c.system)]["g"]
+        assert list(out.index) == mine.tolist()
+        named = {k: variant_fields[k] for k in ("engine", "system") if k in variant_fields}
+        other = claims.parse_claims(yaml.safe_dump([{**GOOD, "conditions": {**conditions, **named}}]))[0]
+        theirs = claims.evaluate(other, runs, jobs_of(runs))
+        assert theirs["group"].tolist() == sorted(set(truth.index) - set(out.index))  # and the other's is that
+        assert theirs.iloc[0]["figure"] == pytest.approx(geometric(variant))
     else:
         assert sorted(out.index) == sorted(truth.index)
         assert out["differs"].str.startswith(f"{key}=").all()

@@ -1,8 +1,9 @@
 """Exact claim selection and the interval rules on seeded fleets: each claim selects only the
-runs its conditions name (model by reference, system, sampler, chip, prompts), figures of
-different models are never blended, an interval across the band's edge is inconclusive, a
-claim about any Mac needs three machines, and the false-discovery step across the ledger
-turns a lone marginal verdict inconclusive among nulls."""
+runs its conditions name (model by reference, system, sampler, chip, prompts), a run of
+another system or of our own loop never settles a claim about a system (our loop's stand
+beside it), figures of different models are never blended, an interval across the band's edge
+is inconclusive, a claim about any Mac needs three machines, and the false-discovery step
+across the ledger turns a lone marginal verdict inconclusive among nulls."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from dashboard import claims, inference
-from specfleet.record import ModelIdentity, Sampler
+from specfleet.record import MAX_DEPTH, ModelIdentity, Sampler, is_method
 from tests.fleet import jobs_of
 from tests.test_claims import GOOD, claim, ours
 from tests.test_dashboard import MLX_27B, record, row, sha
@@ -48,9 +49,12 @@ def job_rows(chip, agent, job, model, by_depth, prompts=4, rng=None, engine="mlx
     return rows
 
 
-def frame(rows, implementation=None) -> pd.DataFrame:
-    out = pd.DataFrame(rows)
-    return out if implementation is None else out.assign(implementation=implementation)
+def frame(rows) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+MTPLX_SERVER = dict(engine="openai", system="MTPLX")
+OPTIQ_SERVER = dict(engine="openai", system="OptiQ")
 
 
 # ---------------------------------------------------------------- models are never blended
@@ -58,7 +62,8 @@ def frame(rows, implementation=None) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def blended():
-    """Three M4 Pros, each running both Qwen3.6-27B builds: MTPLX's optimised pack and OptiQ."""
+    """Three M4 Pros, each running both Qwen3.6-27B builds in our own loop: MTPLX's optimised
+    pack and OptiQ."""
     rng = np.random.default_rng(11)
     rows = []
     for i, agent in enumerate(MACS):
@@ -76,7 +81,7 @@ def blended():
 @pytest.mark.parametrize("depth", sorted(OPTIQ))
 def test_optiq_claims_select_only_the_optiq_model(blended, depth):
     runs, jobs = blended
-    c = claim(f"optiq-depth-k{depth}")
+    c = ours(f"optiq-depth-k{depth}")  # the claim on our loop, as it stands beside OptiQ's verdict
     matched = claims.matching_runs(c, runs)
     assert set(matched["target_reference"]) == {OPTIQ_27B.reference}
     assert len(matched) == len(MACS) * 4 * 2  # each machine's baselines and arm at this depth
@@ -87,8 +92,13 @@ def test_optiq_claims_select_only_the_optiq_model(blended, depth):
     assert (r["machines"], r["prompts"], r["runs"]) == (3, 4, 12)
     assert r["verdict"] == inference.REPRODUCED and r["ci_low"] < OPTIQ[depth] < r["ci_high"]
     sel = claims.selection(c, runs)
-    assert sel["models"] == [OPTIQ_27B.reference] and sel["systems"] == ["specfleet (mlx)"]
+    assert sel["models"] == [OPTIQ_27B.reference] and sel["systems"] == ["specfleet mlx"]
     assert sel["excluded"]["models"] == len(MACS) * 4 * 5  # every MTPLX-build run, baselines included
+    # the claim itself is OptiQ's: our loop's runs never settle it, and stand beside it on its model only
+    r = claims.evaluate(claim(f"optiq-depth-k{depth}"), runs, jobs).iloc[0]
+    assert (r["verdict"], r["runs"]) == (inference.INCONCLUSIVE, 0) and r["why"].startswith("no runs of OptiQ")
+    ours_figure = f"{claims.evaluate(c, runs, jobs).iloc[0]['figure']:.3g}"
+    assert r["beside"].startswith(f"our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: {ours_figure} [")
 
 
 def test_mtplx_claims_select_no_run_of_our_loop_and_show_it_beside(blended):
@@ -96,14 +106,63 @@ def test_mtplx_claims_select_no_run_of_our_loop_and_show_it_beside(blended):
     c = claim("mtplx-2-3x")
     r = claims.evaluate(c, runs, jobs).iloc[0]
     assert (r["verdict"], r["runs"], r["chip"]) == (inference.INCONCLUSIVE, 0, "any Mac")
-    assert r["why"].startswith("no runs of MTPLX")
+    assert r["why"].startswith("no runs of MTPLX (openai) mtp")
     # beside it, never as the verdict: our loop on the MTPLX build only (2.6x, not blended with OptiQ's 0.94x)
-    assert r["beside"].startswith("specfleet's loop on Apple M4 Pro: 2.6")
-    assert claims.selection(c, runs)["excluded"]["implementation"] == len(runs)
+    assert r["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 2.6")
+    excluded = claims.selection(c, runs)["excluded"]
+    assert excluded["engine"] == excluded["system"] == len(runs)
     mine = ours("mtplx-2-3x")
     assert set(claims.matching_runs(mine, runs)["target_reference"]) == {MTPLX_27B.reference}
     r = claims.evaluate(mine, runs, jobs).iloc[0]
     assert r["figure"] == pytest.approx(MTPLX[3], rel=0.02) and r["verdict"] == inference.REPRODUCED
+
+
+@pytest.fixture(scope="module")
+def systems():
+    """Three M4 Pros running the MTPLX build three ways: MTPLX's own server (its speedups),
+    OptiQ's server (another system, on the same engine and weights), and our own MLX loop."""
+    rng = np.random.default_rng(12)
+    rows = []
+    for agent in MACS:
+        rows += job_rows("Apple M4 Pro", agent, f"mtplx-{agent}", MTPLX_27B, {3: 2.6}, rng=rng, **MTPLX_SERVER)
+        rows += job_rows("Apple M4 Pro", agent, f"optiq-{agent}", MTPLX_27B, {3: 1.3}, rng=rng, **OPTIQ_SERVER)
+        rows += job_rows("Apple M4 Pro", agent, f"ours-{agent}", MTPLX_27B, {3: 1.8}, rng=rng)
+    runs = frame(rows)
+    return runs, jobs_of(runs)
+
+
+def test_a_system_claim_is_settled_by_that_system_only(systems):
+    runs, jobs = systems
+    c = claim("mtplx-2-3x")
+    matched = claims.matching_runs(c, runs)
+    assert set(matched["system"]) == {"MTPLX"} and set(matched["engine"]) == {"openai"}
+    assert set(matched["job_id"]) == {f"mtplx-{agent}" for agent in MACS}
+    out = claims.evaluate(c, runs, jobs)
+    assert len(out) == 1
+    r = out.iloc[0]
+    assert r["figure"] == pytest.approx(2.6, rel=0.02) and r["verdict"] == inference.REPRODUCED
+    assert (r["machines"], r["runs"]) == (3, 12)
+    # our loop beside it, even though the system has runs of its own; OptiQ's server in neither
+    assert r["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 1.8")
+    assert "3 machine(s)" in r["beside"]
+    sel = claims.selection(c, runs)
+    assert sel["systems"] == ["MTPLX (openai)"] and sel["of_system"] == len(MACS) * 4
+    assert sel["excluded"]["system"] == 2 * len(MACS) * 4 * 2  # OptiQ's and our loop's, baselines included
+    # a claim about OptiQ on the same weights is OptiQ's runs' alone
+    optiq = claims.parse_claims(
+        yaml.safe_dump(
+            [
+                {
+                    **GOOD,
+                    "conditions": {**c.conditions, "system": "OptiQ", "chip": None},
+                    "verdict": {"rule": "range", "low": 1.2, "high": 1.4},
+                }
+            ]
+        )
+    )[0]
+    r = claims.evaluate(optiq, runs, jobs).iloc[0]
+    assert r["figure"] == pytest.approx(1.3, rel=0.02) and r["verdict"] == inference.REPRODUCED
+    assert set(claims.matching_runs(optiq, runs)["system"]) == {"OptiQ"}
 
 
 def test_best_depth_of_one_model_with_its_confidence_set(blended):
@@ -118,10 +177,11 @@ def test_best_depth_of_one_model_with_its_confidence_set(blended):
 
 
 def test_an_interval_across_the_band_edge_is_inconclusive():
-    c = claim("optiq-depth-k1")  # band 1.22-1.5
+    c = claim("optiq-depth-k1")  # band 1.22-1.5, OptiQ's server
     rows = []
     for agent, ratio in zip(MACS, (1.16, 1.22, 1.28)):  # the truth at the band's lower edge
-        rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=np.random.default_rng(1))
+        rng = np.random.default_rng(1)
+        rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=rng, **OPTIQ_SERVER)
     runs = frame(rows)
     r = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
     assert r["ci_low"] < 1.22 < r["ci_high"] < 1.5
@@ -134,7 +194,8 @@ def test_a_claim_about_any_mac_needs_three_machines():
     assert c.rule.min_machines == 3
     rows = []
     for agent, ratio in zip(MACS[:2], (1.35, 1.37)):
-        rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=np.random.default_rng(2))
+        rng = np.random.default_rng(2)
+        rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=rng, **OPTIQ_SERVER)
     runs = frame(rows)
     r = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
     assert (r["verdict"], r["machines"], r["tested"]) == (inference.INCONCLUSIVE, 2, False)
@@ -158,7 +219,8 @@ def _wanted(c: claims.Claim) -> dict:
     """A run's fields inside every condition of the claim."""
     cond = c.conditions
     engine = cond["engine"]
-    ref = (cond.get("models") or ["Some-Model-Q8_0.gguf" if engine == "llama.cpp" else "some-org/Some-Model-4bit"])[0]
+    gguf = engine in ("llama.cpp", "llama-server")
+    ref = (cond.get("models") or ["Some-Model-Q8_0.gguf" if gguf else "some-org/Some-Model-4bit"])[0]
     model = ModelIdentity(
         reference=ref,
         digest=(cond.get("digests") or [sha(ref)])[0],
@@ -169,14 +231,35 @@ def _wanted(c: claims.Claim) -> dict:
     chip = cond.get("chip") or "Apple M4 Pro"
     return dict(
         engine=engine,
-        implementation=c.implementation,
+        system=c.system,
+        method=c.method,
         model=model,
         chip="Apple M4 Pro" if chip == "Apple*" else chip,
         sampler=_sampler(cond.get("sampler") or {}),
         prompt_category=(claims._as_list(cond.get("prompt_category")) or ["code"])[0],
         context_tokens=(claims._as_list(cond.get("context_tokens")) or [0])[0],
-        depth=c.depths[0],
+        depth=claims.sweep_depths(c)[0],
     )
+
+
+def _another_system(c: claims.Claim, w: dict) -> dict:
+    """The claim's run as another system would record it: another OpenAI-compatible server on
+    the same engine for a claim about one, else an OpenAI-compatible server (its engine then
+    differs too: our loops and llama-server are one system each)."""
+    if c.engine == "openai":
+        return dict(w, system="oMLX" if c.system != "oMLX" else "MTPLX")
+    return dict(w, engine="openai", system="MTPLX", method=c.method if is_method("openai", c.method) else "mtp")
+
+
+def _another_engine(c: claims.Claim, w: dict) -> dict:
+    """The claim's run on another engine: for a claim about our loops, our other loop; for a
+    claim about another system, our loop of the same method (what stands beside it)."""
+    ours = claims.our_loop(c)
+    if ours is not None:
+        return dict(w, engine=ours.engine, system=claims.OURS, method=ours.method)
+    other = "mlx" if w["engine"] == "llama.cpp" else "llama.cpp"
+    assert is_method(other, c.method)
+    return dict(w, engine=other)
 
 
 def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
@@ -188,8 +271,8 @@ def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
     )
     other_sampler = Sampler(temperature=0.7 if w["sampler"].temperature == 0 else 0.0, top_p=0.8, top_k=40, seed=3)
     out = [
-        ("engine", dict(w, engine="mlx" if w["engine"] == "llama.cpp" else "llama.cpp"), False),
-        ("implementation", dict(w, implementation="MTPLX" if c.implementation == claims.OURS else claims.OURS), False),
+        ("engine", _another_engine(c, w), False),
+        ("system", _another_system(c, w), False),
         ("models", dict(w, model=sibling), not (cond.get("models") or cond.get("digests"))),
         ("sampler", dict(w, sampler=other_sampler), not cond.get("sampler")),
         ("prompt_category", dict(w, prompt_category="math"), cond.get("prompt_category") is None),
@@ -198,12 +281,12 @@ def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
     ]
     if cond.get("quantisation"):
         out.append(("quantisation", dict(w, model=dataclasses.replace(w["model"], quantisation="Q4_0")), False))
-    if max(c.depths) < 16:
-        out.append(("depth", dict(w, depth=max(c.depths) + 1), False))
+    # another depth: a decoy where the claim names its depths; selected by a claim of any depth
+    out.append(("depth", dict(w, depth=max(c.depths or [1]) % MAX_DEPTH + 1), not c.depths))
     return out
 
 
-def _job(c: claims.Claim, name: str, f: dict) -> pd.DataFrame:
+def _job(name: str, f: dict) -> pd.DataFrame:
     rows = job_rows(
         f["chip"],
         f"agent-{name}",
@@ -212,26 +295,28 @@ def _job(c: claims.Claim, name: str, f: dict) -> pd.DataFrame:
         {f["depth"]: 1.1},
         prompts=2,
         engine=f["engine"],
-        method=c.method,
+        method=f["method"],
+        system=f["system"],
         sampler=f["sampler"],
         prompt_category=f["prompt_category"],
         prompt_set=f["prompt_category"],
         context_tokens=f["context_tokens"],
     )
-    return frame(rows, f["implementation"])
+    return frame(rows)
 
 
 @pytest.mark.parametrize("c", claims.load_claims(), ids=lambda c: c.id)
 def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     w = _wanted(c)
     variants = _variants(c, w)
-    fleet = pd.concat([_job(c, "wanted", w)] + [_job(c, name, f) for name, f, _ in variants], ignore_index=True)
+    fleet = pd.concat([_job("wanted", w)] + [_job(name, f) for name, f, _ in variants], ignore_index=True)
     matched = claims.matching_runs(c, fleet)
     expected = {"job-wanted"} | {f"job-{name}" for name, _, selected in variants if selected}
     arm = matched[matched["method"] == c.method]
     assert set(arm["job_id"]) == expected and len(arm) == 2 * len(expected)
+    assert set(matched["system"]) == {c.system} and set(matched["engine"]) == {c.engine}
     # baselines pair only within their own job, so another depth's job keeps its baselines
-    baselines = expected | ({"job-depth"} if any(name == "depth" for name, _, _ in variants) else set())
+    baselines = expected | ({"job-depth"} if c.depths else set())
     assert set(matched.loc[matched["method"] == "baseline", "job_id"]) == baselines
     assert len(matched) == len(arm) + 2 * len(baselines)
     sel = claims.selection(c, fleet)
@@ -245,6 +330,14 @@ def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     if c.metric not in ("runs", "acceptance_rate"):
         assert (out["runs"] > 0).any()  # the wanted job is settled...
         assert out["machines"].max() <= len(expected)  # ...with none of the decoys in it
+    # our loop of the same method on the same weights (the engine decoy of a claim about another
+    # system) stands beside the verdict, never in it
+    beside = out["beside"].iloc[0]
+    if c.system == claims.OURS:
+        assert beside == ""
+    elif c.metric != "acceptance_rate":  # the decoys record no draft counts
+        assert beside.startswith(f"our loop, same weights ({claims.our_loop(c).label}) on {w['chip']}: ")
+        assert beside.endswith("1 machine(s)")  # the engine decoy's one machine, none of the others
 
 
 # ---------------------------------------------------------------- the false-discovery step

@@ -45,7 +45,12 @@ GGUF_9B = ModelIdentity(
     source="local",
 )
 PATHS = {MLX_27B: "/models/Qwen3.6-27B-MTPLX-Optimized-Speed", GGUF_9B: "/models/Qwen3.5-9B-MTP-Q4_K_M.gguf"}
-VERSIONS = {"mlx": "mlx=0.29.1 mlx-lm=0.28.0", "llama.cpp": "llama-cpp-python=0.3.16"}
+VERSIONS = {
+    "mlx": "mlx=0.29.1 mlx-lm=0.28.0",
+    "llama.cpp": "llama-cpp-python=0.3.16",
+    "llama-server": "httpx=0.28.1 llama-server=9330",
+    "openai": "httpx=0.28.1",
+}
 
 
 def record(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **fields) -> RunRecord:
@@ -87,12 +92,16 @@ def row(r: RunRecord, agent: str, chip: str, lease: str | None = None, seq: int 
     }
 
 
-# One way to differ from record()'s defaults in each checked key and in nothing else.
+# One way to differ from record()'s defaults in each checked key and in nothing else; for
+# `system`, nothing else but the engine: a run of another system than our loops is a server's
+# (specfleet/record.py ties in-process engines to "specfleet"), so its variant is an
+# OpenAI-compatible server's run, and tests/test_claims.py also keeps two such servers apart.
 VARIANTS = {
     "target_digest": dict(target=dataclasses.replace(MLX_27B, digest=sha("another build"))),
     "draft_digest": dict(draft=ModelIdentity(reference="Qwen3.5-0.8B-draft", digest=sha("draft"))),
     "engine": dict(engine="llama.cpp", engine_version=VERSIONS["mlx"]),
     "engine_version": dict(engine_version="mlx=0.30.0 mlx-lm=0.29.0"),
+    "system": dict(engine="openai", engine_version=VERSIONS["mlx"], system="MTPLX"),
     "sampler_temperature": dict(sampler=Sampler(temperature=0.7)),
     "sampler_top_p": dict(sampler=Sampler(top_p=0.9)),
     "sampler_top_k": dict(sampler=Sampler(top_k=20)),
@@ -435,14 +444,18 @@ def test_questions_page_settles_claims_only_with_the_system_they_name(app):
     truth = app.truth
     verdicts = at.dataframe[0].value.set_index(["claim", "chip"])
     mtplx = verdicts.loc[("mtplx-m4-pro-2.6x", "Apple M4 Pro")]
-    assert mtplx["verdict"] == "inconclusive" and mtplx["runs"] == 0 and "no runs of MTPLX" in mtplx["why"]
+    assert mtplx["verdict"] == "inconclusive" and mtplx["runs"] == 0
+    assert "no runs of MTPLX (openai) mtp" in mtplx["why"]
     ours = f"{expected_speedup(truth, 'Apple M4 Pro', 3):.3g}"
-    assert (
-        mtplx["beside"].startswith(f"specfleet's loop on Apple M4 Pro: {ours} [") and "2 machine(s)" in mtplx["beside"]
-    )
-    assert (
-        "no runs of llama-server draft-mtp" in verdicts.loc[("llamacpp-mtp-m1-max-net-loss-n2", "Apple M1 Max"), "why"]
-    )
+    assert mtplx["beside"].startswith(f"our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: {ours} [")
+    assert "2 machine(s)" in mtplx["beside"]
+    loss = verdicts.loc[("llamacpp-mtp-m1-max-net-loss-n2", "Apple M1 Max")]
+    assert "no runs of llama-server draft-mtp" in loss["why"] and loss["runs"] == 0
+    m1 = f"{expected_speedup(truth, 'Apple M1 Max', 2):.3g}"  # the bug report's claim, our llama.cpp loop beside
+    assert loss["beside"].startswith(f"our loop, same weights (specfleet llama.cpp mtp) on Apple M1 Max: {m1} [")
+    page = texts(at)
+    assert "system **MTPLX (openai) mtp**" in page and "system **llama-server draft-mtp**" in page
+    assert "Beside the verdict, never as it: our loop, same weights" in page
     assert verdicts.loc[("no-mac-ngram-mod-benchmark", "any Mac"), "verdict"] == "reproduced"
     assert not (verdicts["verdict"] == "contradicted").any()  # nothing is settled by runs of another system
     assert ":gray-badge[inconclusive: not enough data]" in texts(at)

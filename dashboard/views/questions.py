@@ -1,4 +1,5 @@
-"""Questions: every claim of the ledger settled per comparable group and chip from the fleet's runs."""
+"""Questions: every claim of the ledger settled per comparable group and chip from the fleet's runs of
+the system it names; our loop of the same method on the same weights beside it, never as it."""
 
 import streamlit as st
 
@@ -28,7 +29,9 @@ st.caption(
     " about any Mac). Every verdict then goes through the false-discovery step across the whole ledger"
     f" (Benjamini-Hochberg, q {ledger.FDR_Q:g}): the verdict that stands is shown beside the raw one."
     " Conditions select runs exactly (system, model reference, quantisation, sampler, prompts); runs that differ"
-    f" in a checked key are never pooled. Add a claim by adding a record to {data.ledger_path()}."
+    " in a checked key are never pooled. A claim about MTPLX, OptiQ or llama-server is settled by runs of that"
+    " system only; our own loop of the same method on the same weights is shown beside it, never as the verdict."
+    f" Add a claim by adding a record to {data.ledger_path()}."
 )
 try:
     claims = data.claims()
@@ -53,8 +56,8 @@ for claim in claims:
         "digest " + ", ".join(d[:12] for d in c["digests"]) if c.get("digests") else "any"
     )
     st.markdown(
-        f"expected **{claim.expected}** · metric {claim.metric} · system {claim.system}"
-        f" · depth {', '.join(map(str, claim.depths))} · model {model} {c.get('quantisation') or ''}"
+        f"expected **{claim.expected}** · metric {claim.metric} · system **{claim.label}**"
+        f" · depth {', '.join(map(str, claim.depths)) or 'any'} · model {model} {c.get('quantisation') or ''}"
         f" · chip {c.get('chip') or 'any'} · sampler {c.get('sampler') or 'any'}"
     )
     st.caption(ledger.selection_text(selections.get(claim.id, {"selected": 0, "fleet": 0, "excluded": {}})))
@@ -79,8 +82,8 @@ for claim in claims:
             f"**{r.chip}**: {stands}{figure}{interval} · {r.machines} machine(s), {r.prompts} prompt(s),"
             f" {r.runs} {unit}{excluded}{group}{adjusted} · {r.why}"
         )
-        if r.beside:
-            st.caption(f"Beside it, never as the verdict: {r.beside}")
+    if len(mine) and mine["beside"].iloc[0]:
+        st.caption(f"Beside the verdict, never as it: {mine['beside'].iloc[0]}")
     if claim.note:
         st.caption(claim.note)
     with st.expander("Sweep that would test it"):
