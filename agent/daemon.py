@@ -10,6 +10,10 @@ read (their identity: agent/model_identity.py), a context the model can hold; a 
 check is refused (FailJob refused=True, never retried) with the reason. While the machine is
 on battery or in low-power mode the agent does not ask for jobs at all and says why in its
 status, which every heartbeat carries to the coordinator.
+
+Each worker runs in a session and process group of its own, which the agent kills whole on a
+deadline, a lost lease (a cancelled sweep), a stop, and after the worker has exited for any
+reason: no server a worker started (llama-server, an OpenAI-compatible server) outlives its job.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -29,12 +34,13 @@ import grpc
 
 from agent import api, environment, retry
 from agent.credentials import AgentIdentity
+from agent.engines.llama_server import find_binary
 from agent.fingerprint import available_engines, fingerprint
 from agent.metrics import AgentMetrics
 from agent.model_identity import ModelUnreadable, identify
 from agent.models import HashCache, ModelRefused, check_fits, resolve
 from agent.spool import Spool
-from specfleet.record import ENGINE_METHODS, ENGINES, JobSpec, ModelIdentity
+from specfleet.record import ENGINE_METHODS, ENGINES, JobSpec, ModelIdentity, is_method
 
 log = logging.getLogger("specfleet.agent")
 
@@ -54,6 +60,22 @@ class AgentState:
     not_starting: str = ""  # why no job is started now (battery, low-power mode); "" when none
 
 
+def server_engines(llama_server: Path | None) -> list[str]:
+    """The server engines this agent runs: llama-server where a binary is found (the
+    --llama-server given, else PATH, else this checkout's build), and openai, which needs only
+    what its jobs' command templates name."""
+    binary = find_binary(str(llama_server) if llama_server else None)
+    return (["llama-server"] if binary and os.access(binary, os.X_OK) else []) + ["openai"]
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a worker's process group; nothing to do when it is empty."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class Agent:
     def __init__(
         self,
@@ -66,6 +88,7 @@ class Agent:
         sample_environment=environment.sample,
         hf_cache: Path | None = None,
         allow_downloads: bool = False,
+        llama_server: Path | None = None,
     ):
         self.config_dir = config_dir
         self.identity = identity or AgentIdentity.load(config_dir)
@@ -84,7 +107,8 @@ class Agent:
         self.sample_environment = sample_environment
         self.hf_cache, self.allow_downloads = hf_cache, allow_downloads
         self.fingerprint = fingerprint()  # taken at start: sent once, and the memory that models must fit
-        self.engines = available_engines()
+        self.llama_server = llama_server
+        self.engines = available_engines() + server_engines(llama_server)
         self.hashes = HashCache(config_dir / "model-hashes.json")
         self.metrics = AgentMetrics(self.spool.depth)
         self.metrics_port = metrics_port
@@ -170,8 +194,9 @@ class Agent:
     # ------------------------------------------------------------------ jobs
 
     def _kill_worker(self) -> None:
+        """SIGKILL the worker and everything in its process group (the servers it started)."""
         if self._worker is not None and self._worker.poll() is None:
-            self._worker.kill()
+            kill_group(self._worker.pid)
 
     def preflight(self, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity]]:
         """Check a job before any worker starts: (spec with local model paths, the models'
@@ -180,7 +205,7 @@ class Agent:
             raise ModelRefused(
                 f"engine {spec.engine!r} is not one this agent runs (it runs: {', '.join(self.engines) or 'none'})"
             )
-        unknown = sorted({a.method for a in spec.arms} - set(ENGINE_METHODS[spec.engine]), key=str)
+        unknown = sorted({a.method for a in spec.arms if not is_method(spec.engine, a.method)}, key=str)
         if unknown:
             raise ModelRefused(
                 f"method(s) {', '.join(map(repr, unknown))} unknown to engine {spec.engine} on this agent "
@@ -237,6 +262,7 @@ class Agent:
                     "spec": spec.to_json(),
                     "models": {role: dataclasses.asdict(m) for role, m in models.items()},
                     "memory_bytes": self.fingerprint.memory_bytes,
+                    "llama_server": str(self.llama_server) if self.llama_server else None,
                 }
             )
         )
@@ -252,16 +278,18 @@ class Agent:
                 [sys.executable, "-m", "agent.worker", str(job_file), str(self.spool.pending.parent)],
                 stdout=out,
                 stderr=err,
+                start_new_session=True,  # its own process group: the servers it starts are in it
             )
             (workdir / "worker.pid").write_text(str(self._worker.pid))
             deadline = time.monotonic() + spec.deadline_seconds
             while self._worker.poll() is None:
                 self._spooled.set()  # let the uploader take runs as they are measured
                 if time.monotonic() > deadline:
-                    self._worker.kill()
+                    self._kill_worker()
                 if self.stop.wait(0.5):
-                    self._worker.kill()
+                    self._kill_worker()
             code = self._worker.wait()
+            kill_group(self._worker.pid)  # whatever the worker left behind, however it ended
         timed_out = time.monotonic() > deadline
         try:
             self.upload_pending()

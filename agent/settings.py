@@ -1,5 +1,6 @@
-"""Agent settings chosen at enrolment (model directories), kept beside the credential in
-`settings.json`; flags of `specfleet agent run` override them."""
+"""Agent settings chosen at enrolment (model directories) or written by hand (the llama-server to
+run), kept beside the credential in `settings.json`; flags of `specfleet agent run` and their
+SPECFLEET_* variables override them."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ def model_dirs(flags: list[str], config_dir: Path) -> list[Path]:
         if not d.is_dir():
             raise ValueError(f"model directory {d} does not exist or is not a directory")
     return dirs
+
+
+def llama_server(flag: str | None, config_dir: Path) -> Path | None:
+    """--llama-server, else SPECFLEET_LLAMA_SERVER, else settings.json's "llama_server"; None when
+    none is given (the engine then looks on PATH, then in this checkout's build). A path given
+    must be an executable file: a typo would otherwise fail every llama-server job."""
+    chosen = flag or os.environ.get("SPECFLEET_LLAMA_SERVER") or load(config_dir).get("llama_server")
+    if not chosen:
+        return None
+    path = Path(chosen).expanduser().resolve()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ValueError(f"llama-server {path} does not exist or is not an executable file")
+    return path

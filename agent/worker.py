@@ -1,11 +1,16 @@
 """A worker process runs one job and exits (pyperf-style isolation).
 
 `python -m agent.worker JOB.json SPOOL_DIR`: JOB.json holds the job's ids, its `JobSpec` (with
-local model paths) and the models' identities; the worker loads the engine, measures, writes
-every run record to the spool as soon as it is measured, prints {"runs": N} on its last line and exits 0.
-A crash, an out-of-memory kill or a hang ends only this process; the agent fails the job.
-A worker whose agent has died (kill -9) stops too: benchmarks never share a machine, and a
-restarted agent will run the next attempt.
+local model paths), the models' identities, the machine's memory and the agent's llama-server
+(`llama_server`, None for the engine's own search); the worker builds the engine with the options
+its kind takes (`engine_options`), measures, writes every run record to the spool as soon as it
+is measured, prints {"runs": N} on its last line and exits 0. An EngineError (a server that
+would not start, an answer the engine cannot use) ends it with status 1 and the error's message
+as the last line of its stderr, which the agent reports as the job's failure.
+A crash, an out-of-memory kill or a hang ends only this process; the agent fails the job and
+kills this worker's process group, servers included.
+A worker whose agent has died (kill -9) stops too, and takes the servers it started with it:
+benchmarks never share a machine, and a restarted agent will run the next attempt.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import time
 from pathlib import Path
 
 from agent.engines import make_engine
+from agent.engines.base import EngineError
+from agent.engines.server_process import stop_all
 from agent.protocol import run_job
 from agent.spool import Spool
 from specfleet.record import JobSpec, ModelIdentity
 
 PARENT_CHECK_SECONDS = 0.5
 ORPHANED_EXIT_STATUS = 3
+ENGINE_ERROR_STATUS = 1
 
 
 def _exit_when_orphaned(parent: int) -> None:
@@ -31,25 +39,42 @@ def _exit_when_orphaned(parent: int) -> None:
         time.sleep(PARENT_CHECK_SECONDS)
         if os.getppid() != parent:
             print("the agent that started this worker is gone; stopping", file=sys.stderr, flush=True)
+            stop_all()
             os._exit(ORPHANED_EXIT_STATUS)
+
+
+def engine_options(spec: JobSpec, job: dict, workdir: Path) -> dict:
+    """make_engine's options for the job's engine: server engines get the cell's server settings,
+    the machine's memory (for their interleaving) and the job directory for their servers' logs."""
+    if spec.engine not in ("llama-server", "openai"):
+        return {}
+    options = {"memory_bytes": job.get("memory_bytes") or None, "log_dir": str(workdir)}
+    if spec.engine == "llama-server":
+        return {**options, "binary": job.get("llama_server"), "flags": spec.server.flags if spec.server else ()}
+    return {**options, "server": spec.server}
 
 
 def main(argv: list[str]) -> int:
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    job = json.loads(Path(argv[0]).read_text())
+    job_file = Path(argv[0])
+    job = json.loads(job_file.read_text())
     spool = Spool(Path(argv[1]))
     spec = JobSpec.from_json(job["spec"])
     models = {role: ModelIdentity(**identity) for role, identity in job["models"].items()}
-    runs = run_job(
-        spec,
-        make_engine(spec.engine),
-        lambda record: spool.put(job["job_id"], job["lease_id"], record),
-        job_id=job["job_id"],
-        attempt=job["attempt"],
-        target=models["target"],
-        draft=models.get("draft"),
-        memory_total_bytes=job.get("memory_bytes") or None,
-    )
+    try:
+        runs = run_job(
+            spec,
+            make_engine(spec.engine, **engine_options(spec, job, job_file.parent)),
+            lambda record: spool.put(job["job_id"], job["lease_id"], record),
+            job_id=job["job_id"],
+            attempt=job["attempt"],
+            target=models["target"],
+            draft=models.get("draft"),
+            memory_total_bytes=job.get("memory_bytes") or None,
+        )
+    except EngineError as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return ENGINE_ERROR_STATUS
     print(json.dumps({"runs": runs}), flush=True)
     return 0
 

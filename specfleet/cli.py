@@ -75,6 +75,12 @@ def _add_agent_run_flags(p):
         default=bool(_env("ALLOW_BATTERY")),
         help="start jobs on battery or in low-power mode too (runs are still flagged)",
     )
+    p.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        help="the llama-server binary for llama-server jobs (SPECFLEET_LLAMA_SERVER; default: settings.json's "
+        "llama_server, else llama-server on PATH, else this checkout's .data/llama.cpp build)",
+    )
 
 
 def _add_admin_flags(p):
@@ -257,6 +263,7 @@ def cmd_agent_run(args) -> int:
         allow_battery=args.allow_battery,
         metrics_port=args.metrics_port,
         allow_downloads=args.allow_downloads,
+        llama_server=settings.llama_server(args.llama_server, config_dir),
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop.set())
@@ -272,6 +279,8 @@ def cmd_agent_install_service(args) -> int:
         run_args += ["--metrics-port", str(args.metrics_port)]
     if args.allow_battery:
         run_args.append("--allow-battery")
+    if binary := settings.llama_server(args.llama_server, config_dir):
+        run_args += ["--llama-server", str(binary)]
     result = service.install(
         config_dir, run_args, dest_dir=Path(args.dest_dir) if args.dest_dir else None, load=not args.no_load
     )
