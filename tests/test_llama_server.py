@@ -280,3 +280,34 @@ def test_a_server_answering_garbage_or_no_timings_fails_and_leaves_nothing(engin
     started = pids(e)
     e.close()
     assert all(gone(pid) for pid in started)
+
+
+def test_a_context_too_small_for_the_run_is_named(engine, tiny_models):
+    e = engine(flags=("-c", "64"))  # llama-server raises it to its minimum, 256 per slot
+    e.load(str(tiny_models.gguf_target))
+    prompt = e.tokenize("A prompt of a few tokens.")
+    with pytest.raises(EngineError, match=r"streamed \d+ tokens for n_predict 300 .*do not fit in its context \(-c\)"):
+        e.generate(Request(prompt, 300))
+
+
+def test_the_agents_llama_server_is_the_flag_then_the_variable_then_its_settings(tmp_path, monkeypatch):
+    from agent import settings
+    from agent.daemon import server_engines
+
+    config = tmp_path / "agent"
+    monkeypatch.delenv("SPECFLEET_LLAMA_SERVER", raising=False)
+    assert settings.llama_server(None, config) is None
+    settings.save(config, llama_server=str(PROJECT_BUILD))
+    assert settings.llama_server(None, config) == PROJECT_BUILD.resolve()
+    other = tmp_path / "llama-server"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("SPECFLEET_LLAMA_SERVER", str(other))
+    assert settings.llama_server(None, config) == other
+    assert settings.llama_server(str(PROJECT_BUILD), config) == PROJECT_BUILD.resolve()
+    with pytest.raises(ValueError, match="does not exist or is not an executable file"):
+        settings.llama_server(str(tmp_path / "typo"), config)
+    assert server_engines(other) == ["llama-server", "openai"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(llama_server, "PROJECT_BUILD", tmp_path / "not-built")
+    assert server_engines(None) == ["openai"]  # an agent with no llama-server takes no llama-server job

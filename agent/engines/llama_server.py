@@ -332,9 +332,10 @@ class LlamaServerEngine:
                 f"(prompt_ms, predicted_ms, predicted_n); last event: {str(final)[:300]}"
             )
         if len(tokens) != request.max_new_tokens or not all(isinstance(t, int) for t in tokens):
+            full = ": the prompt and generation do not fit in its context (-c)" if final.get("truncated") else ""
             raise loopback.BadAnswer(
                 f"{server.name} streamed {len(tokens)} tokens for n_predict {request.max_new_tokens} "
-                f"(stop_type {final.get('stop_type')!r})"
+                f"(stop_type {final.get('stop_type')!r}){full}"
             )
         gen = make_generation(request, tokens, times)
         speculative = request.method != "baseline"
