@@ -48,22 +48,45 @@ def sampler_label(prefix: str = "") -> str:
 
 
 NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' ELSE 'unknown' END"
-# Every run with the names the pages filter and group by. A parenthesised relation: a source
-# for specfleet/speedup.py's SQL as well as for the queries here.
+# A run's flags at a glance: an output that differed from its reference (lossy: a defect, in no
+# figure), client and server timings more than 5% apart, a stateful drafter that inherited
+# state from earlier requests, collapsed acceptance. '' when none.
+FLAGS = (
+    "concat_ws(', ', CASE WHEN lossless IS NOT DISTINCT FROM false THEN 'lossy' END,"
+    " CASE WHEN timings_disagree THEN 'timings disagree' END, CASE WHEN drafter_warm THEN 'warm drafter' END,"
+    " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END)"
+)
+# Every run with the names the pages filter and group by: the system it measured
+# (system_label "llama-server", "MTPLX (openai)", "specfleet mlx"; system_method with the
+# method: "llama-server draft-mtp"), its comparable group, its models as reference@digest,
+# its sampler and its environment state. A parenthesised relation: a source for
+# specfleet/speedup.py's SQL as well as for the queries here.
 LABELLED = (
-    f"(SELECT *, {speedup.COMPARABLE_ID} AS comparable, {model_label('target')} AS model,"
+    f"(SELECT *, {speedup.COMPARABLE_ID} AS comparable, {ledger.system_label_sql()} AS system_label,"
+    f" {ledger.system_label_sql()} || ' ' || method AS system_method, {model_label('target')} AS model,"
     f" {model_label('draft')} AS draft_model, {sampler_label()} AS sampler, {NOMINAL} AS nominal,"
     " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate FROM runs)"
 )
-FILTER_FIELDS = ("model", "engine", "method", "sampler", "prompt_set")
+# Filter field -> the LABELLED column it selects on.
+FILTER_COLUMNS = {
+    "model": "model",
+    "system": "system_label",
+    "engine": "engine",
+    "method": "method",
+    "sampler": "sampler",
+    "prompt_set": "prompt_set",
+}
+FILTER_FIELDS = tuple(FILTER_COLUMNS)
 
 
 @dataclass(frozen=True)
 class Filters:
-    """Selected values per field; an empty tuple selects everything. `comparable`: one
-    comparable group's id (specfleet.speedup.COMPARABLE_ID), or '' for every group."""
+    """Selected values per field (system: system_label values); an empty tuple selects
+    everything. `comparable`: one comparable group's id (specfleet.speedup.COMPARABLE_ID), or
+    '' for every group."""
 
     model: tuple[str, ...] = ()
+    system: tuple[str, ...] = ()
     engine: tuple[str, ...] = ()
     method: tuple[str, ...] = ()
     sampler: tuple[str, ...] = ()
@@ -76,9 +99,9 @@ def selected(f: Filters, generation: bool = True) -> tuple[str, dict]:
     filter keeps the baselines (every speedup needs them); `generation` leaves out verify-cost
     runs, which are never speedups."""
     where, params = [], {}
-    for name in ("model", "engine", "sampler", "prompt_set"):
+    for name in ("model", "system", "engine", "sampler", "prompt_set"):
         if getattr(f, name):
-            where.append(f"list_contains(${name}::VARCHAR[], {name})")
+            where.append(f"list_contains(${name}::VARCHAR[], {FILTER_COLUMNS[name]})")
             params[name] = list(getattr(f, name))
     if f.method:
         where.append("(list_contains($method::VARCHAR[], method) OR method = 'baseline')")
@@ -189,11 +212,11 @@ def all_runs(v: tuple[str, str, int]) -> pd.DataFrame:
 @st.cache_data(ttl=REFRESH_SECONDS)
 def filter_options(v: tuple[str, str, int]) -> dict[str, list[str]]:
     out = {}
-    for field in FILTER_FIELDS:
+    for field, column in FILTER_COLUMNS.items():
         df = _q(
             v,
-            f"SELECT DISTINCT {field} AS value FROM {LABELLED}"
-            f" WHERE method != '{VERIFY_COST}' AND {field} != '' ORDER BY 1",
+            f"SELECT DISTINCT {column} AS value FROM {LABELLED}"
+            f" WHERE method != '{VERIFY_COST}' AND {column} != '' ORDER BY 1",
         )
         out[field] = df["value"].tolist() if not df.empty else []
     return out
@@ -202,14 +225,18 @@ def filter_options(v: tuple[str, str, int]) -> dict[str, list[str]]:
 @st.cache_data(ttl=REFRESH_SECONDS)
 def runs_table(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     """Every run the filters select (verify-cost runs too), every typed column, the names it
-    goes by first, times as timestamps: for the Runs page and downloads. `counts` says whether
-    the run may enter a figure: runs of a lost attempt or a failed job are shown, never counted."""
+    goes by first (the system and method it measured, its flags), then its decode tok/s beside
+    the server's own and the server's version and command, times as timestamps: for the Runs
+    page and downloads. `counts` says whether the run may enter a figure: runs of a lost
+    attempt or a failed job are shown, never counted."""
     source, params = selected(f, generation=False)
-    names = "nominal, model, draft_model, sampler, comparable"
+    names = "nominal, system_method, model, draft_model, sampler, comparable"
+    speeds = "decode_tokens_per_second, server_decode_tokens_per_second, server_version, server_command"
     return _q(
         v,
-        f"SELECT {names}, {speedup.counts_sql('s')} AS counts, to_timestamp(started_at_unix_seconds) AS started_at,"
-        f" * EXCLUDE ({names}) REPLACE (to_timestamp(ingested_at) AS ingested_at)"
+        f"SELECT {names}, {FLAGS} AS flags, {speedup.counts_sql('s')} AS counts,"
+        f" to_timestamp(started_at_unix_seconds) AS started_at, {speeds},"
+        f" * EXCLUDE ({names}, {speeds}) REPLACE (to_timestamp(ingested_at) AS ingested_at)"
         f" FROM {source} s ORDER BY seq",
         params,
     )
@@ -251,28 +278,84 @@ def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
 
 def lossy_runs(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     """Runs whose output differed from their reference (lossless false: the greedy baseline's,
-    or on llama.cpp the same-seed baseline's), per chip, engine, method and depth: an engine
+    or on llama.cpp the same-seed baseline's), per chip, system, method and depth: an engine
     defect, never a figure (specfleet/speedup.py leaves them out of every speedup)."""
     source, params = selected(f)
     df = _q(
         v,
-        "SELECT chip, engine, method, depth, any_value(lossless_check) AS checked_against,"
+        "SELECT chip, system_label, engine, method, depth, any_value(lossless_check) AS checked_against,"
         " count(*) AS runs FROM " + source + " WHERE lossless IS NOT DISTINCT FROM false"
-        " GROUP BY chip, engine, method, depth ORDER BY ALL",
+        " GROUP BY chip, system_label, engine, method, depth ORDER BY ALL",
         params,
     )
-    columns = ["chip", "engine", "method", "depth", "checked_against", "runs"]
+    columns = ["chip", "system_label", "engine", "method", "depth", "checked_against", "runs"]
     return df if not df.empty else pd.DataFrame(columns=columns)
+
+
+def _flagged(v: tuple[str, str, int], f: Filters, flag: str) -> pd.DataFrame:
+    """Runs with `flag` (a boolean column of the record, never user input) true, per chip,
+    system, method and depth, with the medians of the client's and the server's decode tok/s."""
+    source, params = selected(f)
+    df = _q(
+        v,
+        "SELECT chip, system_method, method, depth, count(*) AS runs, count(DISTINCT agent_id) AS machines,"
+        " median(decode_tokens_per_second) AS client_tokens_per_second,"
+        " median(server_decode_tokens_per_second) AS server_tokens_per_second"
+        f" FROM {source} WHERE {flag} GROUP BY ALL ORDER BY ALL",
+        params,
+    )
+    columns = ["chip", "system_method", "method", "depth", "runs", "machines"]
+    columns += ["client_tokens_per_second", "server_tokens_per_second"]
+    return df if not df.empty else pd.DataFrame(columns=columns)
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def timings_disagree(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """Server runs whose decode tok/s as the client timed it and as the server reported it
+    differ by more than 5% (timings_disagree), per chip, system, method and depth. They stay in
+    the figures, which are the client's; the page says so."""
+    return _flagged(v, f, "timings_disagree")
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def warm_drafters(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """Runs whose stateful drafter (ngram-mod's table, ngram-cache) inherited state from
+    earlier requests (drafter_warm true), per chip, system, method and depth: a fresh server's
+    acceptance and speed may be lower. They stay in the figures; the page says so."""
+    return _flagged(v, f, "drafter_warm")
+
+
+@st.cache_data(ttl=REFRESH_SECONDS)
+def server_figures(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+    """Server runs (llama-server, OpenAI-compatible servers) per chip, system, arm and server
+    build: the server's version and command line, the median decode tok/s as the client timed
+    it beside the server's own, and the runs whose timings disagree or whose drafter was warm,
+    with the machines, prompts and runs behind them."""
+    source, params = selected(f)
+    return _q(
+        v,
+        "SELECT chip, system_method, depth, server_version, any_value(server_command) AS server_command,"
+        " count(DISTINCT server_command) AS commands,"
+        " median(decode_tokens_per_second) AS client_tokens_per_second,"
+        " median(server_decode_tokens_per_second) AS server_tokens_per_second,"
+        " count(*) FILTER (WHERE timings_disagree) AS timings_disagree_runs,"
+        " count(*) FILTER (WHERE drafter_warm) AS warm_drafter_runs,"
+        " count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        f" FROM {source} WHERE system != '{ledger.OURS}' AND nominal != 'degraded'"
+        " GROUP BY chip, system_method, depth, server_version ORDER BY ALL",
+        params,
+    )
 
 
 # ---------------------------------------------------------------- comparable groups
 
 
 def group_label(g) -> str:
-    """How the selector names a comparable group: engine, models, prompt set, context, sampler."""
+    """How the selector names a comparable group: the system it measured (system_label),
+    models, prompt set, context, sampler."""
     draft = f"draft {g.draft_model}" if g.draft_model else "no draft"
     return (
-        f"{g.engine} · {g.model} · {draft} · {g.prompt_set} · context {g.context_tokens} · {g.sampler}"
+        f"{g.system_label} · {g.model} · {draft} · {g.prompt_set} · context {g.context_tokens} · {g.sampler}"
         f" · group {g.comparable}"
     )
 
@@ -284,7 +367,8 @@ def groups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     source, params = selected(dataclasses.replace(f, comparable=""))
     df = _q(
         v,
-        f"SELECT g.comparable, g.engine, {model_label('g.target')} AS model, {model_label('g.draft')} AS draft_model,"
+        f"SELECT g.comparable, {ledger.system_label_sql('g.')} AS system_label, g.engine,"
+        f" {model_label('g.target')} AS model, {model_label('g.draft')} AS draft_model,"
         f" g.prompt_set, g.context_tokens, {sampler_label('g.')} AS sampler, g.runs, m.machines, m.chips,"
         " g.* EXCLUDE (comparable, engine, prompt_set, context_tokens, runs)"
         f" FROM ({speedup.groups_sql(source)}) g JOIN (SELECT comparable, count(DISTINCT agent_id) AS machines,"
@@ -319,9 +403,9 @@ def speedups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     out = stats.speedups(_query(v), source, params)
     if out.empty:
         return out
-    names = groups(v, f)[["comparable", "model", "draft_model"]]  # reference@digest, never a path
+    names = groups(v, f)[["comparable", "system_label", "model", "draft_model"]]  # reference@digest, never a path
     out = out.merge(names, on="comparable", how="left").drop(columns=["target_reference", "draft_reference"])
-    first = ["comparable", "engine", "model", "draft_model"]
+    first = ["comparable", "system_label", "engine", "model", "draft_model"]
     return out[first + [c for c in out.columns if c not in first]]
 
 

@@ -1,5 +1,5 @@
-"""Widgets shared by pages: the filter bar, the comparable-group selector, and the sentence
-about degraded runs."""
+"""Widgets shared by pages: the filter bar, the comparable-group selector, the sentence
+about degraded runs, and the warnings about server runs' timings and warm drafters."""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ from dashboard import data
 from specfleet import speedup
 from specfleet.record import CHECKED_KEYS
 
-LABELS = {"model": "model", "engine": "engine", "method": "method", "sampler": "sampler", "prompt_set": "prompt set"}
+LABELS = {
+    "model": "model",
+    "system": "system",
+    "engine": "engine",
+    "method": "method",
+    "sampler": "sampler",
+    "prompt_set": "prompt set",
+}
 
 
 def filters(v, key: str) -> data.Filters:
-    """Multiselects in the sidebar for model, engine, method, sampler and prompt set."""
+    """Multiselects in the sidebar for model, system (system_label), engine, method, sampler and
+    prompt set."""
     options = data.filter_options(v)
     chosen = {}
     with st.sidebar:
@@ -44,6 +52,9 @@ def comparable_group(v, f: data.Filters, key: str) -> tuple[data.Filters, pd.Dat
         help=f"Runs are pooled only when equal on every checked key: {', '.join(CHECKED_KEYS)}."
         " Every figure below uses the chosen group only.",
     )
+    system = groups.loc[groups["comparable"] == chosen, "system_label"]
+    if len(system):
+        st.caption(f"System under test: **{system.iloc[0]}**. Groups of two systems are never pooled.")
     differs = speedup.what_differs(groups)
     if differs:
         st.caption(
@@ -53,6 +64,24 @@ def comparable_group(v, f: data.Filters, key: str) -> tuple[data.Filters, pd.Dat
         with st.expander("What differs between the groups"):
             st.dataframe(groups[["comparable", "label", "chips", *differs]], hide_index=True)
     return dataclasses.replace(f, comparable=chosen), groups
+
+
+def server_flags(v, f: data.Filters) -> None:
+    """Say, as lossy runs are said, which server runs' timings disagree and which drafters
+    were warm; both stay in the figures."""
+    for r in data.timings_disagree(v, f).itertuples():
+        st.warning(
+            f"Timings disagree on {r.chip} · {r.system_method}{' K=' + str(r.depth) if r.depth else ''}:"
+            f" {r.runs} run(s) whose decode tok/s as the client timed it and as the server reports it differ by"
+            f" more than 5% (medians {r.client_tokens_per_second:.3g} and {r.server_tokens_per_second:.3g} tok/s)."
+            " Figures here are the client's."
+        )
+    for r in data.warm_drafters(v, f).itertuples():
+        st.warning(
+            f"Warm drafter on {r.chip} · {r.system_method}{' K=' + str(r.depth) if r.depth else ''}: {r.runs} run(s)"
+            " started with drafter state inherited from earlier requests (drafter_warm); a fresh server's"
+            " acceptance and speed may be lower. They stay in the figures."
+        )
 
 
 def nominal_note(counts: dict[str, int]) -> None:

@@ -348,7 +348,7 @@ def test_compare_page_speedups_with_machines_prompts_pairs_and_exclusions(app):
     labels = group_ids(at)
     assert len(labels) == 2
     chosen = at.selectbox(key="compare-group").value
-    mlx = next(g for label, g in labels.items() if label.startswith("mlx · "))
+    mlx = next(g for label, g in labels.items() if label.startswith("specfleet mlx · "))  # the system first
     assert chosen == mlx
     assert "they differ in target_digest, engine, engine_version" in texts(at)
     speedups = frame(at, "ci_low", "method", "depth").set_index(["chip", "depth"])
@@ -396,7 +396,7 @@ def test_compare_page_speedups_with_machines_prompts_pairs_and_exclusions(app):
 def test_compare_page_switches_to_another_group(app):
     at = app("compare")
     truth = app.truth
-    gguf = next(g for label, g in group_ids(at).items() if label.startswith("llama.cpp · "))
+    gguf = next(g for label, g in group_ids(at).items() if label.startswith("specfleet llama.cpp · "))
     label = next(label for label, g in group_ids(at).items() if g == gguf)
     assert f"{GGUF_9B.reference}@{GGUF_9B.digest[:12]}" in label and "no draft" in label and "greedy" in label
     at.selectbox(key="compare-group").select(gguf).run()
@@ -404,6 +404,8 @@ def test_compare_page_switches_to_another_group(app):
     speedups = frame(at, "ci_low", "method", "depth").set_index(["chip", "depth"])
     assert set(speedups["comparable"]) == {gguf} and list(speedups.index) == [("Apple M1 Max", 2)]
     assert speedups.loc[("Apple M1 Max", 2), "speedup"] == pytest.approx(expected_speedup(truth, "Apple M1 Max", 2))
+    assert set(speedups["system_label"]) == {"specfleet llama.cpp"}
+    assert "System under test: **specfleet llama.cpp**" in texts(at)
     assert any(
         w.value.startswith("Acceptance collapsed on Apple M1 Max · llama.cpp · mtp") and COLLAPSE in w.value
         for w in at.warning
@@ -533,6 +535,17 @@ def test_runs_page_every_field_and_downloads(app):
     assert len(runs) == len(truth) + 4  # and one verify-cost run per machine
     for column in ("env_nominal", "sampler_temperature", "target_reference", "target_digest", "nominal", "model"):
         assert column in runs.columns
+    for column in ("system", "system_method", "flags", "server_version", "server_command", "drafter_warm"):
+        assert column in runs.columns
+    assert set(runs["system_method"]) == {
+        "specfleet mlx baseline",
+        "specfleet mlx mtp",
+        "specfleet llama.cpp baseline",
+        "specfleet llama.cpp mtp",
+        "specfleet mlx verify-cost",
+        "specfleet llama.cpp verify-cost",
+    }
+    assert set(runs["flags"]) == {"", "acceptance collapsed"}  # mbp's badly converted MTP head
     assert {"acceptance_by_position", "verify_cost_seconds", "env_reasons", "started_at"} <= set(runs.columns)
     assert (runs["nominal"] == "degraded").sum() == truth["degraded"].sum()
     assert runs["counts"].all()  # every seeded job finished at its one attempt (tests/test_speedup.py: lost ones)

@@ -1,5 +1,5 @@
 """A run whose greedy output differed from the baseline's is an engine defect: the Compare page
-says so on its chip, engine, method and depth, and the run never enters a speedup."""
+says so on its chip, system (and engine), method and depth, and the run never enters a speedup."""
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -35,7 +35,7 @@ def test_a_lossy_run_is_shown_as_an_engine_defect_and_left_out(lossy_fleet):
     at.switch_page("views/compare.py").run()
     assert not at.exception, at.exception
     (defect,) = [e.value for e in at.error]
-    assert defect.startswith("Engine defect on Apple M4 Pro · mlx · ngram K=3: 1 run(s) changed the output")
+    assert defect.startswith("Engine defect on Apple M4 Pro · specfleet mlx · ngram K=3: 1 run(s) changed the output")
     assert "greedy reference" in defect and "left out of every speedup" in defect
     shown = [d.value for d in at.dataframe if {"ci_low", "method", "depth"} <= set(d.value.columns)][0]
     ngram = shown[shown["method"] == "ngram"].iloc[0]

@@ -1,5 +1,7 @@
-"""Compare: chips side by side inside one comparable group, every figure with the machines,
-prompts and pairs or runs behind it. Runs that differ in a checked key are never pooled."""
+"""Compare: chips side by side inside one comparable group (one system: the system under test is
+a checked key), every figure with the machines, prompts and pairs or runs behind it. Runs that
+differ in a checked key are never pooled. Server runs show the server's own figures, version
+and command beside the client's; disagreeing timings and warm drafters are flagged."""
 
 import streamlit as st
 
@@ -33,15 +35,16 @@ widgets.nominal_note(data.nominal_counts(v, f))
 st.header("Speedup over the baseline against draft depth")
 st.caption(
     "specfleet's one speedup: arm over baseline decode tok/s on the same attempt, prompt and repeat,"
-    " as a geometric mean over repeats, then prompts, then machines. Bands are 95% bootstrap intervals"
-    " drawing machines, then prompts. Below the dashed line speculation loses."
+    " as a geometric mean over repeats, then prompts, then machines. Bands are the 95% interval the verdicts"
+    " use (t over machine means). Below the dashed line speculation loses."
 )
 speedups = data.speedups(v, f)
 for r in data.lossy_runs(v, f).itertuples():
     st.error(
-        f"Engine defect on {r.chip} · {r.engine} · {r.method} K={r.depth}: {r.runs} run(s) changed the output"
+        f"Engine defect on {r.chip} · {r.system_label} · {r.method} K={r.depth}: {r.runs} run(s) changed the output"
         f" against the {r.checked_against}; they are left out of every speedup."
     )
+widgets.server_flags(v, f)
 if speedups.empty:
     st.info("No arm with a baseline in this group.")
 else:
@@ -50,6 +53,16 @@ else:
 
 st.header("Decode tokens/s per chip and method")
 chart_section(data.decode_speed(v, f), plots.decode_speed, None)
+
+servers = data.server_figures(v, f)
+if not servers.empty:
+    st.header("The server's own figures beside the client's")
+    st.caption(
+        "Server runs are measured as a client sees them (streamed tokens timed as they arrive); beside them, the"
+        " decode tok/s the server itself reports (llama-server's timings), its version and its command line."
+        " Runs more than 5% apart are flagged above."
+    )
+    st.dataframe(servers, hide_index=True)
 
 st.header("Acceptance by draft position")
 for r in data.collapsed_acceptance(v, f).itertuples():

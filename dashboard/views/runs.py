@@ -1,5 +1,6 @@
-"""Runs: every run with every recorded field (the typed run record) and the names it goes by; CSV and
-Parquet downloads."""
+"""Runs: every run with every recorded field (the typed run record) and the names it goes by (the
+system and method it measured, its flags), server runs' own figures, version and command beside
+the client's; CSV and Parquet downloads."""
 
 import streamlit as st
 
@@ -20,6 +21,15 @@ if chips:
 if states:
     runs = runs[runs["nominal"].isin(states)]
 widgets.nominal_note(runs["nominal"].value_counts().to_dict())
+flagged = {
+    "lossy": "changed the output against their reference: engine defects, in no speedup",
+    "timings disagree": "were timed more than 5% apart by the client and by the server (timings_disagree)",
+    "warm drafter": "started with drafter state inherited from earlier requests (drafter_warm)",
+}
+for flag, said in flagged.items():
+    n = int(runs["flags"].str.contains(flag, regex=False).sum())
+    if n:
+        st.warning(f"{n} run(s) {said}: flagged `{flag}` in the flags column.")
 st.caption(f"{len(runs)} run(s) on {runs['agent_id'].nunique()} machine(s), {runs['chip'].nunique()} chip(s).")
 st.dataframe(runs, hide_index=True)
 
