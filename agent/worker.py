@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -40,6 +41,8 @@ def _exit_when_orphaned(parent: int) -> None:
         if os.getppid() != parent:
             print("the agent that started this worker is gone; stopping", file=sys.stderr, flush=True)
             stop_all()
+            if os.getpgrp() == os.getpid():  # started by an agent, so the group is this job's alone
+                os.killpg(os.getpid(), signal.SIGKILL)  # whatever its servers started, and this worker
             os._exit(ORPHANED_EXIT_STATUS)
 
 

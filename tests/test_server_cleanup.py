@@ -1,7 +1,7 @@
 """No server outlives its job. A real agent runs real workers that start the real llama-server on
-the tiny models; after a normal end, a worker killed with SIGKILL, a deadline, a cancelled sweep
-and a stopped agent, no server is left. A job whose server refuses its flags fails alone, with
-llama-server's reason, and the agent goes on to the next job.
+the tiny models; after a normal end, a worker killed with SIGKILL, a deadline, a cancelled sweep,
+a stopped agent and an agent killed with SIGKILL, no server is left. A job whose server refuses
+its flags fails alone, with llama-server's reason, and the agent goes on to the next job.
 
 The servers are found through /proc by a marker in their environment (inherited from this test
 through the agent and its workers), so that other llama-servers on the machine do not count."""
@@ -21,6 +21,7 @@ from agent.daemon import Agent
 from agent.engines.llama_server import PROJECT_BUILD
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.fleet import admin_for, start_coordinator
+from tests.processes import spawn, stop
 from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
 
 pytestmark = [
@@ -166,3 +167,22 @@ def test_no_server_outlives_an_agent_that_stops_mid_job(fleet, tiny_models):
             wait_until(lambda: agent.state.job_id == job_id and watch.servers(), "the job's server", 120)
         wait_until(lambda: not marked(marker), "the worker and its server to be gone", 10)
     assert watch.seen
+
+
+def test_no_server_outlives_an_agent_killed_with_sigkill(fleet, tiny_models, tmp_path):
+    """kill -9 of the agent: its worker's orphan watchdog takes the worker's process group down."""
+    coordinator, config, marker = fleet
+    server_job(
+        coordinator, "orphaned", tiny_models.gguf_mtp_hybrid, [{"method": "baseline"}], repeats=400, max_new_tokens=64
+    )
+    model_dir = str(tiny_models.gguf_mtp_hybrid.parent)
+    agent = spawn("agent", "run", "--config-dir", str(config), "--model-dir", model_dir, log=tmp_path / "agent.log")
+    try:
+        with Watch(marker) as watch:
+            wait_until(lambda: watch.servers(), "the job's server", 120)
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(timeout=10)
+            wait_until(lambda: not marked(marker), "the orphaned worker and its server to be gone", 10)
+        assert watch.seen
+    finally:
+        stop(agent, signal.SIGKILL)
