@@ -56,6 +56,7 @@ from specfleet.record import (
     VERIFY_COST,
     architecture_family,
     is_method,
+    is_speculative,
 )
 
 LEDGER = Path(__file__).with_name("claims.yaml")
@@ -318,6 +319,8 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
             "conditions.depth",
             f"is required: a draft depth 0-{MAX_DEPTH} or a list of them (a claim of metric runs may leave it out)",
         )
+    elif isinstance(method, str) and is_speculative(method) and 0 in depths:
+        fail("conditions.depth", f"a {method} run records a depth 1-{MAX_DEPTH}: depth 0 selects none")
     sampler = cond.get("sampler", {})
     if not isinstance(sampler, dict):
         fail("conditions.sampler", "must be a mapping of temperature, top_p, top_k, seed")

@@ -27,6 +27,8 @@ REQUIRED = {
     "llamacpp-mtp-m5-max-moe-35b",
     "llamacpp-mtp-m1-max-net-loss-n2",
     "llamacpp-mtp-m1-max-net-loss-n6",
+    "llamacpp-mtp-m2-ultra-7-14pct",
+    "llamacpp-mtp-m4-pro-50pct",
     "optiq-depth-k1",
     "optiq-depth-k2",
     "optiq-depth-k3",
@@ -219,6 +221,11 @@ def test_a_supported_method_gives_a_sweep_that_parses():
         ({"sweep": {"flags": "-ngl 99"}}, "claims[0] (my-claim).sweep.flags"),  # llama-server's flags, on mlx
         ({"sweep": {"target": "/models/x", "path": "y"}}, "claims[0] (my-claim).sweep.path"),
         ({"conditions": {**GOOD["conditions"], "depth": None}}, "claims[0] (my-claim).conditions.depth"),
+        # the bug report's --spec-draft-n-max 0: no run records a speculative method at depth 0
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "llama-server", "method": "draft-mtp", "depth": 0}},
+            "claims[0] (my-claim).conditions.depth",
+        ),
         (
             {"conditions": {**GOOD["conditions"], "prompt_category": "chat"}},
             "claims[0] (my-claim).conditions.prompt_category",
