@@ -4,7 +4,8 @@ vLLM, llama-server's own /v1 endpoints), measured as a streaming client.
 Where the server comes from: an arm's `command` template, else the cell's `server.command` for
 every arm without one, else the server already running at the cell's `server.url`, which must be
 on this machine (127.0.0.1, localhost or ::1). A template is split like a shell line and may use
-{model} (the target's local path), {draft}, {depth} (the arm's) and {port}; it must use {port},
+{model} (the target's local path), {depth} (the arm's) and {port}, as the sweep file does
+(coordinator/server_arms.py); it must use {port},
 because the engine picks a free loopback port for every server it starts (a server that listens
 elsewhere would be waited for in vain). Servers started here are ready when GET /health, or
 where that is 404, GET /v1/models, answers 200; they are stopped with the engine (close()).
@@ -54,7 +55,7 @@ from .base import EngineError, Generation, Request, ServerRun, make_generation
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-PLACEHOLDERS = ("model", "draft", "depth", "port")
+PLACEHOLDERS = ("model", "depth", "port")
 HEALTH_PATHS = ("/health", "/v1/models")
 REQUEST_TIMEOUT_SECONDS = 600.0
 PROBE_TEXT = "Hello"
@@ -89,12 +90,10 @@ def check_template(template: str) -> None:
         )
 
 
-def expand(template: str, model: str, draft: str | None, depth: int, port: int) -> list[str]:
+def expand(template: str, model: str, depth: int, port: int) -> list[str]:
     """A command template's argv with its placeholders filled in."""
     check_template(template)
-    if "{draft}" in template and not draft:
-        raise EngineError(f"server command {template!r} uses {{draft}} but the cell has no draft model")
-    values = {"model": model, "draft": draft or "", "depth": str(depth), "port": str(port)}
+    values = {"model": model, "depth": str(depth), "port": str(port)}
     argv = shlex.split(template)
     for name, value in values.items():
         argv = [arg.replace("{" + name + "}", value) for arg in argv]
@@ -191,7 +190,7 @@ class OpenAIServerEngine:
                 raise EngineError(f"{self.system} at {self.spec.url}: GET /health and /v1/models answered {status}")
         else:
             port = free_port()
-            argv = expand(key[1], self.target, self.draft, key[2], port)
+            argv = expand(key[1], self.target, key[2], port)
             self._started += 1
             log = self.log_dir / f"server-{self._started:03d}.log"
             process = ServerProcess(argv, port, log, self.system, self.health_timeout_seconds, HEALTH_PATHS)
