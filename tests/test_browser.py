@@ -137,9 +137,10 @@ def test_questions_page_renders_verdicts_in_chromium(tmp_path):
             tools.call("Page.navigate", url=f"http://127.0.0.1:{port}/questions")
             deadline = time.monotonic() + RENDER_SECONDS
             # The shipped ledger on a fleet of specfleet's own runs: claims about MTPLX wait for its
-            # runs, with our loop's figure beside them; the absence of a Mac ngram-mod benchmark holds.
+            # runs, with our loop's figure on the same weights beside them; the absence of a Mac
+            # ngram-mod benchmark holds.
             wanted = ("Open questions", "Apple M4 Pro: inconclusive", "no runs of MTPLX", "any Mac: reproduced")
-            wanted += ("specfleet's loop on Apple M4 Pro", "2 machine(s)")
+            wanted += ("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro", "2 machine(s)")
             wanted += ("Fleet", "Sweeps", "Compare", "Questions", "Runs")  # the navigation, by title
             text = ""
             while not all(w in text for w in wanted):
