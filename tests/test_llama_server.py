@@ -311,3 +311,34 @@ def test_the_agents_llama_server_is_the_flag_then_the_variable_then_its_settings
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(llama_server, "PROJECT_BUILD", tmp_path / "not-built")
     assert server_engines(None) == ["openai"]  # an agent with no llama-server takes no llama-server job
+
+
+def test_a_job_in_blocks_through_the_protocol_gives_valid_records(engine, tiny_models):
+    """The measurement protocol on this engine with arms that do not fit together: runs in blocks,
+    every record valid, greedy speculation lossless, no server left once the job is done."""
+    from agent.protocol import run_job
+    from specfleet.record import JobSpec, ModelIdentity, Prompt, ServerSpec
+
+    spec = JobSpec(
+        engine="llama-server",
+        model={"target": str(tiny_models.gguf_mtp_hybrid)},
+        prompt_set="code",
+        prompt_category="code",
+        prompt_set_digest="cd" * 32,
+        prompts=(Prompt("p1", "def add(a, b):\n    return a + b\n"), Prompt("p2", "The capital of France is")),
+        arms=(Arm("baseline"), Arm("draft-mtp", 2)),
+        server=ServerSpec(flags=("-c", "1024")),
+        max_new_tokens=12,
+        warmup_cap=1,
+        repeats=2,
+    )
+    e = engine(memory_bytes=2**20, flags=spec.server.flags)
+    records = []
+    target = ModelIdentity(reference="mtp-hybrid.gguf", digest="ab" * 32, context_length=4096)
+    run_job(spec, e, records.append, job_id="job-1", attempt=1, target=target)
+    assert len(records) == 2 * 2 * 2 and not e._servers  # prompts x arms x repeats; closed at the end
+    for r in records:
+        assert (r.system, r.interleaving, r.generated_tokens) == ("llama-server", "blocks", 12)
+        assert r.lossless is True and r.server_version == "0.5.0-dev b1-0c1e570"
+        assert "-c 1024" in r.server_command and r.server_decode_tokens_per_second > 0
+    assert {r.tokens_drafted > 0 for r in records if r.method == "draft-mtp"} == {True}
