@@ -17,7 +17,8 @@ The server's final `timings` give its own decode speed, prefill time and draft c
 (`llamacpp:spec_decode_num_accepted_tokens_per_pos_total`). llama-server counts no drafts by
 position, so `drafted_by_position` is its own denominator for acceptance by position: the run's
 verification steps (`spec_decode_num_drafts_total`) at every position, which counts a draft
-shorter than a position as a miss there, as llama-server's log line "acc per pos" does.
+shorter than a position as a miss there, as llama-server's log line "acc per pos" does. The
+server's memory is not measured: `peak_memory_bytes` is 0.
 
 Drafters that keep state across requests (ngram-mod's shared hash table, ngram-cache's context
 cache, ngram-map-k's and ngram-map-k4v's key maps: common/speculative.cpp, common/ngram-map.cpp)

@@ -33,7 +33,8 @@ transformers' AutoTokenizer on the target's local model directory.
 
 What the engine reads from a server's answers: `usage` (token counts), `system_fingerprint` (the
 version it records, where sent) and llama-server's `timings` (its own decode speed, prefill time
-and draft counts) where a server adds them. Nothing else is assumed.
+and draft counts) where a server adds them. Nothing else is assumed; the server's memory is not
+measured (`peak_memory_bytes` 0).
 """
 
 from __future__ import annotations
