@@ -51,11 +51,18 @@ DEMO_COMMON = {
 }
 
 
+# llama-server as the in-process llama.cpp engine runs: its context, flash attention, one slot.
+SERVER_FLAGS = "-c 4096 -fa on --parallel 1"
+NGRAM_MOD = {"n_match": 4, "n_min": 1}
+
+
 def demo_sweeps(models) -> list[dict]:
     """The tiny Llama pair with every method on both engines; MTP (and draft, n-gram, which
-    must roll back recurrent state) on the hybrid Qwen3.5-style model on both engines; MTP on
-    the all-attention one, which only MLX runs (llama.cpp's qwen35 graph needs layers of both
-    kinds)."""
+    must roll back recurrent state) on the hybrid Qwen3.5-style model on both engines, and
+    llama.cpp's own `llama-server --spec-type draft-mtp` beside them; llama.cpp's ngram-mod in
+    our loops and in llama-server on the Llama target (small n_match and n_min: the demo's
+    generations are short); MTP on the all-attention model, which only MLX runs (llama.cpp's
+    qwen35 graph needs layers of both kinds)."""
     llama = {
         "name": "demo",
         "models": {
@@ -73,8 +80,24 @@ def demo_sweeps(models) -> list[dict]:
             "mlx": {"target": str(models.mlx_mtp_hybrid), "draft": str(models.mlx_mtp_hybrid_draft)},
             "llama.cpp": {"target": str(models.gguf_mtp_hybrid), "draft": str(models.gguf_mtp_hybrid_draft)},
         },
-        "engines": ["mlx", "llama.cpp"],
+        "engines": ["mlx", "llama.cpp", "llama-server"],
         "methods": {"mtp": [1, 2, 3], "draft": [2], "ngram": [3]},
+        "server": {"flags": SERVER_FLAGS},
+        "arms": [{"spec_type": "draft-mtp", "depths": [1, 2, 3]}],
+    }
+    hybrid["models"]["llama-server"] = {"target": str(models.gguf_mtp_hybrid)}
+    ngram_mod = {
+        "name": "demo-ngram-mod",
+        "models": {
+            "mlx": {"target": str(models.mlx_target)},
+            "llama.cpp": {"target": str(models.gguf_target)},
+            "llama-server": {"target": str(models.gguf_target)},
+        },
+        "engines": ["mlx", "llama.cpp", "llama-server"],
+        "methods": {"ngram-mod": [8]},
+        "ngram_mod": NGRAM_MOD,
+        "server": {"flags": SERVER_FLAGS},
+        "arms": [{"spec_type": "ngram-mod", "depths": [8], "params": NGRAM_MOD}],
     }
     dense = {
         "name": "demo-mtp-dense",
@@ -82,7 +105,7 @@ def demo_sweeps(models) -> list[dict]:
         "engines": ["mlx"],
         "methods": {"mtp": [1, 2, 3]},
     }
-    return [{**sweep, **DEMO_COMMON} for sweep in (llama, hybrid, dense)]
+    return [{**sweep, **DEMO_COMMON} for sweep in (llama, hybrid, ngram_mod, dense)]
 
 
 def _specfleet(*args: str) -> list[str]:
@@ -127,8 +150,9 @@ def summary_table(runs, jobs) -> str:
     con.register("jobs", jobs)
     figures = speedup.speedups(con).set_index(["comparable", "method", "depth"])["speedup"]
     arms = con.execute(
-        f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, method, depth,"
-        " median(decode_tokens_per_second) AS tps, sum(tokens_accepted) / nullif(sum(tokens_drafted), 0) AS acceptance,"
+        f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, system, method, depth,"
+        " median(decode_tokens_per_second) AS tps, median(server_decode_tokens_per_second) AS server_tps,"
+        " sum(tokens_accepted) / nullif(sum(tokens_drafted), 0) AS acceptance,"
         " bool_and(lossless IS NOT false) AS lossless, count(*) AS runs"
         f" FROM runs WHERE method != '{VERIFY_COST}' GROUP BY ALL ORDER BY engine, comparable, method, depth"
     ).df()
@@ -138,17 +162,19 @@ def summary_table(runs, jobs) -> str:
         g = groups.loc[comparable]
         draft = f", draft {g.draft_reference}@{g.draft_digest[:12]}" if g.draft_reference else ""
         lines += [
-            f"comparable group {comparable}: {rows.engine.iloc[0]} {g.target_reference}@{g.target_digest[:12]}{draft}, "
+            f"comparable group {comparable}: {_system(rows.engine.iloc[0], rows.system.iloc[0])} "
+            f"{g.target_reference}@{g.target_digest[:12]}{draft}, "
             f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens",
-            f"{'engine':10} {'method':12} {'K':>2} {'decode tok/s':>13} {'speedup':>8} {'acceptance':>10} "
-            f"{'lossless':>8} {'runs':>5}",
+            f"{'system':12} {'method':13} {'K':>2} {'decode tok/s':>13} {'server tok/s':>12} {'speedup':>8} "
+            f"{'acceptance':>10} {'lossless':>8} {'runs':>5}",
         ]
         for r in rows.itertuples():
             ratio = 1.0 if r.method == "baseline" else figures.get((comparable, r.method, r.depth), float("nan"))
             acceptance = "-" if pd.isna(r.acceptance) else f"{r.acceptance:.2f}"
+            server_tps = "-" if pd.isna(r.server_tps) else f"{r.server_tps:.1f}"
             lines.append(
-                f"{r.engine:10} {r.method:12} {r.depth:>2} {r.tps:13.1f} {ratio:8.2f} {acceptance:>10} "
-                f"{'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
+                f"{_system(r.engine, r.system):12} {r.method:13} {r.depth:>2} {r.tps:13.1f} {server_tps:>12} "
+                f"{ratio:8.2f} {acceptance:>10} {'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
             )
         lines.append("")
     differ = speedup.what_differs(groups.reset_index())
@@ -163,6 +189,11 @@ def summary_table(runs, jobs) -> str:
             + " ".join(f"{t / seconds[0]:.2f}" for t in seconds)
         )
     return "\n".join(lines).rstrip()
+
+
+def _system(engine: str, system: str) -> str:
+    """Our loops by engine ("llama.cpp"), a server by its name ("llama-server", "MTPLX")."""
+    return engine if system == "specfleet" else system
 
 
 def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501) -> int:

@@ -12,7 +12,11 @@ from tests.processes import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROW = re.compile(r"^(mlx|llama\.cpp)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+(yes|NO)\s+(\d+)$")
+# system, method, K, decode tok/s, the server's own tok/s ("-" for our loops), speedup, acceptance,
+# lossless, runs
+ROW = re.compile(
+    r"^(mlx|llama\.cpp|llama-server)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+(\S+)\s+(yes|NO)\s+(\d+)$"
+)
 
 
 def run_demo(data_dir):
@@ -36,16 +40,16 @@ def _printed_speedups(text: str) -> dict[tuple, float]:
         if line.startswith("comparable group "):
             group = line.split()[2].rstrip(":")
         elif (m := ROW.match(line.strip())) and m.group(2) != "baseline":
-            out[(group, m.group(2), int(m.group(3)))] = float(m.group(5))
+            out[(group, m.group(2), int(m.group(3)))] = float(m.group(6))
     return out
 
 
 def test_demo_measures_every_arm_on_both_engines(tmp_path):
     result = run_demo(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    llama, hybrid, dense = (
+    llama, hybrid, ngram_mod, dense = (
         result.stdout.split(f"\nsweep {name} done")[1].split("\nsweep ")[0]
-        for name in ("demo", "demo-mtp-hybrid", "demo-mtp-dense")
+        for name in ("demo", "demo-mtp-hybrid", "demo-ngram-mod", "demo-mtp-dense")
     )
     rows = _rows(llama)
     arms = {(engine, method, int(k)) for engine, method, k, *_ in rows}
@@ -53,7 +57,7 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
         for arm in (("baseline", 0), ("draft", 2), ("draft", 4), ("ngram", 3), ("ref-baseline", 0)):
             assert (engine, *arm) in arms, result.stdout
     assert ("mlx", "ref-draft", 2) in arms and ("llama.cpp", "ref-ngram", 3) in arms
-    for engine, method, k, tps, speedup, acceptance, lossless, runs in rows:
+    for engine, method, k, tps, _server_tps, speedup, acceptance, lossless, runs in rows:
         assert float(tps) > 0 and float(speedup) > 0 and int(runs) > 0
         assert lossless == "yes", f"{engine} {method} K={k} changed the greedy output"
         if method in ("draft", "ngram"):
@@ -69,26 +73,38 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
         for arm in (("baseline", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("draft", 2), ("ngram", 3)):
             assert (engine, *arm) in mtp_arms, hybrid
     assert {("mlx", "mtp", k) for k in (1, 2, 3)} <= {(e, m, int(k)) for e, m, k, *_ in _rows(dense)}, dense
-    for engine, method, k, _tps, _speedup, acceptance, lossless, _runs in mtp_rows:
+    for engine, method, k, _tps, _server_tps, _speedup, acceptance, lossless, _runs in mtp_rows:
         assert lossless == "yes", f"{engine} {method} K={k} changed the greedy output on an MTP model"
-        if method == "mtp":
+        if method in ("mtp", "draft-mtp"):
             assert 0 < float(acceptance) < 1
+
+    # llama.cpp's own server beside our loops: its baseline and draft-mtp at depths 1-3 on the
+    # hybrid, ngram-mod on the Llama target beside our loops' ngram-mod; the server's own decode
+    # speed printed beside the client's.
+    server_rows = [r for r in _rows(hybrid) + _rows(ngram_mod) if r[0] == "llama-server"]
+    assert {(m, int(k)) for _, m, k, *_ in server_rows} == {
+        ("baseline", 0), ("draft-mtp", 1), ("draft-mtp", 2), ("draft-mtp", 3), ("ngram-mod", 8)
+    }, hybrid + ngram_mod  # fmt: skip
+    assert all(float(server_tps) > 0 for _, _, _, _, server_tps, *_ in server_rows)
+    ngram_arms = {(e, m, int(k)) for e, m, k, *_ in _rows(ngram_mod)}
+    assert {(e, "ngram-mod", 8) for e in ("mlx", "llama.cpp", "llama-server")} <= ngram_arms, ngram_mod
+    assert all(r[7] == "yes" for r in _rows(ngram_mod)), ngram_mod
 
     # Everything went to --data-dir, and a second run reuses the models and the enrolment.
     db = duckdb.connect(str(tmp_path / "coordinator" / "specfleet.duckdb"), read_only=True)
-    assert db.execute("SELECT count(DISTINCT engine), count(*) FROM runs").fetchone()[0] == 2
+    assert db.execute("SELECT count(DISTINCT engine), count(*) FROM runs").fetchone()[0] == 3
     # The summary prints the one definition of speedup (specfleet/speedup.py, as /metrics and the
     # dashboard compute it), one comparable group at a time: the same runs give the same figures.
     stored = {(r.comparable, r.method, r.depth): r.speedup for r in speedups(db).itertuples()}
     printed = _printed_speedups(result.stdout)
-    assert printed.keys() == stored.keys() and len({g for g, *_ in printed}) == 5  # 2 + 2 + 1 groups
+    assert printed.keys() == stored.keys() and len({g for g, *_ in printed}) == 9  # 2 + 3 + 3 + 1 groups
     assert all(abs(printed[k] - stored[k]) <= 0.005 for k in printed), (printed, stored)
     db.close()
     again = run_demo(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     db = duckdb.connect(str(tmp_path / "coordinator" / "specfleet.duckdb"), read_only=True)
     assert db.execute("SELECT count(*) FROM agents").fetchone()[0] == 1
-    assert db.execute("SELECT count(*) FROM sweeps WHERE state = 'done'").fetchone()[0] == 6
+    assert db.execute("SELECT count(*) FROM sweeps WHERE state = 'done'").fetchone()[0] == 8
     db.close()
 
 
