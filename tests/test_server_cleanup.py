@@ -58,11 +58,14 @@ class Watch:
 
     def _run(self):
         while not self.stop.is_set():
-            self.seen.update(self.servers())
+            self.servers()
             time.sleep(0.05)
 
     def servers(self) -> dict[int, str]:
-        return {pid: exe for pid, exe in marked(self.marker).items() if exe.endswith("llama-server")}
+        """The marked llama-servers alive now (and remembered as seen)."""
+        found = {pid: exe for pid, exe in marked(self.marker).items() if exe.endswith("llama-server")}
+        self.seen.update(found)
+        return found
 
     def __enter__(self):
         self.thread.start()
