@@ -34,7 +34,6 @@ import grpc
 
 from agent import api, environment, retry
 from agent.credentials import AgentIdentity
-from agent.engines.llama_server import find_binary
 from agent.fingerprint import available_engines, fingerprint
 from agent.metrics import AgentMetrics
 from agent.model_identity import ModelUnreadable, identify
@@ -58,14 +57,6 @@ class AgentState:
     lease_lost: bool = False
     draining: bool = False
     not_starting: str = ""  # why no job is started now (battery, low-power mode); "" when none
-
-
-def server_engines(llama_server: Path | None) -> list[str]:
-    """The server engines this agent runs: llama-server where a binary is found (the
-    --llama-server given, else PATH, else this checkout's build), and openai, which needs only
-    what its jobs' command templates name."""
-    binary = find_binary(str(llama_server) if llama_server else None)
-    return (["llama-server"] if binary and os.access(binary, os.X_OK) else []) + ["openai"]
 
 
 def kill_group(pgid: int) -> None:
@@ -108,7 +99,7 @@ class Agent:
         self.hf_cache, self.allow_downloads = hf_cache, allow_downloads
         self.fingerprint = fingerprint()  # taken at start: sent once, and the memory that models must fit
         self.llama_server = llama_server
-        self.engines = available_engines() + server_engines(llama_server)
+        self.engines = available_engines(llama_server)
         self.hashes = HashCache(config_dir / "model-hashes.json")
         self.metrics = AgentMetrics(self.spool.depth)
         self.metrics_port = metrics_port

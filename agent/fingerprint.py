@@ -128,14 +128,23 @@ def engine_versions() -> dict[str, str]:
     return out
 
 
-def available_engines() -> list[str]:
+def available_engines(llama_server: Path | None = None) -> list[str]:
+    """The engines this machine runs, as enrolment tells the coordinator: the in-process ones
+    whose libraries import, llama-server where a binary is found (`llama_server`, the agent's
+    --llama-server; else PATH; else this checkout's build), and openai, a client that needs only
+    what its jobs' command templates name."""
+    from agent.engines.llama_server import find_binary  # cheap: no engine library is imported
+
     versions = engine_versions()
     engines = []
     if "mlx" in versions and "mlx-lm" in versions:
         engines.append("mlx")
     if "llama-cpp-python" in versions:
         engines.append("llama.cpp")
-    return engines
+    binary = find_binary(str(llama_server) if llama_server else None)
+    if binary is not None and os.access(binary, os.X_OK):
+        engines.append("llama-server")
+    return engines + ["openai"]
 
 
 def fingerprint(platform: str = sys.platform, run=None, root: Path = Path("/")) -> pb.Fingerprint:

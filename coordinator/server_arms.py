@@ -158,8 +158,8 @@ def check_template(c, where: str, template: str, depth: bool) -> None:
 
 def check_loopback(c, where: str, url: str) -> None:
     parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or parsed.hostname not in LOOPBACK_HOSTS or not parsed.port:
-        c.fail(where, f"{url!r} must be a loopback URL with a port, e.g. http://127.0.0.1:8000")
+    if parsed.scheme != "http" or parsed.hostname not in LOOPBACK_HOSTS or not parsed.port:
+        c.fail(where, f"{url!r} must be a loopback http URL with a port, e.g. http://127.0.0.1:8000")
 
 
 def parse_arms(c, doc: dict[str, Any], engine: str, models: dict[str, str], server: ServerSpec | None) -> list[Arm]:

@@ -3,8 +3,9 @@
 Pages call these functions and arrange what they return. Runs are read from the mirror's typed
 columns (specfleet/record.py RunRecord, one column per field) through `LABELLED`, which adds
 what every page names a run by: the system it measured (dashboard/claims.py system_label), its
-comparable group, its models as reference@digest, its sampler and its environment state. SQL never carries user input as text: filters travel as
-bound parameters. Speedups are specfleet/speedup.py's (through dashboard/stats.py).
+comparable group, its models as reference@digest, its sampler and its environment state. SQL
+never carries user input as text: filters travel as bound parameters. Speedups are
+specfleet/speedup.py's (through dashboard/stats.py).
 """
 
 from __future__ import annotations

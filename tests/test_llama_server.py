@@ -292,7 +292,7 @@ def test_a_context_too_small_for_the_run_is_named(engine, tiny_models):
 
 def test_the_agents_llama_server_is_the_flag_then_the_variable_then_its_settings(tmp_path, monkeypatch):
     from agent import settings
-    from agent.daemon import server_engines
+    from agent.fingerprint import available_engines
 
     config = tmp_path / "agent"
     monkeypatch.delenv("SPECFLEET_LLAMA_SERVER", raising=False)
@@ -307,10 +307,11 @@ def test_the_agents_llama_server_is_the_flag_then_the_variable_then_its_settings
     assert settings.llama_server(str(PROJECT_BUILD), config) == PROJECT_BUILD.resolve()
     with pytest.raises(ValueError, match="does not exist or is not an executable file"):
         settings.llama_server(str(tmp_path / "typo"), config)
-    assert server_engines(other) == ["llama-server", "openai"]
+    assert available_engines(other)[-2:] == ["llama-server", "openai"]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(llama_server, "PROJECT_BUILD", tmp_path / "not-built")
-    assert server_engines(None) == ["openai"]  # an agent with no llama-server takes no llama-server job
+    # An agent with no llama-server takes no llama-server job; openai needs only its templates.
+    assert "llama-server" not in available_engines(None) and available_engines(None)[-1] == "openai"
 
 
 def test_a_job_in_blocks_through_the_protocol_gives_valid_records(engine, tiny_models):

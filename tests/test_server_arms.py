@@ -129,7 +129,8 @@ def test_bad_llama_server_arms_are_refused_by_name(fields, message):
             r"server\.command: .*has no \{port\}",
         ),
         ({"server": {"system": "MTPLX", "command": "mtplx {colour} {port}"}}, r"unknown placeholder"),
-        ({"server": {"system": "MTPLX", "url": "http://10.0.0.5:8000"}}, r"must be a loopback URL"),
+        ({"server": {"system": "MTPLX", "url": "http://10.0.0.5:8000"}}, r"must be a loopback http URL"),
+        ({"server": {"system": "MTPLX", "url": "https://127.0.0.1:8000"}}, r"must be a loopback http URL"),
         ({"server": {"system": "MTPLX", "url": "http://127.0.0.1:8000", "command": "x {port}"}}, r"exactly one of"),
         (
             {
