@@ -278,7 +278,7 @@ def parse_sweep(text: str) -> Sweep:
             c.fail(f"models.{e}.target", "is required for every engine in engines")
             continue
         c.unknown_keys(f"models.{e}.", m, MODEL_KEYS)
-        if {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
+        if e in IN_PROCESS_ENGINES and {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
             c.fail(f"models.{e}.draft", "is required when methods include draft")
         clean_models[e] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
         if "memory_gb" in m:

@@ -98,6 +98,7 @@ def demo_sweeps(models) -> list[dict]:
         "ngram_mod": NGRAM_MOD,
         "server": {"flags": SERVER_FLAGS},
         "arms": [{"spec_type": "ngram-mod", "depths": [8], "params": NGRAM_MOD}],
+        "max_new_tokens": 128,  # the tiny target repeats itself only after a while: drafts to count
     }
     dense = {
         "name": "demo-mtp-dense",
@@ -105,7 +106,7 @@ def demo_sweeps(models) -> list[dict]:
         "engines": ["mlx"],
         "methods": {"mtp": [1, 2, 3]},
     }
-    return [{**sweep, **DEMO_COMMON} for sweep in (llama, hybrid, ngram_mod, dense)]
+    return [{**DEMO_COMMON, **sweep} for sweep in (llama, hybrid, ngram_mod, dense)]
 
 
 def _specfleet(*args: str) -> list[str]:

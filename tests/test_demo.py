@@ -89,6 +89,7 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
     ngram_arms = {(e, m, int(k)) for e, m, k, *_ in _rows(ngram_mod)}
     assert {(e, "ngram-mod", 8) for e in ("mlx", "llama.cpp", "llama-server")} <= ngram_arms, ngram_mod
     assert all(r[7] == "yes" for r in _rows(ngram_mod)), ngram_mod
+    assert all(0 < float(r[6]) <= 1 for r in _rows(ngram_mod) if r[1] == "ngram-mod"), ngram_mod  # it drafted
 
     # Everything went to --data-dir, and a second run reuses the models and the enrolment.
     db = duckdb.connect(str(tmp_path / "coordinator" / "specfleet.duckdb"), read_only=True)

@@ -50,6 +50,15 @@ def test_spec_types_depths_and_params_become_arms():
     assert cell.verify_cost is None
 
 
+def test_in_process_methods_beside_server_arms_ask_nothing_of_the_server_engine():
+    doc = yaml.safe_load(sweep(arms=[{"spec_type": "draft-mtp"}], methods={"draft": [2]}))
+    doc["engines"].append("llama.cpp")
+    doc["models"]["llama.cpp"] = {"target": MODEL, "draft": "d.gguf"}
+    cells = {c.engine: c for c in parse_sweep(yaml.safe_dump(doc)).cells()}
+    assert cells["llama.cpp"].arms == (Arm("baseline"), Arm("draft", 2))
+    assert cells["llama-server"].arms == (Arm("baseline"), Arm("draft-mtp", 3))
+
+
 def test_the_seeds_command_lines_are_arms():
     arms = arms_of(sweep(arms=[{"command": SEED_BASELINE}, {"command": SEED_MTP}]))
     # The port is the agent's; the baseline's own line replaces nothing: both keep their -ngl.
