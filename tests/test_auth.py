@@ -97,7 +97,7 @@ def test_bad_figures_are_refused_with_the_field_named(coordinator):
         (dict(acceptance_reason="x" * 5000), "acceptance_reason must be 0-4096 characters, got 5000"),
         (dict(note="an unknown field"), "note: unknown field"),
         (dict(depth=3), "depth of baseline must be 0, got 3"),
-        (dict(method="draft", depth=0), "depth = 0 is not in [1, 16]"),
+        (dict(method="draft", depth=0), "depth = 0 is not in [1, 64]"),
         (dict(method="medusa"), "method 'medusa' is unknown"),
         (dict(generated_tokens=-1), "generated_tokens = -1"),
         (dict(peak_memory_bytes=2**60), "peak_memory_bytes"),
