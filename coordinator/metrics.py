@@ -74,8 +74,8 @@ class FleetCollector:
         info = GaugeMetricFamily(
             "specfleet_comparable_group_info",
             "What each comparable group of runs holds: only runs equal on all of these are pooled",
-            labels=["comparable", "engine", "engine_version", "model", "model_digest", "draft", "draft_digest",
-                    "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens"],
+            labels=["comparable", "engine", "engine_version", "system", "model", "model_digest", "draft",
+                    "draft_digest", "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens"],
         )  # fmt: skip
         for g in groups.itertuples():
             sampler = (
@@ -83,7 +83,7 @@ class FleetCollector:
                 f"top_k={g.sampler_top_k},seed={g.sampler_seed}"
             )
             info.add_metric(
-                [g.comparable, g.engine, g.engine_version, g.target_reference, g.target_digest[:12],
+                [g.comparable, g.engine, g.engine_version, g.system, g.target_reference, g.target_digest[:12],
                  g.draft_reference, g.draft_digest[:12], sampler, g.prompt_set, g.prompt_set_digest[:12],
                  str(g.context_tokens), str(g.max_new_tokens)],
                 1,

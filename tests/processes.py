@@ -10,9 +10,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from agent.engines.llama_server import PROJECT_BUILD
 from coordinator.server import ENDPOINTS_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
+# Tests of a real llama-server need the set-up's build (scripts/build-llama-cpp.sh). Skipped
+# where it was not run, by hand; under CI (CI set) they run regardless, and fail without it.
+needs_llama_server = pytest.mark.skipif(
+    not PROJECT_BUILD.exists() and not os.environ.get("CI"), reason="scripts/build-llama-cpp.sh not run"
+)
 
 
 def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -23,11 +23,12 @@ from agent.engines.llama_server import (
 )
 from agent.summary import summarise
 from specfleet.record import Arm, Sampler
+from tests.processes import needs_llama_server
 from tests.test_server_process import FAKE, gone
 
 CAPTURED = Path(__file__).with_name("captured")
 MEMORY = 16 * 2**30
-pytestmark = pytest.mark.skipif(not PROJECT_BUILD.exists(), reason="scripts/build-llama-cpp.sh not run")
+pytestmark = needs_llama_server
 
 
 @pytest.fixture

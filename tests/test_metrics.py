@@ -26,8 +26,8 @@ ALLOWED_LABELS = {
     "specfleet_decode_tokens_per_second": {"comparable", "chip", "engine", "model", "method", "depth"},
     "specfleet_speedup_ratio": {"comparable", "chip", "engine", "model", "method", "depth"},
     "specfleet_comparable_group_info": {
-        "comparable", "engine", "engine_version", "model", "model_digest", "draft", "draft_digest", "sampler",
-        "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens",
+        "comparable", "engine", "engine_version", "system", "model", "model_digest", "draft", "draft_digest",
+        "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens",
     },
 }  # fmt: skip
 
@@ -112,6 +112,7 @@ def test_metrics_after_a_scripted_fleet_run(coordinator):
     info = families["specfleet_comparable_group_info"].samples
     groups = {s.labels["max_new_tokens"]: s.labels["comparable"] for s in info}
     assert set(groups) == {"32", "64"} and all(s.labels["model_digest"] == "cd" * 6 for s in info)
+    assert {s.labels["system"] for s in info} == {"specfleet"}
     tps = "specfleet_decode_tokens_per_second"
     assert value(families, tps, comparable=groups["32"], method="baseline", depth="0", **chip) == 100.0
     assert value(families, tps, comparable=groups["32"], method="draft", depth="2", **chip) == 150.0

@@ -13,9 +13,9 @@ from agent.engines.openai_server import expand, loopback_address, token_times
 from agent.engines.server_process import ServerProcess, free_port
 from agent.summary import summarise
 from specfleet.record import Arm, ServerSpec
+from tests.processes import needs_llama_server
 from tests.test_server_process import FAKE, gone
 
-needs_llama_server = pytest.mark.skipif(not PROJECT_BUILD.exists(), reason="scripts/build-llama-cpp.sh not run")
 BASELINE = f"{PROJECT_BUILD} -m {{model}} --port {{port}}"
 MTP = f"{PROJECT_BUILD} -m {{model}} --port {{port}} --spec-type draft-mtp --spec-draft-n-max {{depth}}"
 MEMORY = 16 * 2**30

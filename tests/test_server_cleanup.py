@@ -21,13 +21,13 @@ from agent.daemon import Agent
 from agent.engines.llama_server import PROJECT_BUILD
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.fleet import admin_for, start_coordinator
-from tests.processes import spawn, stop
+from tests.processes import needs_llama_server, spawn, stop
 from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc"),
-    pytest.mark.skipif(not PROJECT_BUILD.exists(), reason="scripts/build-llama-cpp.sh not run"),
+    needs_llama_server,
 ]
 MARKER = "SPECFLEET_CLEANUP_TEST"
 

@@ -22,8 +22,9 @@ import pytest
 
 from agent.engines import make_engine
 from agent.engines.base import Request
-from agent.engines.llama_server import PROJECT_BUILD, UNKNOWN_ID
+from agent.engines.llama_server import UNKNOWN_ID
 from agent.summary import summarise
+from tests.processes import needs_llama_server
 
 NEW_TOKENS = 200  # long enough for the tiny target's greedy output to repeat itself
 # Small n-gram parameters, so that 200 tokens of a tiny random model give drafts to count.
@@ -31,7 +32,7 @@ NGRAM_MOD = dict(n_match=4, n_min=1)
 NGRAM_MAP = dict(size_n=2, min_hits=1)
 MTP_TOLERANCE = 0.05  # of the proposals at a position, and at least one proposal
 PROMPT = "the fleet measures speed and the fleet measures speed " * 4
-pytestmark = pytest.mark.skipif(not PROJECT_BUILD.exists(), reason="scripts/build-llama-cpp.sh not run")
+pytestmark = needs_llama_server
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from agent.engines import server_process
 from agent.engines.base import EngineError
 from agent.engines.llama_server import PROJECT_BUILD
 from agent.engines.server_process import ServerProcess, free_port, stop_all
+from tests.processes import needs_llama_server
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
-needs_llama_server = pytest.mark.skipif(not PROJECT_BUILD.exists(), reason="scripts/build-llama-cpp.sh not run")
 
 
 def gone(pid: int, timeout: float = 10) -> bool:
