@@ -15,9 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from coordinator import prompt_library, server_arms
+from coordinator import prompt_library, server_arms, yaml_limits
 from specfleet.design import rounded_repeats
 from specfleet.record import (
     ENGINE_METHODS,
@@ -67,12 +65,24 @@ MODEL_KEYS = {"target", "draft", "memory_gb"}
 SAMPLER_KEYS = {"temperature", "top_p", "top_k", "seed"}
 MAX_YAML_BYTES = 256 * 1024
 MAX_CONTEXT_TOKENS = 131072
+MAX_PROBLEM_CHARS = 300  # one problem, as reported
+MAX_MESSAGE_CHARS = 2000  # the whole message: a gRPC status travels in metadata (8 KiB at most)
 
 
 class SweepError(ValueError):
+    """Every problem of a sweep file, each cut to MAX_PROBLEM_CHARS; the message lists as many as
+    fit in MAX_MESSAGE_CHARS and counts the rest."""
+
     def __init__(self, problems: list[str]):
-        super().__init__("invalid sweep: " + "; ".join(problems))
-        self.problems = problems
+        self.problems = [p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..." for p in problems]
+        message = "invalid sweep: "
+        for i, problem in enumerate(self.problems):
+            rest = f"; and {len(self.problems) - i} more problem(s)"
+            if len(message) + len(problem) + 2 + len(rest) > MAX_MESSAGE_CHARS:
+                message += rest
+                break
+            message += ("; " if i else "") + problem
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -198,9 +208,9 @@ def parse_sweep(text: str) -> Sweep:
     if len(text.encode()) > MAX_YAML_BYTES:
         raise SweepError([f"file: larger than {MAX_YAML_BYTES} bytes"])
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SweepError([f"file: not valid YAML ({str(e).splitlines()[0]})"]) from None
+        doc = yaml_limits.load(text)
+    except yaml_limits.YamlLimitError as e:
+        raise SweepError([f"file: {e}"]) from None
     if not isinstance(doc, dict):
         raise SweepError(["file: must be a mapping of sweep fields"])
     c = _Checker()

@@ -3,7 +3,7 @@
 import pytest
 
 from coordinator import prompt_library
-from coordinator.sweeps import SweepError, agent_matches, parse_sweep
+from coordinator.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, SweepError, agent_matches, parse_sweep
 from specfleet.record import Arm, JobSpec, Sampler, VerifyCost
 from tests.fleet import SWEEP_YAML
 
@@ -154,3 +154,54 @@ def test_the_readme_sweep_example_is_accepted():
     sweep = parse_sweep(example)
     assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a.method, a.depth) for a in sweep.arms}
     assert sweep.context_tokens == [512, 4096, 16384, 32768]
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes that expand to 9**levels values: every level lists the one above nine times."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\nrepeats: *l{levels - 1}\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (alias_bomb(), "file: line 5: more than 20000 values with every alias expanded"),
+        ("name: s\nrepeats:\n" + "- " * 20_000 + "1\n", "file: line 3: nested deeper than 32 levels"),
+        ("name: s\nrepeats: " + "[" * 20_000 + "]" * 20_000 + "\n", "file: not valid YAML"),
+        ("name: s\nrepeats: &r [*r]\n", "file: line 2: alias *r refers to no complete node"),
+        (
+            yaml_of() + "repeats: 2\nrepeats: 3\n",
+            f"file: line {len(yaml_of().splitlines()) + 2}: key 'repeats' is given twice",
+        ),
+        (yaml_of(models={"mlx": {"target": "/t"}}).replace("target: /t", "target: /t\n    target: /u"), "key 'target'"),
+    ],
+)
+def test_yaml_past_the_limits_is_refused_at_once_naming_the_line(text, message):
+    with pytest.raises(SweepError) as e:
+        parse_sweep(text)
+    assert message in str(e.value)
+
+
+def test_an_alias_bomb_costs_milliseconds():
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(SweepError):
+        parse_sweep(alias_bomb(levels=12))
+    assert time.perf_counter() - start < 0.5
+
+
+def test_aliases_within_the_limits_still_share_a_value():
+    sweep = parse_sweep(yaml_of() + "samplers: [&s {temperature: 0.7, seed: 1}, *s]\n")
+    assert len(sweep.samplers) == 2 and sweep.samplers[0] == sweep.samplers[1] == Sampler(0.7, 1.0, 0, 1)
+
+
+def test_an_error_message_stays_small_enough_for_grpc_metadata():
+    huge = yaml_of(repeats=list(range(15_000)), warmup="w" * 100_000, prompt_sets=[f"s{i}" for i in range(500)])
+    with pytest.raises(SweepError) as e:
+        parse_sweep(huge)
+    assert len(str(e.value)) <= MAX_MESSAGE_CHARS
+    assert "prompt_sets: unknown prompt set 's0'" in str(e.value) and "more problem(s)" in str(e.value)
+    assert any(p.startswith("repeats: must be an integer, got [0, 1, 2") for p in e.value.problems)
+    assert all(len(p) <= MAX_PROBLEM_CHARS for p in e.value.problems)
