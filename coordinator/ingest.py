@@ -2,7 +2,9 @@
 
 A run arrives as a `RunRecord` in JSON (specfleet/record.py); the record's own constructor
 validates every field. It is stored as one column per leaf field (`RunRecord.row()`) beside
-the coordinator's columns, with the SHA-256 of the record as uploaded.
+the coordinator's columns, with the SHA-256 of the record as uploaded. A run id uploaded again
+is a retry when its SHA-256 is the stored one (acknowledged as a duplicate) and refused when it
+differs: one id names one run.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     InvalidRun / SchedulerError that refused it. A refused report does not affect the others."""
     results: list[tuple[bool, int] | Exception | None] = [None] * len(reports)
     records: list[RunRecord | None] = [None] * len(reports)
+    digests = [hashlib.sha256(r.record_json.encode()).hexdigest() for r in reports]
     for i, r in enumerate(reports):
         try:
             records[i] = parse(r.record_json)
@@ -73,7 +76,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     if not todo:
         return results
     now = time.time()
-    stored = {}  # run id -> (seq, agent id) of the runs in this batch that are stored
+    stored = {}  # run id -> (seq, agent id, record sha256) of the runs in this batch that are stored
     # One statement inserts the new runs: it commits on its own, and the store's lock keeps
     # every other writer out between the leases' check and the insert.
     with scheduler.store.autocommit() as con:
@@ -81,7 +84,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
         for i in todo:
             r = reports[i]
             run = records[i]
-            if run.run_id in rows:  # the same run twice in one batch: the second is a retry
+            if run.run_id in rows:  # the same run twice in one batch: the second is a retry (below)
                 continue
             try:
                 lease = scheduler.lease(con, r.agent_id, r.job_id, r.lease_id)
@@ -94,7 +97,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 sweep_id=lease.sweep_id,
                 agent_id=r.agent_id,
                 chip=lease.chip,
-                record_sha256=hashlib.sha256(r.record_json.encode()).hexdigest(),
+                record_sha256=digests[i],
                 ingested_at=now,
             )
             rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]])
@@ -112,23 +115,30 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             for run_id, seq in inserted:
                 i = rows[run_id][0]
                 results[i] = (False, seq)
-                stored[run_id] = (seq, reports[i].agent_id)
+                stored[run_id] = (seq, reports[i].agent_id, digests[i])
         earlier = list({records[i].run_id for i in todo} - stored.keys())  # retries, refusals
         if earlier:
             stored.update(
-                (run_id, (seq, agent_id))
-                for run_id, seq, agent_id in con.execute(
-                    f"SELECT run_id, seq, agent_id FROM runs WHERE run_id IN {placeholders(earlier)}", earlier
+                (run_id, (seq, agent_id, sha256))
+                for run_id, seq, agent_id, sha256 in con.execute(
+                    f"SELECT run_id, seq, agent_id, record_sha256 FROM runs WHERE run_id IN {placeholders(earlier)}",
+                    earlier,
                 ).fetchall()
             )
     for i in todo:
         r, run_id = reports[i], records[i].run_id
         if isinstance(results[i], tuple) or run_id not in stored:
             continue  # stored now, or refused
-        seq, owner = stored[run_id]  # a retry: acknowledged, never stored twice
-        results[i] = (
-            (True, seq) if owner == r.agent_id else InvalidRun(f"run id {run_id} was already stored by another agent")
-        )
+        seq, owner, sha256 = stored[run_id]
+        if owner != r.agent_id:
+            results[i] = InvalidRun(f"run id {run_id} was already stored by another agent")
+        elif sha256 and sha256 != digests[i]:  # '' : a schema-1 run, stored before digests were kept
+            results[i] = InvalidRun(
+                f"run id {run_id} was already stored with other content (sha256 {sha256[:16]}..., this upload "
+                f"{digests[i][:16]}...); a run id names one run: a new measurement needs a new id"
+            )
+        else:
+            results[i] = (True, seq)  # a retry: acknowledged, never stored twice
     return results
 
 
