@@ -306,14 +306,25 @@ class Scheduler:
 
     def record_beats(self, beats: list[Beat]) -> None:
         """Write heartbeats kept in memory: each agent's last contact and latest status (and
-        fingerprint, when it sent one), and every lease expiry extended since the last write."""
+        fingerprint, when it sent one), and every lease expiry extended since the last write.
+
+        The store's lock is held from reading the pending extensions to writing them: no
+        transaction, the lease reaper's included, changes which leases exist meanwhile, so an
+        expiry lands only on the lease it extended, and one already ended is dropped."""
         now = self.clock()
         latest = {b.agent_id: b for b in beats}  # one row per agent, its latest status
-        with self._lock:
-            extended = {job_id: self._leases[job_id].expires_at for job_id in self._extended}
-            self._extended.clear()
-        if not latest and not extended:
-            return
+        with self.store.lock:
+            with self._lock:
+                extended = {
+                    job_id: (lease.lease_id, lease.expires_at)
+                    for job_id in self._extended
+                    if (lease := self._leases.get(job_id)) is not None
+                }
+                self._extended.clear()
+            if latest or extended:
+                self._write_beats(now, beats, latest, extended)
+
+    def _write_beats(self, now: float, beats: list[Beat], latest: dict[str, Beat], extended: dict) -> None:
         try:
             with self.store.autocommit() as con:  # each fact stands on its own
                 for b in beats:
@@ -333,9 +344,9 @@ class Scheduler:
                 if extended:
                     con.execute(
                         "UPDATE jobs SET lease_expires_at = e.expires_at"
-                        " FROM (SELECT unnest(?) AS job_id, unnest(?) AS expires_at) e"
-                        " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased'",
-                        [list(extended), list(extended.values())],
+                        " FROM (SELECT unnest(?) AS job_id, unnest(?) AS lease_id, unnest(?) AS expires_at) e"
+                        " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased' AND jobs.lease_id = e.lease_id",
+                        [list(extended), [lease for lease, _ in extended.values()], [t for _, t in extended.values()]],
                     )
         except BaseException:
             with self._lock:  # the next write tries again

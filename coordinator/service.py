@@ -87,10 +87,22 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     async def flush_beats(self) -> None:
         """Write the heartbeats kept since the last flush, a chunk per call on the database
-        thread: results queued meanwhile go between the chunks instead of waiting for all."""
+        thread: results queued meanwhile go between the chunks instead of waiting for all.
+        Beats of a chunk whose write failed are kept for the next flush, unless a newer beat
+        of the same agent came meanwhile."""
         beats, self.beats = list(self.beats.values()), {}
         for first in range(0, max(len(beats), 1), FLUSH_CHUNK):  # at least once: lease expiries
-            await self.db.run(self.scheduler.record_beats, beats[first : first + FLUSH_CHUNK])
+            try:
+                await self.db.run(self.scheduler.record_beats, beats[first : first + FLUSH_CHUNK])
+            except BaseException:
+                for beat in beats[first:]:
+                    if beat.agent_id not in self.beats:
+                        self.keep_beat(beat)
+                    elif self.beats[beat.agent_id].fingerprint is None and beat.fingerprint is not None:
+                        self.beats[beat.agent_id] = dataclasses.replace(
+                            self.beats[beat.agent_id], fingerprint=beat.fingerprint
+                        )
+                raise
 
     async def flush_beats_forever(self) -> None:
         while True:

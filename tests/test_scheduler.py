@@ -340,3 +340,76 @@ def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_p
     assert expires == clock.now + 30
     with scheduler.store.tx() as con:
         assert con.execute("SELECT chip FROM agents WHERE agent_id = ?", [a2]).fetchone()[0] == "Apple M5"
+
+
+def test_heartbeats_written_while_the_reaper_expires_an_extended_lease_are_all_kept(fleet, monkeypatch):
+    """The reaper takes an expired lease out of memory, then ends its attempt in a transaction.
+    A write of heartbeats in between (the flusher's thread) once met the extension still pending
+    for that lease, raised KeyError and lost every agent's beat in the batch."""
+    import threading
+
+    scheduler, clock, a1, a2 = fleet
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    assert scheduler.extend_lease(a1, job.job_id, job.lease_id) == 30  # pending: the table lacks it
+    clock.now += 31
+    errors, writers = [], []
+    end_attempt = scheduler._end_attempt
+
+    def heartbeats_written_meanwhile(*args, **kwargs):
+        def write():
+            try:
+                scheduler.record_beats([Beat(a1, status="still here"), Beat(a2, status="idle and well")])
+            except Exception as e:
+                errors.append(e)
+
+        writers.append(threading.Thread(target=write))
+        writers[-1].start()
+        writers[-1].join(timeout=1)  # long enough to fail, if it fails; else it waits for the reaper
+        return end_attempt(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_end_attempt", heartbeats_written_meanwhile)
+    assert scheduler.expire_leases() == 1
+    writers[0].join(timeout=10)
+    assert errors == [] and not writers[0].is_alive()
+    with scheduler.store.tx() as con:
+        rows = dict(con.execute("SELECT agent_id, status FROM agents").fetchall())
+        seen = con.execute("SELECT min(last_seen) FROM agents").fetchone()[0]
+        assert con.execute("SELECT state, lease_expires_at FROM jobs").fetchone() == ("queued", None)
+    assert rows == {a1: "still here", a2: "idle and well"} and seen == clock.now
+
+
+def test_a_failed_write_of_heartbeats_keeps_them_for_the_next(fleet, monkeypatch):
+    """No batch of heartbeats is lost: a write that fails leaves them for the next flush,
+    unless a newer beat of the same agent came meanwhile."""
+    import asyncio
+
+    from coordinator import service
+    from coordinator.batching import Database
+    from coordinator.metrics import Metrics
+    from protos.specfleet.v1 import fleet_pb2 as pb
+
+    scheduler, clock, a1, a2 = fleet
+    db = Database()
+    servicer = service.AgentServicer(scheduler, Metrics(scheduler), db)
+    record_beats = scheduler.record_beats
+
+    def disk_full(beats):
+        servicer.beat(a2, pb.HeartbeatRequest(status="newer"))  # arrives while the write fails
+        raise OSError("disk full")
+
+    async def flush_twice():
+        servicer.beat(a1, pb.HeartbeatRequest(status="first"))
+        servicer.beat(a2, pb.HeartbeatRequest(status="older"))
+        monkeypatch.setattr(scheduler, "record_beats", disk_full)
+        with pytest.raises(OSError):
+            await servicer.flush_beats()
+        monkeypatch.setattr(scheduler, "record_beats", record_beats)
+        await servicer.flush_beats()
+
+    try:
+        asyncio.run(flush_twice())
+    finally:
+        db.close()
+    with scheduler.store.tx() as con:
+        assert dict(con.execute("SELECT agent_id, status FROM agents").fetchall()) == {a1: "first", a2: "newer"}
