@@ -45,10 +45,12 @@ class StreamError(grpc.RpcError):
 class CallStream:
     """Calls of one stream-stream method on one long-lived stream (etcd's lease keep-alive
     pattern): `call` sends a request and waits for its answer. An error, a refusal included,
-    closes the stream and raises as a unary call would; the next call opens another stream."""
+    closes the stream and raises as a unary call would; the next call opens another stream.
+    A call unanswered within its timeout cancels the stream (a `timer(seconds, fn)` started per
+    call, threading.Timer unless a test gives its own) and raises DEADLINE_EXCEEDED."""
 
-    def __init__(self, method, metadata, what: str):
-        self._method, self._metadata, self._what = method, metadata, what
+    def __init__(self, method, metadata, what: str, timer=threading.Timer):
+        self._method, self._metadata, self._what, self._timer = method, metadata, what, timer
         self._lock = threading.Lock()
         self._requests: queue.SimpleQueue | None = None
         self._responses = None
@@ -61,7 +63,7 @@ class CallStream:
             self._requests.put(request)
             timed_out = threading.Event()
             responses = self._responses
-            timer = threading.Timer(timeout, lambda: (timed_out.set(), responses.cancel()))
+            timer = self._timer(timeout, lambda: (timed_out.set(), responses.cancel()))
             timer.daemon = True
             timer.start()
             try:

@@ -2,9 +2,11 @@
 
 One JSON file per run in `pending/`, written to a temporary name and renamed, so a crash at
 any moment leaves either the whole record or nothing. A record leaves `pending/` only once the
-coordinator has acknowledged it (deleted) or refused it for good (moved to `refused/` with the
-reason, never dropped). `measured.log` lists the id of every run ever put, so that what was
-measured can be checked against what the coordinator stored.
+coordinator has acknowledged it (deleted) or it is parked: refused for good by the coordinator,
+or unreadable here (not JSON, not UTF-8, a field missing, mistyped or unknown). A parked record
+moves to `refused/` untouched, its reason beside it in `<run id>.reason`; nothing is dropped.
+`measured.log` lists the id of every run ever put, so that what was measured can be checked
+against what the coordinator stored.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from specfleet.record import RunRecord
 
 SCHEMA_VERSION = 2  # of the spool file; the record inside carries its own schema
+FIELDS = ("schema", "job_id", "lease_id", "record")
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,56 @@ class Spooled:
         return self.path.stem
 
 
+class Unreadable(ValueError):
+    """A spool file that is no record: `job_id` as far as it could be read ("" if not)."""
+
+    def __init__(self, path: Path, reason: str, job_id: str = ""):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason, self.job_id = path, reason, job_id
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read(path: Path) -> Spooled:
+    """The record in one spool file; Unreadable naming what is wrong with it."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise Unreadable(path, f"not UTF-8: {e}") from None
+    except ValueError as e:
+        raise Unreadable(path, f"not JSON: {e}") from None
+    except OSError as e:
+        raise Unreadable(path, f"cannot be read: {e}") from None
+    if not isinstance(data, dict):
+        raise Unreadable(path, f"not a spool record: a JSON {type(data).__name__}")
+    job_id = data.get("job_id") if isinstance(data.get("job_id"), str) else ""
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise Unreadable(path, f"unknown field(s) {', '.join(map(repr, unknown))}", job_id)
+    if data.get("schema") != SCHEMA_VERSION:
+        raise Unreadable(path, f"spool schema {data.get('schema')!r} is not {SCHEMA_VERSION}", job_id)
+    for name in FIELDS[1:]:
+        value = data.get(name)
+        if not isinstance(value, str):
+            raise Unreadable(path, f"{name} is missing" if value is None else f"{name} is not a string", job_id)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise Unreadable(path, f"{name} cannot be sent as UTF-8 (a lone surrogate): {e}", job_id) from None
+    return Spooled(path, data["job_id"], data["lease_id"], data["record"])
 
 
 class Spool:
@@ -51,10 +98,7 @@ class Spool:
         record = {"schema": SCHEMA_VERSION, "job_id": job_id, "lease_id": lease_id, "record": run.to_json()}
         path = self.pending / f"{run.run_id}.json"
         tmp = self.pending / f".{run.run_id}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_durably(tmp, json.dumps(record))
         os.replace(tmp, path)
         _fsync_dir(self.pending)
         with open(self.journal, "a") as f:
@@ -67,15 +111,15 @@ class Spool:
         """Ids of every run ever put in this spool, in order."""
         return self.journal.read_text().split() if self.journal.exists() else []
 
-    def items(self) -> list[Spooled]:
-        """Pending records, oldest first."""
-        out = []
-        for path in sorted(self.pending.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
-            record = json.loads(path.read_text())
-            if record.get("schema") != SCHEMA_VERSION:
-                raise ValueError(f"{path}: spool schema {record.get('schema')} is not {SCHEMA_VERSION}")
-            out.append(Spooled(path, record["job_id"], record["lease_id"], record["record"]))
-        return out
+    def paths(self) -> list[Path]:
+        """Pending record files, oldest first (one that vanishes meanwhile is left out)."""
+        dated = []
+        for path in self.pending.glob("*.json"):
+            try:
+                dated.append((path.stat().st_mtime_ns, path))
+            except FileNotFoundError:
+                continue
+        return [path for _, path in sorted(dated)]
 
     def depth(self) -> int:
         return sum(1 for _ in self.pending.glob("*.json"))
@@ -84,11 +128,12 @@ class Spool:
         item.path.unlink(missing_ok=True)
         _fsync_dir(self.pending)
 
-    def refuse(self, item: Spooled, reason: str) -> None:
-        """Keep a record the coordinator will never take, with the reason, out of the upload queue."""
-        record = json.loads(item.path.read_text())
-        record["refused_reason"] = reason
-        target = self.refused / item.path.name
-        target.write_text(json.dumps(record))
-        item.path.unlink()
+    def park(self, path: Path, reason: str) -> Path:
+        """Move a pending file that will never be uploaded to `refused/`, untouched, with its
+        reason beside it; returns where the record now is."""
+        target = self.refused / path.name
+        _write_durably(target.with_suffix(".reason"), reason + "\n")
+        os.replace(path, target)
+        _fsync_dir(self.refused)
         _fsync_dir(self.pending)
+        return target

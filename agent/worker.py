@@ -1,6 +1,6 @@
 """A worker process runs one job and exits (pyperf-style isolation).
 
-`python -m agent.worker JOB.json SPOOL_DIR`: JOB.json holds the job's ids, its `JobSpec` (with
+`python -m agent.worker JOB.json SPOOL_DIR ALIVE_FD`: JOB.json holds the job's ids, its `JobSpec` (with
 local model paths), the models' identities, the machine's memory and the agent's llama-server
 (`llama_server`, None for the engine's own search); the worker builds the engine with the options
 its kind takes (`engine_options`), measures, writes every run record to the spool as soon as it
@@ -10,7 +10,9 @@ as the last line of its stderr, which the agent reports as the job's failure.
 A crash, an out-of-memory kill or a hang ends only this process; the agent fails the job and
 kills this worker's process group, servers included.
 A worker whose agent has died (kill -9) stops too, and takes the servers it started with it:
-benchmarks never share a machine, and a restarted agent will run the next attempt.
+benchmarks never share a machine, and a restarted agent will run the next attempt. ALIVE_FD is
+the read end of a pipe whose write end only the agent holds: the worker reads it from its first
+moment, and its end of file (the agent is gone, even before the worker started) stops the worker.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 from agent.engines import make_engine
@@ -30,20 +31,23 @@ from agent.protocol import run_job
 from agent.spool import Spool
 from specfleet.record import JobSpec, ModelIdentity
 
-PARENT_CHECK_SECONDS = 0.5
 ORPHANED_EXIT_STATUS = 3
 ENGINE_ERROR_STATUS = 1
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    while True:
-        time.sleep(PARENT_CHECK_SECONDS)
-        if os.getppid() != parent:
-            print("the agent that started this worker is gone; stopping", file=sys.stderr, flush=True)
-            stop_all()
-            if os.getpgrp() == os.getpid():  # started by an agent, so the group is this job's alone
-                os.killpg(os.getpid(), signal.SIGKILL)  # whatever its servers started, and this worker
-            os._exit(ORPHANED_EXIT_STATUS)
+def _exit_when_orphaned(alive_fd: int) -> None:
+    """Read the agent's pipe until its end of file (or an error): then the agent is gone, and
+    this worker stops its servers, its process group and itself."""
+    try:
+        while os.read(alive_fd, 1):
+            pass
+    except OSError:
+        pass
+    print("the agent that started this worker is gone; stopping", file=sys.stderr, flush=True)
+    stop_all()
+    if os.getpgrp() == os.getpid():  # started by an agent, so the group is this job's alone
+        os.killpg(os.getpid(), signal.SIGKILL)  # whatever its servers started, and this worker
+    os._exit(ORPHANED_EXIT_STATUS)
 
 
 def engine_options(spec: JobSpec, job: dict, workdir: Path) -> dict:
@@ -58,7 +62,7 @@ def engine_options(spec: JobSpec, job: dict, workdir: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_exit_when_orphaned, args=(int(argv[2]),), daemon=True).start()
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     spool = Spool(Path(argv[1]))

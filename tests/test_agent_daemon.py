@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 import yaml
 
-from agent import daemon
+from agent import poll
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from coordinator.server import admin_credential
@@ -146,7 +146,7 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
 
 
 def test_on_battery_no_job_starts_and_the_reason_is_everywhere(tmp_path, coordinator, monkeypatch):
-    monkeypatch.setattr(daemon, "POWER_RECHECK_SECONDS", 0.3)
+    monkeypatch.setattr(poll, "POWER_RECHECK_SECONDS", 0.3)
     power = {"power_source": "battery"}
     config = tmp_path / "agent"
     identity_for(coordinator, config)

@@ -1,12 +1,16 @@
 """The spool's crash windows: a kill between the coordinator's acknowledgement and the local
 delete re-uploads the run and the coordinator counts it once; a kill while writing leaves no
-half record; a run the coordinator will never take is kept aside with its reason."""
+half record; a run the coordinator will never take, and a file that is no record, are kept aside
+untouched with their reasons."""
 
 import os
 
+import pytest
+
 from agent.daemon import Agent
-from agent.spool import Spool
+from agent.spool import Spool, Unreadable, read
 from tests.fleet import run_record, start_coordinator
+from tests.poison_worker import poisoned
 from tests.test_agent_daemon import identity_for, submit
 
 
@@ -40,10 +44,43 @@ def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
 
         # A run whose lease is gone is refused for good: moved aside with the reason, never dropped.
         stale = run_record(job.job_id)
-        spool.put(job.job_id, "lease-that-never-was", stale)
+        spool_text = spool.put(job.job_id, "lease-that-never-was", stale).read_text()
         assert restarted.upload_pending() == 0 and spool.depth() == 0
-        kept = (spool.refused / f"{stale.run_id}.json").read_text()
+        kept = (spool.refused / f"{stale.run_id}.reason").read_text()
         assert "FAILED_PRECONDITION" in kept and "no longer valid" in kept
+        assert (spool.refused / f"{stale.run_id}.json").read_text() == spool_text  # untouched
         assert os.stat(spool.journal).st_size > 0
     finally:
         coordinator.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("not-json", "not JSON"),
+        ("surrogate", "record cannot be sent as UTF-8 (a lone surrogate)"),
+        ("no-lease", "lease_id is missing"),
+        ("unknown-field", "unknown field(s) 'priority'"),
+    ],
+)
+def test_a_file_that_is_no_record_is_unreadable_with_its_reason_and_parks_untouched(tmp_path, kind, reason):
+    spool = Spool(tmp_path / "spool")
+    run_id, text = poisoned(kind, {"job_id": "job-1", "lease_id": "lease-1", "attempt": 1})
+    path = spool.pending / f"{run_id}.json"
+    path.write_text(text)
+    with pytest.raises(Unreadable) as raised:
+        read(path)
+    assert reason in raised.value.reason and str(path) in str(raised.value)
+    assert raised.value.job_id == ("" if kind == "not-json" else "job-1")
+    assert spool.paths() == [path]
+    kept = spool.park(path, raised.value.reason)
+    assert kept.read_text() == text and kept.with_suffix(".reason").read_text() == raised.value.reason + "\n"
+    assert spool.paths() == [] and spool.depth() == 0
+
+
+def test_a_spooled_record_reads_back_as_it_was_put(tmp_path):
+    spool = Spool(tmp_path / "spool")
+    run = run_record("job-1")
+    item = read(spool.put("job-1", "lease-1", run))
+    assert (item.job_id, item.lease_id, item.run_id) == ("job-1", "lease-1", run.run_id)
+    assert item.record_json == run.to_json()

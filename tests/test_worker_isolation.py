@@ -8,13 +8,19 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import time
 import urllib.request
 
 import pytest
 
 from agent.daemon import Agent
+from agent.worker import ORPHANED_EXIT_STATUS
 from tests.fleet import start_coordinator
+from tests.processes import spawn
 from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
+from tests.test_durability import gone
 
 pytestmark = pytest.mark.slow
 
@@ -94,4 +100,52 @@ def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
         assert row[:4] == (combined, tiny_models.gguf_target.name, "llama", "F32")  # a name, never the path
         assert row[4] in (True, False, None)
     finally:
+        coordinator.stop()
+
+
+def test_a_worker_whose_agent_died_before_it_started_stops_at_once(tmp_path):
+    """The agent's end of the worker's pipe is closed before the worker runs: the worker stops
+    within a second, though its main thread is stuck reading a job file no one writes."""
+    job_file = tmp_path / "job.json"
+    os.mkfifo(job_file)
+    read_end, write_end = os.pipe()
+    os.close(write_end)  # the agent is gone
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "agent.worker", str(job_file), str(tmp_path / "spool"), str(read_end)],
+        pass_fds=(read_end,),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(read_end)
+    try:
+        assert worker.wait(timeout=5) == ORPHANED_EXIT_STATUS
+        assert "the agent that started this worker is gone" in worker.stderr.read()
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")
+def test_a_worker_stops_within_two_seconds_of_its_agent_killed_right_after_starting_it(tmp_path, tiny_models):
+    coordinator = start_coordinator(tmp_path / "coordinator")
+    agent = None
+    try:
+        config = tmp_path / "agent"
+        identity_for(coordinator, config)
+        submit(
+            coordinator,
+            {"name": "orphan", "models": {"mlx": {"target": str(tiny_models.mlx_target)}}, "engines": ["mlx"],
+             "prompt_sets": ["code"], "prompts": 2, "repeats": 200, "max_new_tokens": 64, "warmup": 0},
+        )  # fmt: skip
+        agent = spawn("agent", "run", "--config-dir", str(config), log=tmp_path / "agent.log")
+        pid_file = wait_until(lambda: next((config / "jobs").glob("*/worker.pid"), None), "a worker", 60)
+        os.kill(agent.pid, signal.SIGKILL)  # right after it started the worker
+        killed_at = time.monotonic()
+        agent.wait(timeout=10)
+        worker = int(wait_until(pid_file.read_text, "the worker's pid"))
+        wait_until(lambda: gone(worker), "the orphaned worker to stop", 10)
+        assert time.monotonic() - killed_at < 2.0, (tmp_path / "agent.log").read_text()
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
         coordinator.stop()

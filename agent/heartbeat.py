@@ -1,0 +1,69 @@
+"""The heartbeat loop: extends the current job's lease, carries the agent's status, and hears
+the coordinator's answers (a lease that is gone stops the worker; a drain order ends the agent
+after its job).
+
+Retry policy (HEARTBEAT): a beat is retried for 20 s at most; the next beat is due anyway, and
+a coordinator that stays away lets the lease lapse, which is how it learns the agent is gone.
+The interval is the coordinator's (given at enrolment) less a random 0-20%, so that a fleet
+started together never beats together and no beat is later than the coordinator asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+from agent import retry
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+log = logging.getLogger("specfleet.agent")
+
+HEARTBEAT = retry.Budget(0.5, 5.0, 20.0)
+JITTER = 0.2  # the share of the interval a wait may be shortened by
+BEAT_CHECK_SECONDS = 0.2  # how often a wait looks for an early beat (status changed) or a stop
+
+
+def next_wait(interval_seconds: float, jitter: Callable[[float, float], float] = random.uniform) -> float:
+    """Seconds until the next beat: the interval less up to JITTER of it."""
+    return interval_seconds * jitter(1.0 - JITTER, 1.0)
+
+
+def _wait_for_beat(agent: Agent) -> None:
+    deadline = time.monotonic() + next_wait(agent.identity.heartbeat_interval_seconds)
+    while not agent.stop.is_set() and not agent.beat.is_set() and time.monotonic() < deadline:
+        agent.beat.wait(BEAT_CHECK_SECONDS)
+    agent.beat.clear()
+
+
+def loop(agent: Agent) -> None:
+    """The heartbeat thread, until the agent stops."""
+    fingerprint = agent.fingerprint  # sent once, at start; then only the lease and status travel
+    while not agent.stop.is_set():
+        with agent.lock:
+            job_id, lease_id = agent.state.job_id, agent.state.lease_id
+        status = agent.status_line()
+        try:
+            resp = retry.call(
+                lambda: agent.api.heartbeat(job_id, lease_id, status, fingerprint), HEARTBEAT, "heartbeat", agent.stop
+            )
+            fingerprint = None
+            with agent.lock:
+                agent.state.last_contact = time.time()
+                agent.state.draining = resp.drain
+                if job_id and job_id == agent.state.job_id and not resp.lease_valid:
+                    agent.state.lease_lost = True
+                    log.warning("lease on %s is gone; stopping its worker", job_id)
+                    agent.kill_worker()
+        except retry.FatalApiError as e:
+            agent.die(str(e))
+        except (grpc.RpcError, InterruptedError) as e:
+            log.warning("heartbeat failed: %s", e)
+        agent.write_status()
+        _wait_for_beat(agent)

@@ -1,0 +1,60 @@
+"""The poll loop: the agent's main loop. It asks the coordinator for a job (a long poll) and runs
+each one it gets (agent/runner.py), one at a time, until the agent stops or is told to drain.
+While the machine is on battery or in low-power mode it asks for nothing and says why in its
+status, which the next heartbeat (sent at once) carries to the coordinator.
+
+Retry policy (ACQUIRE): for as long as it takes, backing off to 30 s; a stop ends the wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agent import environment, retry, runner
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+log = logging.getLogger("specfleet.agent")
+
+ACQUIRE = retry.Budget(0.5, 30.0, float("inf"))
+POLL_WAIT_SECONDS = 20.0
+POWER_RECHECK_SECONDS = 15.0  # how often an agent holding back (on battery) looks again
+
+
+def holding_back(agent: Agent) -> bool:
+    """Whether the machine is in no state to start a job (battery, low-power mode); the
+    reason goes into the status, and at once to the coordinator with a heartbeat."""
+    reason = None if agent.allow_battery else environment.refusal_reason(agent.sample_environment())
+    with agent.lock:
+        changed = (reason or "") != agent.state.not_starting
+        agent.state.not_starting = reason or ""
+        if reason:
+            agent.state.status = f"not starting jobs: {reason}"
+    agent.metrics.not_starting.set(1 if reason else 0)
+    if changed:
+        if reason:
+            log.warning("not starting jobs: %s", reason)
+        else:
+            log.info("power is back to normal: taking jobs again")
+        agent.beat.set()
+    return reason is not None
+
+
+def loop(agent: Agent) -> None:
+    """Acquire and run jobs until the agent stops (InterruptedError when stopped mid-call)."""
+    while not agent.stop.is_set():
+        if agent.state.draining:
+            log.info("coordinator asked this agent to drain; exiting")
+            return
+        if holding_back(agent):
+            agent.stop.wait(POWER_RECHECK_SECONDS)
+            continue
+        with agent.lock:
+            agent.state.status = "waiting for a job"
+        resp = retry.call(
+            lambda: agent.api.acquire_job(POLL_WAIT_SECONDS, agent.stop), ACQUIRE, "acquire", agent.stop
+        )
+        if resp.has_job:
+            runner.run_job(agent, resp.job)

@@ -1,0 +1,46 @@
+"""Before a job reaches a worker the agent checks it: an engine and methods it knows, model paths
+inside its model directories, models that fit in memory and whose weights it can read (their
+identity: agent/model_identity.py), a context the model can hold. A job that fails the check is
+refused (FailJob refused=True, never retried) with the reason."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent.model_identity import ModelUnreadable, identify
+from agent.models import ModelRefused, check_fits, resolve
+from specfleet.record import ENGINE_METHODS, ENGINES, JobSpec, ModelIdentity, is_method
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+
+def check(agent: Agent, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity]]:
+    """(spec with local model paths, the models' identities); ModelRefused with the reason this
+    agent will not run the job."""
+    if spec.engine not in ENGINES or spec.engine not in agent.engines:
+        raise ModelRefused(
+            f"engine {spec.engine!r} is not one this agent runs (it runs: {', '.join(agent.engines) or 'none'})"
+        )
+    unknown = sorted({a.method for a in spec.arms if not is_method(spec.engine, a.method)}, key=str)
+    if unknown:
+        raise ModelRefused(
+            f"method(s) {', '.join(map(repr, unknown))} unknown to engine {spec.engine} on this agent "
+            f"(it knows: {', '.join(ENGINE_METHODS[spec.engine])})"
+        )
+    roles = [r for r in ("target", "draft") if spec.model.get(r)]
+    if "target" not in roles:
+        raise ModelRefused("the job names no target model")
+    resolved = {r: resolve(spec.model[r], agent.model_dirs, agent.allow_downloads, agent.hf_cache) for r in roles}
+    check_fits(list(resolved.values()), agent.fingerprint.memory_bytes, spec.memory_gb or None)
+    try:
+        identities = {r: identify(m, agent.hashes.digest(m)) for r, m in resolved.items()}
+    except ModelUnreadable as e:
+        raise ModelRefused(str(e)) from None
+    limit = identities["target"].context_length
+    if limit and spec.context_tokens + spec.max_new_tokens > limit:
+        raise ModelRefused(
+            f"context of {spec.context_tokens} tokens and {spec.max_new_tokens} new tokens is longer than "
+            f"{identities['target'].reference}'s own context length of {limit} tokens"
+        )
+    return spec.with_models(**{r: str(m.path) for r, m in resolved.items()}), identities

@@ -1,0 +1,195 @@
+"""The run loop's one job: preflight (agent/preflight.py), a fresh worker process, then the job's
+end at the coordinator.
+
+Each worker runs in a session and process group of its own, which the agent kills whole on a
+deadline, a lost lease (a cancelled sweep), a stop, and after the worker has exited for any
+reason: no server a worker started (llama-server, an OpenAI-compatible server) outlives its job.
+The worker also holds the read end of a pipe whose write end only the agent holds: its end of
+file tells the worker that the agent is gone, however and whenever it died (agent/worker.py).
+
+When the worker is done the job's runs are uploaded; the job is completed only if none of them
+was parked (agent/upload.py) and the coordinator stored as many as the worker measured;
+otherwise it fails with the reason, naming the parked runs.
+
+Retry policy (JOB_STATE): completing, failing and refusing a job are retried for as long as the
+coordinator is unreachable; a refusal of its own (a lease that is gone) is logged, not retried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from agent import preflight, retry
+from agent.models import ModelRefused
+from specfleet.record import JobSpec
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+log = logging.getLogger("specfleet.agent")
+
+JOB_STATE = retry.Budget(0.5, 30.0, float("inf"), max_refusals=5)
+WORKER_MODULE = "agent.worker"  # run as `python -m WORKER_MODULE JOB.json SPOOL_DIR ALIVE_FD`
+WORKER_CHECK_SECONDS = 0.5
+WORKER_OUTPUT_TAIL_CHARS = 2000
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a worker's process group; nothing to do when it is empty."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tell(what: str, rpc, stop) -> bool:
+    """Send a job's end to the coordinator; False (logged) when it refuses to hear it. With
+    `stop` None it is sent even while the agent stops (a failure must reach the coordinator)."""
+    try:
+        retry.call(rpc, JOB_STATE, what, stop)
+        return True
+    except grpc.RpcError as e:
+        log.error("%s: the coordinator would not take it: %s", what, retry.refusal(e, JOB_STATE))
+        return False
+
+
+def _fail(agent: Agent, job, reason: str, *, refused: bool = False) -> None:
+    outcome = "refused" if refused else "failed"
+    log.error("job %s %s: %s", job.job_id, outcome, reason)
+    _tell(f"{outcome} {job.job_id}", lambda: agent.api.fail_job(job.job_id, job.lease_id, reason, refused), None)
+    if refused:
+        agent.metrics.jobs.labels("refused").inc()
+    else:
+        agent.metrics.job_ended("failed")
+
+
+def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
+    workdir = agent.config_dir / "jobs" / job.job_id
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_file = workdir / "job.json"
+    job_file.write_text(
+        json.dumps(
+            {
+                "job_id": job.job_id,
+                "lease_id": job.lease_id,
+                "attempt": job.attempt,
+                "spec": spec.to_json(),
+                "models": {role: dataclasses.asdict(m) for role, m in models.items()},
+                "memory_bytes": agent.fingerprint.memory_bytes,
+                "llama_server": str(agent.llama_server) if agent.llama_server else None,
+            }
+        )
+    )
+    return job_file
+
+
+def run_job(agent: Agent, job) -> None:
+    """Check, run and end one job; the agent's state says so while it runs."""
+    try:
+        spec, models = preflight.check(agent, JobSpec.from_json(job.spec_json))
+    except ModelRefused as e:
+        return _fail(agent, job, str(e), refused=True)
+    except (ValueError, TypeError, AttributeError) as e:  # InvalidRecord is a ValueError
+        return _fail(agent, job, f"the job's spec is malformed: {type(e).__name__}: {e}", refused=True)
+    except OSError as e:  # a model file this agent may not read, a disk error while hashing
+        return _fail(agent, job, f"could not read the job's model files: {e}", refused=True)
+    job_file = _job_file(agent, job, spec, models)
+    with agent.lock:
+        agent.state.job_id, agent.state.lease_id, agent.state.lease_lost = job.job_id, job.lease_id, False
+        agent.state.status = f"running {job.job_id} ({spec.engine})"
+    agent.beat.set()
+    agent.metrics.job_began(spec.engine, time.time())
+    log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec.engine, spec.model["target"])
+    parked_mark = len(agent.uploader.parked)
+    try:
+        code, timed_out = _run_worker(agent, job_file, spec.deadline_seconds)
+        agent.uploader.flush()
+        _finish(agent, job, code, timed_out, job_file.parent, agent.uploader.parked_since(parked_mark, job.job_id))
+    finally:
+        with agent.lock:
+            agent.state.job_id = agent.state.lease_id = ""
+            agent.state.status = "idle"
+        agent.worker = None
+
+
+def _run_worker(agent: Agent, job_file: Path, deadline_seconds: float) -> tuple[int, bool]:
+    """Run the job's worker to its end: (exit status, whether it ran past the deadline)."""
+    workdir = job_file.parent
+    alive, agent_end = os.pipe()  # the agent never writes: the worker reads until the agent is gone
+    try:
+        with open(workdir / "worker.out", "w") as out, open(workdir / "worker.err", "w") as err:
+            agent.worker = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, str(job_file), str(agent.spool.pending.parent), str(alive)],
+                stdout=out,
+                stderr=err,
+                pass_fds=(alive,),
+                start_new_session=True,  # its own process group: the servers it starts are in it
+            )
+        os.close(alive)
+        alive = -1
+        (workdir / "worker.pid").write_text(str(agent.worker.pid))
+        deadline = time.monotonic() + deadline_seconds
+        while agent.worker.poll() is None:
+            agent.uploader.wake.set()  # let the uploader take runs as they are measured
+            if time.monotonic() > deadline or agent.stop.wait(WORKER_CHECK_SECONDS):
+                agent.kill_worker()
+        code = agent.worker.wait()
+        kill_group(agent.worker.pid)  # whatever the worker left behind, however it ended
+        return code, time.monotonic() > deadline
+    finally:
+        for fd in (alive, agent_end):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _worker_runs(out_path: Path) -> int | None:
+    """The run count a worker printed on its last line; None when it printed none."""
+    try:
+        return int(json.loads(out_path.read_text().strip().splitlines()[-1])["runs"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _failure(agent: Agent, code: int, timed_out: bool) -> str:
+    if agent.stop.is_set():
+        return "agent stopped during the job"
+    if timed_out:
+        return "worker exceeded the job's deadline and was killed"
+    if code == -signal.SIGKILL:
+        return "worker killed by SIGKILL (out of memory, or killed by another process)"
+    if code < 0:
+        return f"worker killed by {signal.Signals(-code).name}"
+    return f"worker exited with status {code}"
+
+
+def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked) -> None:
+    if agent.state.lease_lost:
+        log.warning("job %s: lease lost; its runs stay refused in the spool", job.job_id)
+        agent.metrics.job_ended("failed")
+        return
+    runs = _worker_runs(workdir / "worker.out") if code == 0 else None
+    if code == 0 and runs is None:
+        return _fail(agent, job, "worker exited with status 0 but printed no run count")
+    if code != 0:
+        reason = _failure(agent, code, timed_out)
+        tail = (workdir / "worker.err").read_text(errors="replace")[-WORKER_OUTPUT_TAIL_CHARS:].strip()
+        return _fail(agent, job, f"{reason}: {tail}" if tail else reason)
+    if parked:
+        names = "; ".join(f"{p.run_id}: {p.reason}" for p in parked)
+        return _fail(agent, job, f"{len(parked)} of its {runs} runs parked: {names}")
+    if _tell(f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs), agent.stop):
+        log.info("job %s done: %d runs", job.job_id, runs)
+        agent.metrics.job_ended("done")
+    else:
+        _fail(agent, job, f"the coordinator would not complete it with the {runs} runs its worker measured")
