@@ -1,4 +1,9 @@
-"""The fleet's agents: enrolment, revocation and draining (last contact: Scheduler.record_beats)."""
+"""The fleet's agents: enrolment, and an admin's revocation, draining and undraining.
+
+An agent's state follows coordinator/states.py's AGENTS table: enrolled, then idle or busy as
+it takes and ends jobs (coordinator/scheduler.py), draining while an admin wants no new job
+for it, and revoked for good. Last contact and status: Scheduler.record_beats.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,15 @@ import time
 import uuid
 
 from coordinator.auth import consume_token, new_agent_credential
+from coordinator.scheduler import Scheduler
+from coordinator.states import AGENTS, AgentState, StateError, current_state, transition
 from coordinator.store import Store, next_seq
 from specfleet.record import ENGINES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_LABELS = 32
+# What an admin may ask for (SetAgentState.state), and the state it leads to; "idle" undrains.
+ADMIN_STATES = {"revoked": AgentState.REVOKED, "draining": AgentState.DRAINING, "idle": AgentState.IDLE}
 
 
 def enrol(
@@ -34,7 +43,7 @@ def enrol(
         if con.execute("SELECT 1 FROM agents WHERE name = ? AND state != 'revoked'", [name]).fetchone():
             raise ValueError(f"an agent named {name!r} is already enrolled: revoke it first or pick another name")
         con.execute(
-            "INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'idle', '', NULL, ?, ?, ?)",
+            "INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'enrolled', '', NULL, ?, ?, ?)",
             [
                 agent_id,
                 name,
@@ -52,11 +61,27 @@ def enrol(
     return agent_id, credential
 
 
-def set_state(store: Store, agent_id: str, state: str) -> None:
-    """Revoke (credential refused from now on) or drain (no new jobs) an agent."""
-    if state not in ("revoked", "draining"):
-        raise ValueError(f"cannot set agent state to {state!r}")
-    with store.tx() as con:
-        if con.execute("SELECT 1 FROM agents WHERE agent_id = ?", [agent_id]).fetchone() is None:
-            raise ValueError(f"unknown agent {agent_id}")
-        con.execute("UPDATE agents SET state = ?, seq = ? WHERE agent_id = ?", [state, next_seq(con), agent_id])
+def set_state(scheduler: Scheduler, agent_id: str, state: str) -> AgentState:
+    """An admin's change of the agent's state, in one transaction; returns the state it is in.
+
+    "revoked": its credential is refused from now on, for good, and its open jobs are
+    cancelled (no other agent can run them). "draining": it finishes its job and takes no
+    other. "idle": a draining agent takes jobs again (busy if it still holds one). A move the
+    AGENTS table does not allow is refused (StateError): nothing brings a revoked agent back.
+    ValueError for a state an admin cannot ask for; UnknownEntity for an unknown agent."""
+    if state not in ADMIN_STATES:
+        raise ValueError(f"state: cannot set an agent to {state!r} (one of: {', '.join(ADMIN_STATES)})")
+    to = ADMIN_STATES[state]
+    with scheduler.transaction() as con:
+        current = current_state(con, AGENTS, agent_id)
+        if to == AgentState.IDLE and current == AgentState.DRAINING:
+            (holds_job,) = con.execute(
+                "SELECT current_job_id IS NOT NULL FROM agents WHERE agent_id = ?", [agent_id]
+            ).fetchone()
+            to = AgentState.BUSY if holds_job else AgentState.IDLE
+        elif to == AgentState.IDLE and AGENTS.can(current, to):  # idle or busy by its own doing
+            raise StateError(f"agent {agent_id} is {current.value}; only a draining agent can be undrained")
+        transition(con, AGENTS, agent_id, to)
+        if to == AgentState.REVOKED:
+            scheduler.end_agent_jobs(con, agent_id, "agent revoked")
+    return to

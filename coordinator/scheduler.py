@@ -1,14 +1,16 @@
-"""Jobs and their leases: one table of allowed transitions, one function that applies them.
+"""Jobs and their leases, and the agents' and sweeps' states that follow them.
 
 A job is one cell of a sweep on one agent. It is handed out with a lease; heartbeats extend
 it; an expired lease puts the job back in the queue with its attempt count, until the
-sweep's maximum, after which the job fails with the reason.
+sweep's maximum, after which the job fails with the reason. A job the agent refuses is
+refused, with the agent's reason, and never retried. Every change of a job's, an agent's or a
+sweep's state goes through coordinator/states.py's `transition` inside a transaction; leases
+in memory and wake-ups change once it committed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import threading
 import time
@@ -16,7 +18,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coordinator.store import Store, next_seq
+from coordinator.states import (
+    AGENTS,
+    JOBS,
+    SWEEPS,
+    AgentState,
+    JobState,
+    StateError,
+    SweepState,
+    transition,
+)
+from coordinator.store import Store, next_seq, placeholders
 from coordinator.sweeps import Sweep, agent_can_run, agent_matches
 
 LEASE_SECONDS = 60.0
@@ -24,23 +36,8 @@ HEARTBEAT_INTERVAL_SECONDS = 10.0
 MAX_WAIT_SECONDS = 30.0
 
 
-class JobState(enum.StrEnum):
-    QUEUED = "queued"
-    LEASED = "leased"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL = {JobState.DONE, JobState.FAILED, JobState.CANCELLED}
-ALLOWED = {
-    JobState.QUEUED: {JobState.LEASED, JobState.CANCELLED, JobState.FAILED},
-    JobState.LEASED: {JobState.QUEUED, JobState.DONE, JobState.FAILED, JobState.CANCELLED},
-}
-
-
-class SchedulerError(Exception):
-    """A request that does not fit the job's state: stale lease, unknown job, ..."""
+# A request that does not fit a job's state: stale lease, unknown job, a transition refused.
+SchedulerError = StateError
 
 
 def lease_problem(agent_id: str, job_id: str, lease_id: str, row) -> SchedulerError | None:
@@ -123,7 +120,7 @@ class Scheduler:
                 self._leases[job_id] = Lease(*lease)
 
     @contextlib.contextmanager
-    def _tx(self):
+    def transaction(self):
         """A transaction of the store, whose lease changes take effect once it committed."""
         with self.store.lock:
             self._lease_changes = []
@@ -138,19 +135,9 @@ class Scheduler:
                         self._leases[job_id] = lease
 
     def _transition(self, con, job_id: str, to: JobState, now: float, **columns) -> None:
-        """Move a job to `to` inside the caller's transaction, refusing transitions not in ALLOWED."""
-        row = con.execute("SELECT state FROM jobs WHERE job_id = ?", [job_id]).fetchone()
-        if row is None:
-            raise SchedulerError(f"unknown job {job_id}")
-        current = JobState(row[0])
-        if to not in ALLOWED.get(current, set()):
-            raise SchedulerError(f"job {job_id} is {current.value}; it cannot become {to.value}")
-        sets = ", ".join(f"{k} = ?" for k in columns)
-        con.execute(
-            f"UPDATE jobs SET state = ?, updated_at = ?, seq = ?{', ' + sets if sets else ''} WHERE job_id = ?",
-            [to.value, now, next_seq(con), *columns.values(), job_id],
-        )
-        if current == JobState.LEASED:
+        """Move a job to `to` inside the caller's transaction (states.JOBS says which moves
+        are allowed); a lease it held ends once the transaction committed."""
+        if transition(con, JOBS, job_id, to, updated_at=now, **columns) == JobState.LEASED:
             self._lease_changes.append((job_id, None))
 
     # ------------------------------------------------------------------ sweeps
@@ -160,7 +147,8 @@ class Scheduler:
         sweep_id = "sw-" + uuid.uuid4().hex[:12]
         with self.store.tx() as con:
             agents = con.execute(
-                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents WHERE state IN ('idle', 'busy')"
+                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents"
+                " WHERE state IN ('enrolled', 'idle', 'busy')"
             ).fetchall()
             jobs = []
             cells = sweep.cells()
@@ -209,9 +197,8 @@ class Scheduler:
 
     def cancel(self, sweep_id: str) -> int:
         now = self.clock()
-        with self._tx() as con:
-            if con.execute("SELECT 1 FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone() is None:
-                raise SchedulerError(f"unknown sweep {sweep_id}")
+        with self.transaction() as con:
+            transition(con, SWEEPS, sweep_id, SweepState.CANCELLED)  # unknown, done or cancelled: refused
             open_jobs = con.execute(
                 "SELECT job_id, agent_id, state FROM jobs WHERE sweep_id = ? AND state IN ('queued', 'leased')",
                 [sweep_id],
@@ -220,7 +207,19 @@ class Scheduler:
                 self._transition(con, job_id, JobState.CANCELLED, now, lease_id=None, reason="sweep cancelled")
                 if state == JobState.LEASED.value:
                     self._release_agent(con, agent_id)
-            con.execute("UPDATE sweeps SET state = 'cancelled', seq = ? WHERE sweep_id = ?", [next_seq(con), sweep_id])
+        return len(open_jobs)
+
+    def end_agent_jobs(self, con, agent_id: str, reason: str) -> int:
+        """Cancel every open job of the agent inside the caller's transaction (the agent was
+        revoked: no one else can run them), closing the sweeps left with no open job."""
+        now = self.clock()
+        open_jobs = con.execute(
+            "SELECT job_id FROM jobs WHERE agent_id = ? AND state IN ('queued', 'leased')", [agent_id]
+        ).fetchall()
+        for (job_id,) in open_jobs:
+            self._transition(con, job_id, JobState.CANCELLED, now, lease_id=None, lease_expires_at=None, reason=reason)
+            self._close_sweep_if_done(con, job_id)
+        self._release_agent(con, agent_id)
         return len(open_jobs)
 
     # ------------------------------------------------------------------ leases
@@ -245,9 +244,9 @@ class Scheduler:
         if agent_id not in self._may_have_work:
             return None
         now = self.clock()
-        with self._tx() as con:
+        with self.transaction() as con:
             agent = con.execute("SELECT state, chip FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
-            if agent is None or agent[0] in ("draining", "revoked"):
+            if agent is None or agent[0] in (AgentState.DRAINING, AgentState.REVOKED):
                 return None
             # An agent asks for work only when it holds none: a lease it still has was lost
             # with a restart, so that attempt is over.
@@ -255,6 +254,8 @@ class Scheduler:
                 "SELECT job_id FROM jobs WHERE agent_id = ? AND state = 'leased'", [agent_id]
             ).fetchall():
                 self._end_attempt(con, job_id, now, "agent restarted while holding the lease")
+            if agent[0] == AgentState.BUSY:
+                self._release_agent(con, agent_id)
             row = con.execute(
                 "SELECT j.job_id, j.sweep_id, j.attempt, j.spec FROM jobs j JOIN sweeps s USING (sweep_id)"
                 " WHERE j.agent_id = ? AND j.state = 'queued' AND s.state = 'running'"
@@ -271,10 +272,7 @@ class Scheduler:
                 con, job_id, JobState.LEASED, now, lease_id=lease_id, lease_expires_at=expires_at, attempt=attempt + 1
             )
             self._lease_changes.append((job_id, Lease(agent_id, lease_id, sweep_id, agent[1], expires_at)))
-            con.execute(
-                "UPDATE agents SET state = 'busy', current_job_id = ?, seq = ? WHERE agent_id = ?",
-                [job_id, next_seq(con), agent_id],
-            )
+            transition(con, AGENTS, agent_id, AgentState.BUSY, current_job_id=job_id)
         return LeasedJob(job_id, lease_id, sweep_id, attempt + 1, json.loads(spec))
 
     def lease(self, con, agent_id: str, job_id: str, lease_id: str) -> Lease:
@@ -307,6 +305,7 @@ class Scheduler:
     def record_beats(self, beats: list[Beat]) -> None:
         """Write heartbeats kept in memory: each agent's last contact and latest status (and
         fingerprint, when it sent one), and every lease expiry extended since the last write.
+        An agent heard from for the first time since it enrolled becomes idle.
 
         The store's lock is held from reading the pending extensions to writing them: no
         transaction, the lease reaper's included, changes which leases exist meanwhile, so an
@@ -325,6 +324,7 @@ class Scheduler:
                 self._write_beats(now, beats, latest, extended)
 
     def _write_beats(self, now: float, beats: list[Beat], latest: dict[str, Beat], extended: dict) -> None:
+        first_contact = []
         try:
             with self.store.autocommit() as con:  # each fact stands on its own
                 for b in beats:
@@ -341,6 +341,11 @@ class Scheduler:
                         " WHERE agents.agent_id = h.agent_id",
                         [now, list(latest), [b.status[:512] for b in latest.values()]],
                     )
+                    first_contact = con.execute(
+                        "SELECT agent_id FROM agents WHERE state = 'enrolled'"
+                        f" AND agent_id IN {placeholders(list(latest))}",
+                        list(latest),
+                    ).fetchall()
                 if extended:
                     con.execute(
                         "UPDATE jobs SET lease_expires_at = e.expires_at"
@@ -352,10 +357,14 @@ class Scheduler:
             with self._lock:  # the next write tries again
                 self._extended.update(job_id for job_id in extended if job_id in self._leases)
             raise
+        if first_contact:
+            with self.store.tx() as con:
+                for (agent_id,) in first_contact:
+                    transition(con, AGENTS, agent_id, AgentState.IDLE)
 
     def complete(self, agent_id: str, job_id: str, lease_id: str, run_count: int) -> None:
         now = self.clock()
-        with self._tx() as con:
+        with self.transaction() as con:
             self.lease(con, agent_id, job_id, lease_id)
             stored = con.execute("SELECT count(*) FROM runs WHERE lease_id = ?", [lease_id]).fetchone()[0]
             if stored != run_count:
@@ -371,13 +380,36 @@ class Scheduler:
     def fail(self, agent_id: str, job_id: str, lease_id: str, reason: str, retry: bool) -> bool:
         """Fail the attempt; requeue when `retry` and attempts remain. Returns whether it will retry."""
         now = self.clock()
-        with self._tx() as con:
+        with self.transaction() as con:
             self.lease(con, agent_id, job_id, lease_id)
             will_retry = self._end_attempt(con, job_id, now, reason, retry=retry)
             self._may_have_work.add(agent_id)
             self._release_agent(con, agent_id)
         self._wake({agent_id})
         return will_retry
+
+    def refuse(self, agent_id: str, job_id: str, lease_id: str, reason: str) -> None:
+        """The agent refused the job (it will not run it: an engine it lacks, a model it cannot
+        hold): the job is refused with the reason, never retried, and counts as no failure."""
+        now = self.clock()
+        with self.transaction() as con:
+            self.lease(con, agent_id, job_id, lease_id)
+            attempt, max_attempts = con.execute(
+                "SELECT attempt, max_attempts FROM jobs WHERE job_id = ?", [job_id]
+            ).fetchone()
+            self._transition(
+                con,
+                job_id,
+                JobState.REFUSED,
+                now,
+                lease_id=None,
+                lease_expires_at=None,
+                reason=f"attempt {attempt} of {max_attempts}: refused: {reason}",  # as failures are worded
+            )
+            self._close_sweep_if_done(con, job_id)
+            self._may_have_work.add(agent_id)
+            self._release_agent(con, agent_id)
+        self._wake({agent_id})
 
     def expire_leases(self) -> int:
         """Requeue (or fail) every job whose lease has run out; called periodically."""
@@ -390,7 +422,7 @@ class Scheduler:
             if not expired:
                 return 0
             try:
-                with self._tx() as con:
+                with self.transaction() as con:
                     for job_id, lease in expired.items():
                         self._end_attempt(con, job_id, now, "lease expired without a heartbeat")
                         self._may_have_work.add(lease.agent_id)
@@ -432,22 +464,25 @@ class Scheduler:
         return False
 
     def _release_agent(self, con, agent_id: str) -> None:
-        con.execute(
-            "UPDATE agents SET state = CASE WHEN state = 'busy' THEN 'idle' ELSE state END,"
-            " current_job_id = NULL, seq = ? WHERE agent_id = ?",
-            [next_seq(con), agent_id],
-        )
+        """The agent holds no job now: busy becomes idle; draining and revoked stay as they are."""
+        state = con.execute("SELECT state FROM agents WHERE agent_id = ?", [agent_id]).fetchone()[0]
+        if state == AgentState.BUSY:
+            transition(con, AGENTS, agent_id, AgentState.IDLE, current_job_id=None)
+        else:
+            con.execute(
+                "UPDATE agents SET current_job_id = NULL, seq = ? WHERE agent_id = ?", [next_seq(con), agent_id]
+            )
 
     def _close_sweep_if_done(self, con, job_id: str) -> None:
-        sweep_id = con.execute("SELECT sweep_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()[0]
+        """A running sweep whose jobs have all ended is done."""
+        sweep_id, state = con.execute(
+            "SELECT s.sweep_id, s.state FROM jobs j JOIN sweeps s USING (sweep_id) WHERE j.job_id = ?", [job_id]
+        ).fetchone()
         open_jobs = con.execute(
             "SELECT count(*) FROM jobs WHERE sweep_id = ? AND state IN ('queued', 'leased')", [sweep_id]
         ).fetchone()[0]
-        if open_jobs == 0:
-            con.execute(
-                "UPDATE sweeps SET state = 'done', seq = ? WHERE sweep_id = ? AND state = 'running'",
-                [next_seq(con), sweep_id],
-            )
+        if open_jobs == 0 and state == SweepState.RUNNING:
+            transition(con, SWEEPS, sweep_id, SweepState.DONE)
 
     def _wake(self, agent_ids: set[str]) -> None:
         with self._work:

@@ -24,6 +24,7 @@ from coordinator.scheduler import (
     Scheduler,
     SchedulerError,
 )
+from coordinator.states import StateError, UnknownEntity
 from coordinator.sweeps import SweepError, parse_sweep
 from protos.specfleet.v1 import fleet_pb2 as pb
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
@@ -213,16 +214,13 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         return pb.CompleteJobResponse()
 
     async def FailJob(self, request, context):
-        reason = request.reason[:2000] or "no reason given"
+        """A failed attempt (retried while attempts remain), or a refused job (never retried)."""
+        agent_id, reason = auth.current_agent.get(), request.reason[:2000] or "no reason given"
         try:
-            retry = await self.db.run(
-                self.scheduler.fail,
-                auth.current_agent.get(),
-                request.job_id,
-                request.lease_id,
-                ("refused: " if request.refused else "") + reason,
-                not request.refused,
-            )
+            if request.refused:
+                await self.db.run(self.scheduler.refuse, agent_id, request.job_id, request.lease_id, reason)
+                return pb.FailJobResponse(will_retry=False)
+            retry = await self.db.run(self.scheduler.fail, agent_id, request.job_id, request.lease_id, reason, True)
         except SchedulerError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.FailJobResponse(will_retry=retry)
@@ -324,17 +322,25 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def CancelSweep(self, request, context):
         try:
             cancelled = await self.db.run(self.scheduler.cancel, request.sweep_id)
-        except SchedulerError as e:
+        except UnknownEntity as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except StateError as e:  # done or cancelled already
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.CancelSweepResponse(jobs_cancelled=cancelled)
 
     async def SetAgentState(self, request, context):
+        """Revoke, drain or undrain ("idle") an agent; once committed, the credential cache
+        and the drain flag heartbeats answer with follow."""
         try:
-            await self.db.run(agents.set_state, self.store, request.agent_id, request.state)
+            state = await self.db.run(agents.set_state, self.scheduler, request.agent_id, request.state)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except UnknownEntity as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except StateError as e:  # revoked is final
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         self.credentials.forget(request.agent_id)
-        self.agent_service.set_state(request.agent_id, request.state)
+        self.agent_service.set_state(request.agent_id, state)
         return pb.SetAgentStateResponse()
 
     async def Export(self, request, context):
@@ -369,9 +375,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " count(j.job_id) FILTER (WHERE j.state = 'queued'),"
                 " count(j.job_id) FILTER (WHERE j.state = 'leased'),"
                 " count(j.job_id) FILTER (WHERE j.state = 'done'),"
-                " count(j.job_id) FILTER (WHERE j.state = 'failed'),"
+                # Refused jobs count with the failed ones until SweepStatus has a field of its
+                # own for them; their reason in `failures` says "refused: ...".
+                " count(j.job_id) FILTER (WHERE j.state IN ('failed', 'refused')),"
                 " (SELECT count(*) FROM runs r WHERE r.sweep_id = s.sweep_id),"
-                " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state = 'failed')"
+                " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state IN ('failed', 'refused'))"
                 f" FROM sweeps s LEFT JOIN jobs j USING (sweep_id) {where}"
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,

@@ -147,3 +147,44 @@ def test_idle_heartbeats_are_written_in_batches_and_drain_is_seen_at_once(coordi
     admin_for(coordinator).SetAgentState(pb.SetAgentStateRequest(agent_id=agent.agent_id, state="draining"))
     assert agent.heartbeat().drain
     assert not agent.acquire_job(0).has_job
+
+
+def test_a_revoked_agent_stays_revoked_whatever_an_admin_asks_and_after_a_restart(tmp_path):
+    """Revoked is final: drain, undrain and revoke again are refused, naming the agent, its state
+    and the move, and the credential stays refused for every call, also after a restart."""
+    coordinator = start_coordinator(tmp_path)
+    try:
+        agent = enrol(coordinator)
+        admin = admin_for(coordinator)
+        admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
+        job = agent.acquire_job(1).job
+        admin.SetAgentState(pb.SetAgentStateRequest(agent_id=agent.agent_id, state="revoked"))
+        for state in ("draining", "idle", "revoked"):
+            with pytest.raises(grpc.RpcError) as e:
+                admin.SetAgentState(pb.SetAgentStateRequest(agent_id=agent.agent_id, state=state))
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, state
+            assert f"agent {agent.agent_id} is revoked (final); it cannot become {state}" in e.value.details()
+        calls = [
+            lambda: agent.heartbeat(job.job_id, job.lease_id),
+            lambda: agent.report_result(job.job_id, job.lease_id, make_run(job.job_id)),
+            lambda: agent.complete_job(job.job_id, job.lease_id, 0),
+            lambda: agent.fail_job(job.job_id, job.lease_id, "no"),
+            lambda: agent.acquire_job(0),
+        ]
+        assert [code_of(call) for call in calls] == [grpc.StatusCode.PERMISSION_DENIED] * len(calls)
+        with coordinator.store.tx() as con:
+            # Its open job ended with the revocation, so that the sweep is not left waiting for it.
+            assert con.execute("SELECT state, reason FROM jobs").fetchone() == ("cancelled", "agent revoked")
+            assert con.execute("SELECT state FROM sweeps").fetchone()[0] == "done"
+    finally:
+        coordinator.stop()
+    coordinator = start_coordinator(tmp_path)
+    try:
+        again = AgentApi(channel(address(coordinator)), agent._metadata[0][1].removeprefix("Bearer "))
+        with pytest.raises(grpc.RpcError) as e:
+            admin_for(coordinator).SetAgentState(pb.SetAgentStateRequest(agent_id=agent.agent_id, state="draining"))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert code_of(lambda: again.heartbeat()) == grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(lambda: again.complete_job(job.job_id, job.lease_id, 0)) == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        coordinator.stop()

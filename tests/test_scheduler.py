@@ -126,14 +126,14 @@ def test_cancel_ends_open_jobs_and_frees_the_agent(fleet):
         scheduler.cancel("sw-unknown")
 
 
-def test_refused_job_fails_without_retry_and_crash_retries(fleet):
+def test_refused_job_is_refused_without_retry_and_crash_retries(fleet):
     scheduler, _, a1, _ = fleet
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     assert scheduler.fail(a1, job.job_id, job.lease_id, "worker killed by SIGKILL", retry=True) is True
     job = scheduler.acquire(a1)
-    assert scheduler.fail(a1, job.job_id, job.lease_id, "refused: unknown engine", retry=False) is False
-    assert job_state(scheduler, job.job_id)[0] == "failed"
+    scheduler.refuse(a1, job.job_id, job.lease_id, "unknown engine")
+    assert job_state(scheduler, job.job_id) == ("refused", 2, "attempt 2 of 2: refused: unknown engine")
 
 
 def test_restart_keeps_everything(tmp_path, fleet):
