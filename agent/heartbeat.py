@@ -43,7 +43,15 @@ def _wait_for_beat(agent: Agent) -> None:
 
 
 def loop(agent: Agent) -> None:
-    """The heartbeat thread, until the agent stops."""
+    """The heartbeat thread, until the agent stops; anything it does not expect stops the agent."""
+    try:
+        _beat_until_stopped(agent)
+    except Exception as e:  # a bug: say so, with the traceback, rather than let the lease lapse silently
+        log.exception("heartbeat failed")
+        agent.die(f"heartbeat failed: {type(e).__name__}: {e}")
+
+
+def _beat_until_stopped(agent: Agent) -> None:
     fingerprint = agent.fingerprint  # sent once, at start; then only the lease and status travel
     while not agent.stop.is_set():
         with agent.lock:

@@ -53,8 +53,6 @@ def loop(agent: Agent) -> None:
             continue
         with agent.lock:
             agent.state.status = "waiting for a job"
-        resp = retry.call(
-            lambda: agent.api.acquire_job(POLL_WAIT_SECONDS, agent.stop), ACQUIRE, "acquire", agent.stop
-        )
+        resp = retry.call(lambda: agent.api.acquire_job(POLL_WAIT_SECONDS, agent.stop), ACQUIRE, "acquire", agent.stop)
         if resp.has_job:
             runner.run_job(agent, resp.job)

@@ -43,6 +43,8 @@ JOB_STATE = retry.Budget(0.5, 30.0, float("inf"), max_refusals=5)
 WORKER_MODULE = "agent.worker"  # run as `python -m WORKER_MODULE JOB.json SPOOL_DIR ALIVE_FD`
 WORKER_CHECK_SECONDS = 0.5
 WORKER_OUTPUT_TAIL_CHARS = 2000
+FAILURE_REASON_CHARS = 2000  # of parked runs' names and reasons (the coordinator keeps 2000)
+PARKED_REASON_CHARS = 300  # of each parked run's reason, in its job's failure
 
 
 def kill_group(pgid: int) -> None:
@@ -161,6 +163,17 @@ def _worker_runs(out_path: Path) -> int | None:
         return None
 
 
+def parked_reason(parked, runs: int) -> str:
+    """A job's failure for its parked runs: each named with (the start of) its reason, as many
+    as fit in FAILURE_REASON_CHARS, then how many more."""
+    entries = [f"{p.run_id}: {p.reason[:PARKED_REASON_CHARS]}" for p in parked]
+    shown = len(entries)
+    while shown > 1 and len("; ".join(entries[:shown])) > FAILURE_REASON_CHARS - 100:
+        shown -= 1
+    more = f"; and {len(entries) - shown} more" if shown < len(entries) else ""
+    return f"{len(parked)} of its {runs} runs parked: " + "; ".join(entries[:shown]) + more
+
+
 def _failure(agent: Agent, code: int, timed_out: bool) -> str:
     if agent.stop.is_set():
         return "agent stopped during the job"
@@ -186,8 +199,7 @@ def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked
         tail = (workdir / "worker.err").read_text(errors="replace")[-WORKER_OUTPUT_TAIL_CHARS:].strip()
         return _fail(agent, job, f"{reason}: {tail}" if tail else reason)
     if parked:
-        names = "; ".join(f"{p.run_id}: {p.reason}" for p in parked)
-        return _fail(agent, job, f"{len(parked)} of its {runs} runs parked: {names}")
+        return _fail(agent, job, parked_reason(parked, runs))
     if _tell(f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs), agent.stop):
         log.info("job %s done: %d runs", job.job_id, runs)
         agent.metrics.job_ended("done")

@@ -6,15 +6,19 @@ moved aside with its reason, the job fails naming it, and the agent goes on to t
 
 import json
 import logging
+import threading
 
 import pytest
 
 from agent import runner, upload
 from agent.daemon import Agent
+from agent.metrics import AgentMetrics
 from agent.retry import Budget
+from agent.runner import parked_reason
 from agent.spool import Spool
+from agent.upload import Parked, Uploader
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, start_coordinator
+from tests.fleet import admin_for, run_record, start_coordinator
 from tests.poison_worker import poisoned
 from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
 
@@ -146,3 +150,29 @@ def test_poison_worker_records_are_what_they_claim(tmp_path):
     big = json.loads(poisoned("big", job)[1])
     assert len(big["record"]) > 5 * 2**20 and json.loads(big["record"])["job_id"] == "j"
     assert "\ud800" in json.loads(poisoned("surrogate", job)[1])["record"]
+
+
+class BrokenApi:
+    """An AgentApi whose upload fails in a way no one expects."""
+
+    def report_result(self, job_id, lease_id, record_json):
+        raise ValueError("protobuf said no")
+
+
+def test_an_unexpected_upload_error_stops_the_agent_naming_the_file_and_keeps_the_record(tmp_path):
+    records = Spool(tmp_path / "spool")
+    path = records.put("job-1", "lease-1", run_record("job-1"))
+    uploader = Uploader(BrokenApi(), records, threading.Event(), AgentMetrics(records.depth))
+    reasons = []
+    uploader.wake.set()
+    uploader.loop(reasons.append)  # returns once it has stopped the agent
+    assert reasons == [f"uploading {path}: ValueError: protobuf said no"]
+    assert records.paths() == [path] and not uploader.parked
+
+
+def test_a_job_s_failure_names_its_parked_runs_within_the_coordinator_s_bound():
+    many = [Parked(f"run-{i:03d}", "job-1", "RESOURCE_EXHAUSTED: " + "x" * 500) for i in range(40)]
+    reason = parked_reason(many, 50)
+    assert reason.startswith("40 of its 50 runs parked: run-000: RESOURCE_EXHAUSTED: xxx")
+    assert len(reason) <= runner.FAILURE_REASON_CHARS and reason.endswith(" more")
+    assert parked_reason(many[:1], 3) == f"1 of its 3 runs parked: run-000: {many[0].reason[:300]}"
