@@ -2,7 +2,8 @@
 
 An agent's state follows coordinator/states.py's AGENTS table: enrolled, then idle or busy as
 it takes and ends jobs (coordinator/scheduler.py), draining while an admin wants no new job
-for it, and revoked for good. Last contact and status: Scheduler.record_beats.
+for it, and revoked for good. Lengths of names, labels and fingerprint fields are bounded at
+the service (coordinator/limits.py); last contact and status: Scheduler.record_beats.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from coordinator.store import Store, next_seq
 from specfleet.record import ENGINES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MAX_LABELS = 32
 # What an admin may ask for (SetAgentState.state), and the state it leads to; "idle" undrains.
 ADMIN_STATES = {"revoked": AgentState.REVOKED, "draining": AgentState.DRAINING, "idle": AgentState.IDLE}
 
@@ -29,12 +29,10 @@ def enrol(
 ) -> tuple[str, str]:
     """Create an agent from an enrolment token; return (agent_id, credential)."""
     if not NAME_RE.match(name):
-        raise ValueError(f"agent name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
-    if len(labels) > MAX_LABELS or any(len(k) > 64 or len(v) > 256 for k, v in labels.items()):
-        raise ValueError(f"at most {MAX_LABELS} labels, keys up to 64 and values up to 256 characters")
+        raise ValueError(f"name: agent name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
-        raise ValueError(f"unknown engines {unknown} (known: {', '.join(ENGINES)})")
+        raise ValueError(f"engines: unknown engines {unknown} (known: {', '.join(ENGINES)})")
     now = time.time() if now is None else now
     agent_id = "ag-" + uuid.uuid4().hex[:12]
     credential, credential_hash = new_agent_credential(agent_id)

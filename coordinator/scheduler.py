@@ -339,7 +339,7 @@ class Scheduler:
                         "UPDATE agents SET last_seen = ?, status = h.status, seq = nextval('ingest_seq')"
                         " FROM (SELECT unnest(?) AS agent_id, unnest(?) AS status) h"
                         " WHERE agents.agent_id = h.agent_id",
-                        [now, list(latest), [b.status[:512] for b in latest.values()]],
+                        [now, list(latest), [b.status for b in latest.values()]],
                     )
                     first_contact = con.execute(
                         "SELECT agent_id FROM agents WHERE state = 'enrolled'"

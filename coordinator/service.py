@@ -1,4 +1,9 @@
-"""gRPC servicers: translate requests into calls on the scheduler, store and registry."""
+"""gRPC servicers: translate requests into calls on the scheduler, store and registry.
+
+Every request, and every message of a stream, is checked against coordinator/limits.py
+before anything else reads it: a field out of bounds is refused with INVALID_ARGUMENT naming
+it, and nothing of the request is kept or stored.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import grpc
 import pyarrow as pa
 from google.protobuf import json_format
 
-from coordinator import agents, auth
+from coordinator import agents, auth, limits
 from coordinator.batching import Batcher, Database
 from coordinator.ingest import InvalidRun, Report, ingest_many
 from coordinator.metrics import Metrics
@@ -49,6 +54,20 @@ EXPORT_COLUMNS = {
 
 def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
     return json_format.MessageToDict(fp)
+
+
+async def bounded(request, context) -> None:
+    """Abort the call with INVALID_ARGUMENT naming every field of `request` out of bounds."""
+    problems = limits.problems(request)
+    if problems:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+
+
+async def each_bounded(requests, context):
+    """The messages of a request stream, each checked by `bounded` before it is handed on."""
+    async for request in requests:
+        await bounded(request, context)
+        yield request
 
 
 class AgentServicer(pb_grpc.AgentServiceServicer):
@@ -114,6 +133,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 log.exception("writing heartbeats failed")
 
     async def Enrol(self, request, context):
+        await bounded(request, context)
         try:
             agent_id, credential = await self.db.run(
                 agents.enrol,
@@ -138,7 +158,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Heartbeat(self, requests, context):
         """An agent's heartbeat stream: one answer per beat, in order."""
         agent_id = auth.current_agent.get()
-        async for request in requests:
+        async for request in each_bounded(requests, context):
             yield self.beat(agent_id, request)
 
     def beat(self, agent_id: str, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
@@ -153,6 +173,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         return response
 
     async def AcquireJob(self, request, context):
+        await bounded(request, context)
         agent_id = auth.current_agent.get()
         wait = min(max(request.wait_seconds, 0.0), MAX_WAIT_SECONDS)
         if context.time_remaining() is not None:  # answer before the caller's own deadline
@@ -192,7 +213,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def ReportResult(self, requests, context):
         """An agent's result stream: one answer per run, in order; a refused run ends it."""
         agent_id = auth.current_agent.get()
-        async for request in requests:
+        async for request in each_bounded(requests, context):
             try:
                 duplicate, seq = await self.reports.submit(
                     Report(agent_id, request.job_id, request.lease_id, request.record_json)
@@ -205,6 +226,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             yield pb.ReportResultResponse(duplicate=duplicate, ingest_seq=seq)
 
     async def CompleteJob(self, request, context):
+        await bounded(request, context)
         try:
             await self.db.run(
                 self.scheduler.complete, auth.current_agent.get(), request.job_id, request.lease_id, request.run_count
@@ -215,7 +237,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     async def FailJob(self, request, context):
         """A failed attempt (retried while attempts remain), or a refused job (never retried)."""
-        agent_id, reason = auth.current_agent.get(), request.reason[:2000] or "no reason given"
+        await bounded(request, context)
+        agent_id, reason = auth.current_agent.get(), request.reason or "no reason given"
         try:
             if request.refused:
                 await self.db.run(self.scheduler.refuse, agent_id, request.job_id, request.lease_id, reason)
@@ -266,6 +289,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self.agent_service = agent_service
 
     async def CreateToken(self, request, context):
+        await bounded(request, context)
         try:
             token, expires_at = await self.db.run(
                 auth.create_token, self.store, request.ttl_seconds or 3600.0, request.max_uses or 1, request.note
@@ -275,6 +299,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.CreateTokenResponse(token=token, expires_at_unix_seconds=expires_at)
 
     async def ListAgents(self, request, context):
+        await bounded(request, context)
         return await self.db.run(self._list_agents)
 
     def _list_agents(self) -> pb.ListAgentsResponse:
@@ -301,6 +326,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return out
 
     async def SubmitSweep(self, request, context):
+        await bounded(request, context)
         try:
             sweep = parse_sweep(request.yaml)
             sweep_id, jobs = await self.db.run(self.scheduler.submit, sweep, request.yaml)
@@ -311,15 +337,18 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs, notes=sweep.notes())
 
     async def GetSweep(self, request, context):
+        await bounded(request, context)
         statuses = await self.db.run(self._statuses, request.sweep_id)
         if not statuses:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown sweep {request.sweep_id}")
         return statuses[0]
 
     async def ListSweeps(self, request, context):
+        await bounded(request, context)
         return pb.ListSweepsResponse(sweeps=await self.db.run(self._statuses, None))
 
     async def CancelSweep(self, request, context):
+        await bounded(request, context)
         try:
             cancelled = await self.db.run(self.scheduler.cancel, request.sweep_id)
         except UnknownEntity as e:
@@ -331,6 +360,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def SetAgentState(self, request, context):
         """Revoke, drain or undrain ("idle") an agent; once committed, the credential cache
         and the drain flag heartbeats answer with follow."""
+        await bounded(request, context)
         try:
             state = await self.db.run(agents.set_state, self.scheduler, request.agent_id, request.state)
         except ValueError as e:
@@ -344,6 +374,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.SetAgentStateResponse()
 
     async def Export(self, request, context):
+        await bounded(request, context)
         columns = EXPORT_COLUMNS.get(request.table)
         if columns is None:
             await context.abort(

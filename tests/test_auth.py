@@ -124,7 +124,7 @@ def test_bad_figures_are_refused_with_the_field_named(coordinator):
     big = make_run(job.job_id, acceptance_reason="x" * 300_000)
     with pytest.raises(grpc.RpcError) as e:
         agent.report_result(job.job_id, job.lease_id, big)
-    assert "bytes; at most 262144" in e.value.details()
+    assert e.value.details().startswith("record_json: 302") and "characters; at most 262144" in e.value.details()
     huge = make_run(job.job_id, acceptance_reason="x" * (5 * 1024 * 1024))
     assert code_of(lambda: agent.report_result(job.job_id, job.lease_id, huge)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     with coordinator.store.tx() as con:
@@ -188,3 +188,126 @@ def test_a_revoked_agent_stays_revoked_whatever_an_admin_asks_and_after_a_restar
         assert code_of(lambda: again.complete_job(job.job_id, job.lease_id, 0)) == grpc.StatusCode.PERMISSION_DENIED
     finally:
         coordinator.stop()
+
+
+def _tables(coordinator) -> dict:
+    """Every row of every table the services write, after the heartbeats kept are written."""
+    coordinator._on_loop(coordinator.agent_service.flush_beats())
+    with coordinator.store.tx() as con:
+        return {
+            table: sorted(map(str, con.execute(f"SELECT * FROM {table}").fetchall()))
+            for table in ("agents", "tokens", "sweeps", "jobs", "runs", "admin_credentials")
+        }
+
+
+MB = 1024 * 1024
+
+
+def test_every_field_of_every_request_is_bounded_and_the_error_names_it(coordinator):
+    """A table of requests each with one field out of bounds: each is refused with
+    INVALID_ARGUMENT naming the field, and nothing stored before changes."""
+    agent = enrol(coordinator)
+    admin = admin_for(coordinator)
+    admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
+    job = agent.acquire_job(1).job
+    assert agent.heartbeat(job.job_id, job.lease_id, status="before").lease_valid
+    token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=100)).token
+    newcomer = AgentApi(channel(address(coordinator)))
+
+    def fp(**fields):
+        out = pb.Fingerprint()
+        out.CopyFrom(LINUX_BOX)
+        for name, value in fields.items():
+            target = getattr(out, name)
+            if isinstance(value, dict):
+                target.update(value)
+            elif isinstance(value, list):
+                target.extend(value)
+            else:
+                setattr(out, name, value)
+        return out
+
+    def beat(status="", fingerprint=None, job_id=job.job_id, lease_id=job.lease_id):
+        return lambda: agent.heartbeat(job_id, lease_id, status, fingerprint)
+
+    def enrol_as(name="newcomer", fingerprint=LINUX_BOX, labels=None, engines=("mlx",), with_token=token):
+        return lambda: newcomer.enrol(with_token, name, fingerprint, labels or {}, list(engines))
+
+    def acquire(wait_seconds):  # the client's own deadline would follow a NaN
+        request = pb.AcquireJobRequest(wait_seconds=wait_seconds)
+        return lambda: agent._stub.AcquireJob(request, metadata=agent._metadata, timeout=10)
+
+    cases = [
+        (beat(status="s" * (3 * MB)), "status"),
+        (beat(fingerprint=fp(chip="c" * MB)), "fingerprint.chip"),
+        (beat(fingerprint=fp(hostname="h" * 300)), "fingerprint.hostname"),
+        (beat(fingerprint=fp(os="o" * 100)), "fingerprint.os"),
+        (beat(fingerprint=fp(os_version="v" * 100)), "fingerprint.os_version"),
+        (beat(fingerprint=fp(model_identifier="m" * 100)), "fingerprint.model_identifier"),
+        (beat(fingerprint=fp(gpus=["g"] * 17)), "fingerprint.gpus"),
+        (beat(fingerprint=fp(gpus=["ok", "g" * 200])), "fingerprint.gpus[1]"),
+        (beat(fingerprint=fp(engine_versions={f"e{i}": "1" for i in range(40)})), "fingerprint.engine_versions"),
+        (beat(fingerprint=fp(engine_versions={"mlx": "1" * 200})), "fingerprint.engine_versions['mlx']"),
+        (beat(fingerprint=fp(engine_versions={"k" * 100: "1"})), "fingerprint.engine_versions key"),
+        (beat(fingerprint=fp(unavailable=["u"] * 40)), "fingerprint.unavailable"),
+        (beat(fingerprint=fp(unavailable=["u" * 100])), "fingerprint.unavailable[0]"),
+        (beat(fingerprint=fp(memory_bytes=-1)), "fingerprint.memory_bytes"),
+        (beat(fingerprint=fp(memory_bandwidth_bytes_per_second=float("nan"))), "fingerprint.memory_bandwidth"),
+        (beat(fingerprint=fp(gpu_cores=-3)), "fingerprint.gpu_cores"),
+        (beat(fingerprint=fp(performance_cores=10**6)), "fingerprint.performance_cores"),
+        (beat(fingerprint=fp(efficiency_cores=-1)), "fingerprint.efficiency_cores"),
+        (beat(fingerprint=fp(cpu_cores=-1)), "fingerprint.cpu_cores"),
+        (beat(job_id="j" * 100), "job_id"),
+        (beat(lease_id="l" * 100), "lease_id"),
+        (enrol_as(name="n" * 65), "name"),
+        (enrol_as(name=""), "name"),
+        (enrol_as(labels={f"k{i}": "v" for i in range(33)}), "labels"),
+        (enrol_as(labels={"k" * 65: "v"}), "labels key"),
+        (enrol_as(labels={"site": "v" * 257}), "labels['site']"),
+        (enrol_as(engines=["mlx"] * 17), "engines"),
+        (enrol_as(engines=["e" * 40]), "engines[0]"),
+        (enrol_as(with_token="t" * 1000), "token"),
+        (enrol_as(fingerprint=fp(chip="c" * MB)), "fingerprint.chip"),
+        (acquire(float("nan")), "wait_seconds"),
+        (acquire(-1), "wait_seconds"),
+        (acquire(7200), "wait_seconds"),
+        (lambda: agent.report_result("j" * 100, job.lease_id, make_run(job.job_id)), "job_id"),
+        (lambda: agent.report_result(job.job_id, "l" * 100, make_run(job.job_id)), "lease_id"),
+        (lambda: agent.report_result(job.job_id, job.lease_id, "r" * 300_000), "record_json"),
+        (lambda: agent.complete_job(job.job_id, job.lease_id, -1), "run_count"),
+        (lambda: agent.complete_job("j" * 100, job.lease_id, 0), "job_id"),
+        (lambda: agent.complete_job(job.job_id, "l" * 100, 0), "lease_id"),
+        (lambda: agent.fail_job(job.job_id, job.lease_id, "r" * 5000), "reason"),
+        (lambda: agent.fail_job("j" * 100, job.lease_id, "r"), "job_id"),
+        (lambda: agent.fail_job(job.job_id, "l" * 100, "r"), "lease_id"),
+        (lambda: admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, note="n" * 300)), "note"),
+        (lambda: admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=float("nan"))), "ttl_seconds"),
+        (lambda: admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=-2)), "max_uses"),
+        (lambda: admin.SubmitSweep(pb.SubmitSweepRequest(yaml="#" * (2 * MB))), "yaml"),
+        (lambda: admin.GetSweep(pb.GetSweepRequest(sweep_id="s" * 100)), "sweep_id"),
+        (lambda: admin.CancelSweep(pb.CancelSweepRequest(sweep_id="s" * 100)), "sweep_id"),
+        (lambda: admin.SetAgentState(pb.SetAgentStateRequest(agent_id="a" * 100, state="draining")), "agent_id"),
+        (lambda: admin.SetAgentState(pb.SetAgentStateRequest(agent_id=agent.agent_id, state="d" * 100)), "state"),
+        (lambda: admin.Export(pb.ExportRequest(table="t" * 100)), "table"),
+        (lambda: admin.Export(pb.ExportRequest(table="runs", after_seq=-1)), "after_seq"),
+        (lambda: admin.Export(pb.ExportRequest(table="runs", limit=-1)), "limit"),
+    ]
+    for call, field in cases:
+        before = _tables(coordinator)
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, e.value.code(), e.value.details())
+        assert e.value.details().startswith(field), (field, e.value.details())
+        assert _tables(coordinator) == before, field
+    with coordinator.store.tx() as con:
+        assert con.execute("SELECT status, chip FROM agents").fetchone() == ("before", "Test CPU")
+    assert agent.heartbeat(job.job_id, job.lease_id, status="after").lease_valid  # the agent carries on
+
+
+def test_the_bounds_table_covers_every_field_of_every_request():
+    from coordinator import limits
+
+    assert limits.unbounded() == []
+    assert {"EnrolRequest", "HeartbeatRequest", "Fingerprint", "ExportRequest"} <= set(limits.messages())
+    fields = {f"{name}.{field.name}" for name, message in limits.messages().items() for field in message.fields}
+    assert set(limits.LIMITS) <= fields  # no bound names a field the proto does not have
