@@ -118,9 +118,18 @@ class Metrics:
             registry=self.registry,
         )
 
-    def serve(self, host: str, port: int):
-        """Start the /metrics HTTP server; returns (server, thread)."""
-        return start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int, certfile=None, keyfile=None, client_cafile=None):
+        """Start the /metrics server: HTTPS with a certificate and key, requiring a client
+        certificate signed by client_cafile when given; plain HTTP without. Returns (server, thread)."""
+        return start_http_server(
+            port,
+            addr=host,
+            registry=self.registry,
+            certfile=str(certfile) if certfile else None,
+            keyfile=str(keyfile) if keyfile else None,
+            client_cafile=str(client_cafile) if client_cafile else None,
+            client_auth_required=client_cafile is not None,
+        )
 
 
 class MetricsInterceptor(WrappingInterceptor):

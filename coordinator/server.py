@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +62,40 @@ def quiet_gc() -> None:
 
 
 def admin_credential(data_dir: Path) -> str | None:
+    """The admin credential in data_dir's admin.token, None without one; the file is made 0600
+    if it was not. A file that cannot be read is a ValueError naming it and why."""
     path = data_dir / ADMIN_TOKEN_FILE
-    return path.read_text().strip() if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        with os.fdopen(fd) as f:
+            _make_private(fd, path)
+            return f.read().strip() or None
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not text"
+        raise ValueError(f"cannot read the admin credential {path} ({why})") from None
+
+
+def _bind_problem(host: str, port: int) -> str:
+    """Why gRPC could not bind (host, port), as the system tells a plain socket."""
+    try:
+        with socket.create_server((host, port)):
+            return "gRPC refused the address"
+    except OSError as e:
+        return f"{os.strerror(e.errno)} (another coordinator or program there? choose another --port)"
+
+
+def _make_private(fd: int, path: Path) -> None:
+    if os.fstat(fd).st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+        log.warning("%s was readable by other users: made 0600", path)
 
 
 def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the mode applies to a new file only
     with os.fdopen(fd, "w") as f:
+        _make_private(fd, path)
         f.write(text)
 
 
@@ -91,18 +119,17 @@ class Coordinator:
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
         self._loop_thread.start()
+        self.metrics_port = None
+        self._metrics_server = None
         try:
             self.port = self._on_loop(self._build_server())
+            if config.metrics_port >= 0:
+                self._metrics_server = self._serve_metrics()
+                self.metrics_port = self._metrics_server.server_port
         except BaseException:
             self._close_loop()
             self.store.close()
             raise
-
-        self.metrics_port = None
-        self._metrics_server = None
-        if config.metrics_port >= 0:
-            self._metrics_server, _ = self.metrics.serve(config.host, config.metrics_port)
-            self.metrics_port = self._metrics_server.server_port
 
         self._flusher: asyncio.Task | None = None
         self._stopping = threading.Event()
@@ -119,6 +146,7 @@ class Coordinator:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),  # a second coordinator on this port fails instead of sharing it
             ],
         )
         self.agent_service = AgentServicer(self.scheduler, self.metrics, self.db)
@@ -128,18 +156,37 @@ class Coordinator:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{config.host}:{config.port}"
-        if config.tls_cert:
-            creds = grpc.ssl_server_credentials(
-                [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
-                root_certificates=config.tls_client_ca.read_bytes() if config.tls_client_ca else None,
-                require_client_auth=config.tls_client_ca is not None,
+        try:
+            if config.tls_cert:
+                creds = grpc.ssl_server_credentials(
+                    [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+                    root_certificates=config.tls_client_ca.read_bytes() if config.tls_client_ca else None,
+                    require_client_auth=config.tls_client_ca is not None,
+                )
+                return self.server.add_secure_port(address, creds)
+            return self.server.add_insecure_port(address)
+        except RuntimeError:  # grpc's message only says that it failed
+            raise RuntimeError(
+                f"could not serve gRPC on {address}: {_bind_problem(config.host, config.port)}"
+            ) from None
+
+    def _serve_metrics(self):
+        """/metrics over HTTP, or over HTTPS with gRPC's certificate (and client CA) when it has one."""
+        config = self.config
+        try:
+            server, _ = self.metrics.serve(
+                config.host,
+                config.metrics_port,
+                certfile=config.tls_cert,
+                keyfile=config.tls_key,
+                client_cafile=config.tls_client_ca,
             )
-            port = self.server.add_secure_port(address, creds)
-        else:
-            port = self.server.add_insecure_port(address)
-        if port == 0:
-            raise RuntimeError(f"could not bind gRPC to {address}")
-        return port
+        except OSError as e:
+            raise RuntimeError(
+                f"could not serve /metrics on {config.host}:{config.metrics_port}: {e.strerror}"
+                " (another program there? choose another --metrics-port, or -1 for none)"
+            ) from None
+        return server
 
     async def _start_server(self) -> None:
         await self.server.start()

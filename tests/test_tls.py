@@ -1,7 +1,11 @@
-"""TLS and mTLS on the gRPC port, with certificates from deploy/make-test-certs.sh."""
+"""TLS and mTLS on the gRPC port and /metrics, with certificates from deploy/make-test-certs.sh."""
 
+import http.client
 import json
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
@@ -120,3 +124,35 @@ def test_cli_enrols_over_mtls_and_the_agent_keeps_its_certificate(tmp_path, cert
         assert agent.api.heartbeat(status="mtls test").drain is False
     finally:
         assert stop(proc) == 0
+
+
+def scrape(port: int, context: ssl.SSLContext | None = None, scheme: str = "https") -> str:
+    with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/metrics", timeout=10, context=context) as resp:
+        return resp.read().decode()
+
+
+def test_metrics_are_served_with_the_same_tls_as_grpc(tmp_path, certs, other_ca):
+    c = start_coordinator(tmp_path / "tls", tls_cert=certs / "server.pem", tls_key=certs / "server.key")
+    try:
+        trusting = ssl.create_default_context(cafile=certs / "ca.pem")
+        assert "specfleet_jobs" in scrape(c.metrics_port, trusting)
+        with pytest.raises(urllib.error.URLError):
+            scrape(c.metrics_port, ssl.create_default_context(cafile=other_ca / "ca.pem"))
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            scrape(c.metrics_port, scheme="http")
+    finally:
+        c.stop()
+    c = start_coordinator(
+        tmp_path / "mtls",
+        tls_cert=certs / "server.pem",
+        tls_key=certs / "server.key",
+        tls_client_ca=certs / "ca.pem",
+    )
+    try:
+        with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+            scrape(c.metrics_port, ssl.create_default_context(cafile=certs / "ca.pem"))
+        client = ssl.create_default_context(cafile=certs / "ca.pem")
+        client.load_cert_chain(certs / "client.pem", certs / "client.key")
+        assert "specfleet_jobs" in scrape(c.metrics_port, client)
+    finally:
+        c.stop()
