@@ -1,12 +1,17 @@
-"""Where the agent keeps its credential: a 0600 JSON file in the user's config directory."""
+"""Where the agent keeps its credential: a 0600 JSON file in the user's config directory, made
+0600 again whenever it is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+log = logging.getLogger("specfleet.agent")
 
 CREDENTIAL_FILE = "agent.json"
 
@@ -50,9 +55,30 @@ class AgentIdentity:
 
     @classmethod
     def load(cls, config_dir: Path) -> AgentIdentity:
+        """The stored identity; a ValueError naming the file and what is wrong with it."""
         path = config_dir / CREDENTIAL_FILE
         if not path.exists():
             raise FileNotFoundError(f"no agent credential at {path}: run `specfleet agent enrol` first")
-        if path.stat().st_mode & 0o077:
-            raise PermissionError(f"{path} is readable by other users; run `chmod 600 {path}`")
-        return cls(**json.loads(path.read_text()))
+        try:
+            fields = json.loads(read_private(path))
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) else f"not valid JSON: {e}"
+            raise ValueError(f"cannot read the agent credential {path} ({why}); fix it or enrol again") from None
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        if not isinstance(fields, dict) or not required <= set(fields) or not set(fields) <= names:
+            raise ValueError(
+                f"{path} is not an agent credential (an object with {', '.join(sorted(required))}); enrol again"
+            )
+        return cls(**fields)
+
+
+def read_private(path: Path) -> str:
+    """A secret file's text; the file is made 0600 (owner only) first if it was not, with a warning:
+    its content may have been read by others."""
+    fd = os.open(path, os.O_RDONLY)
+    with os.fdopen(fd) as f:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+            log.warning("%s was readable by other users: made 0600 (revoke it if others could read it)", path)
+        return f.read()

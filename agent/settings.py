@@ -17,6 +17,8 @@ def load(config_dir: Path) -> dict:
         return {}
     try:
         settings = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror}); fix or delete it") from None
     except ValueError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); fix or delete it") from None
     if not isinstance(settings, dict) or not isinstance(settings.get("model_dirs", []), list):

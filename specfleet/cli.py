@@ -1,5 +1,6 @@
 """`specfleet`: one console script for the coordinator, the agent, admin tasks, the dashboard
-and the demo. Every flag can also be set from a SPECFLEET_* environment variable."""
+and the demo. Every flag can also be set from a SPECFLEET_* environment variable (its --help
+names it); a flag given wins. Every error is one line on stderr and a non-zero exit status."""
 
 from __future__ import annotations
 
@@ -11,17 +12,65 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 DEFAULT_COORDINATOR = "127.0.0.1:50551"
-
-
-def _env(name: str, default=None):
-    return os.environ.get(f"SPECFLEET_{name}", default)
+MAX_ERROR_CHARS = 2000
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def default_data_dir() -> Path:
-    return Path(_env("DATA_DIR") or Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "specfleet")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "specfleet"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line: `error: PROG: MESSAGE (see PROG --help)`."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class _Repeatable(argparse.Action):
+    """A repeatable flag whose values replace its default (from the environment), not add to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*(() if current is self.default else current), values])
+
+
+def flag(p: argparse.ArgumentParser, name: str, env: str | None = None, separator: str = ",", **kwargs):
+    """Add option `name` whose default comes from SPECFLEET_<env> (by default the flag's name in
+    upper case, "-" as "_") when that is set, parsed as the flag would be: with its type and
+    choices, "1/true/yes/on" or "0/false/no/off" for a switch, `separator`-separated for a
+    repeatable flag. A bad value is a usage error naming the variable."""
+    variable = "SPECFLEET_" + (env or name.lstrip("-").upper().replace("-", "_"))
+    kwargs["help"] = f"{kwargs.get('help', '')} [{variable}]".lstrip()
+    if kwargs.get("action") == "append":
+        kwargs.update(action=_Repeatable, default=kwargs.get("default", []))
+    text = os.environ.get(variable)
+    if text is not None:
+        kwargs.update(default=_from_env(p, variable, text, kwargs, separator), required=False)
+    action = p.add_argument(name, **kwargs)
+    action.env = variable
+    return action
+
+
+def _from_env(p, variable: str, text: str, kwargs: dict, separator: str):
+    """The value of an environment variable for a flag added with `kwargs`."""
+    if kwargs.get("action") == "store_true":
+        if text.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+            p.error(f"{variable}={text!r}: must be one of {', '.join(w for w in TRUE_WORDS + FALSE_WORDS if w)}")
+        return text.strip().lower() in TRUE_WORDS
+    convert = kwargs.get("type", str)
+    try:
+        values = [convert(v) for v in text.split(separator) if v] if kwargs.get("action") is _Repeatable else None
+        value = convert(text) if values is None else values
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        p.error(f"{variable}={text!r}: {e}")
+    if kwargs.get("choices") and value not in kwargs["choices"]:
+        p.error(f"{variable}={text!r}: must be one of {', '.join(map(str, kwargs['choices']))}")
+    return value
 
 
 def _admin_token(args) -> str:
@@ -50,43 +99,42 @@ def _tls_files(args) -> dict[str, Path | None]:
 
 
 def _add_tls_client_flags(p):
-    p.add_argument("--tls-ca", default=_env("TLS_CA"), help="CA that signed the coordinator's certificate")
+    flag(p, "--tls-ca", help="CA that signed the coordinator's certificate")
     # CLIENT_ in the variable names: SPECFLEET_TLS_CERT/KEY are the coordinator's own certificate.
-    p.add_argument(
-        "--tls-cert", default=_env("CLIENT_TLS_CERT"), help="client certificate, for a coordinator with mTLS"
-    )
-    p.add_argument("--tls-key", default=_env("CLIENT_TLS_KEY"), help="the client certificate's key")
+    flag(p, "--tls-cert", env="CLIENT_TLS_CERT", help="client certificate, for a coordinator with mTLS")
+    flag(p, "--tls-key", env="CLIENT_TLS_KEY", help="the client certificate's key")
 
 
 def _add_agent_run_flags(p):
-    p.add_argument(
+    flag(
+        p,
         "--model-dir",
+        env="MODEL_DIRS",
+        separator=os.pathsep,
         action="append",
-        default=[],
-        help="directory whose models jobs may use (repeatable; SPECFLEET_MODEL_DIRS=DIR:DIR; default: those "
+        help=f"directory whose models jobs may use (repeatable; the variable: DIR{os.pathsep}DIR; default: those "
         "given at enrolment; none at all lets jobs name any path)",
     )
-    p.add_argument(
-        "--metrics-port", type=int, default=int(_env("AGENT_METRICS_PORT")) if _env("AGENT_METRICS_PORT") else None
-    )
-    p.add_argument(
+    flag(p, "--metrics-port", env="AGENT_METRICS_PORT", type=int, help="serve the agent's /metrics on this port")
+    flag(
+        p,
         "--allow-battery",
         action="store_true",
-        default=bool(_env("ALLOW_BATTERY")),
         help="start jobs on battery or in low-power mode too (runs are still flagged)",
     )
-    p.add_argument(
+    flag(
+        p,
         "--llama-server",
         metavar="PATH",
-        help="the llama-server binary for llama-server jobs (SPECFLEET_LLAMA_SERVER; default: settings.json's "
-        "llama_server, else llama-server on PATH, else this checkout's .data/llama.cpp build)",
+        help="the llama-server binary for llama-server jobs (default: settings.json's llama_server, else "
+        "llama-server on PATH, else this checkout's .data/llama.cpp build)",
     )
 
 
 def _add_admin_flags(p):
-    p.add_argument("--coordinator", default=_env("COORDINATOR", DEFAULT_COORDINATOR), help="HOST:PORT")
-    p.add_argument("--admin-token", default=_env("ADMIN_TOKEN"))
-    p.add_argument("--data-dir", default=str(default_data_dir()), help="where to find admin.token")
+    flag(p, "--coordinator", default=DEFAULT_COORDINATOR, help="HOST:PORT")
+    flag(p, "--admin-token")
+    flag(p, "--data-dir", default=str(default_data_dir()), help="where to find admin.token")
     _add_tls_client_flags(p)
 
 
@@ -96,6 +144,8 @@ def _add_admin_flags(p):
 def cmd_coordinator_serve(args) -> int:
     from coordinator.server import Coordinator, CoordinatorConfig, quiet_gc
 
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
+        raise ValueError("--tls-cert and --tls-key go together, and --tls-client-ca needs them")
     opt = lambda v: Path(v) if v else None  # noqa: E731
     config = CoordinatorConfig(
         data_dir=Path(args.data_dir),
@@ -164,7 +214,10 @@ def cmd_sweep_submit(args) -> int:
     from coordinator.sweeps import SweepError, parse_sweep
     from protos.specfleet.v1 import fleet_pb2 as pb
 
-    text = Path(args.file).read_text()
+    try:
+        text = Path(args.file).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read sweep file {args.file}: {e.strerror if isinstance(e, OSError) else e}") from None
     try:
         parse_sweep(text)  # the coordinator validates too; this names every problem on its own line
     except SweepError as e:
@@ -292,7 +345,10 @@ def cmd_agent_status(args) -> int:
     path = Path(args.config_dir) / "status.json"
     if not path.exists():
         sys.exit(f"error: no agent status at {path}: is `specfleet agent run` running with this --config-dir?")
-    status = json.loads(path.read_text())
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the agent status {path} ({e}); `specfleet agent run` rewrites it") from None
     ago = time.time() - status["last_contact_unix_seconds"] if status["last_contact_unix_seconds"] else None
     print(f"agent {status['agent']}: {status['status']}")
     print(f"  current job: {status['job_id'] or 'none'}")
@@ -363,27 +419,30 @@ def _positive(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specfleet", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
+    from agent.credentials import default_config_dir
+
+    parser = Parser(prog="specfleet", description=__doc__)
+    flag(parser, "--verbose", action="store_true", help="log at debug level; a traceback with an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
+    config_dir = {"default": str(default_config_dir()), "help": "where agent.json and settings.json live"}
 
     coord = sub.add_parser("coordinator", help="run the coordinator").add_subparsers(dest="sub", required=True)
     p = coord.add_parser("serve", help="serve gRPC and /metrics with a DuckDB file in --data-dir")
-    p.add_argument("--data-dir", default=str(default_data_dir()))
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(_env("PORT", 50551)))
-    p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", 9464)), help="-1 disables")
-    p.add_argument("--lease-seconds", type=float, default=float(_env("LEASE_SECONDS", 60)))
-    p.add_argument("--tls-cert", default=_env("TLS_CERT"))
-    p.add_argument("--tls-key", default=_env("TLS_KEY"))
-    p.add_argument("--tls-client-ca", default=_env("TLS_CLIENT_CA"), help="require client certificates (mTLS)")
+    flag(p, "--data-dir", default=str(default_data_dir()))
+    flag(p, "--host", default="127.0.0.1")
+    flag(p, "--port", type=int, default=50551)
+    flag(p, "--metrics-port", type=int, default=9464, help="-1 disables /metrics")
+    flag(p, "--lease-seconds", type=_positive(float), default=60.0)
+    flag(p, "--tls-cert", help="serve gRPC and /metrics over TLS with this certificate")
+    flag(p, "--tls-key", help="the certificate's key")
+    flag(p, "--tls-client-ca", help="require client certificates (mTLS)")
     p.set_defaults(fn=cmd_coordinator_serve)
 
     token = sub.add_parser("token", help="enrolment tokens").add_subparsers(dest="sub", required=True)
     p = token.add_parser("create", help="create an expiring enrolment token")
-    p.add_argument("--ttl", type=_positive(float), default=3600.0, help="seconds until it expires")
-    p.add_argument("--max-uses", type=_positive(int), default=1)
-    p.add_argument("--note", default="")
+    flag(p, "--ttl", env="TOKEN_TTL", type=_positive(float), default=3600.0, help="seconds until it expires")
+    flag(p, "--max-uses", env="TOKEN_MAX_USES", type=_positive(int), default=1)
+    flag(p, "--note", env="TOKEN_NOTE", default="")
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_token_create)
 
@@ -415,47 +474,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sweep_cancel)
 
     ag = sub.add_parser("agent", help="run this machine as an agent").add_subparsers(dest="sub", required=True)
-    from agent.credentials import default_config_dir
-
     p = ag.add_parser("enrol", help="enrol this machine with a token")
-    p.add_argument("--coordinator", required=True, help="HOST:PORT")
-    p.add_argument("--token", required=True)
-    p.add_argument("--name")
-    p.add_argument("--label", action="append", default=[], help="key=value (repeatable)")
+    flag(p, "--coordinator", required=True, help="HOST:PORT")
+    flag(p, "--token", required=True, help="an enrolment token from `specfleet token create`")
+    flag(p, "--name", env="AGENT_NAME", help="this machine's name in the fleet (default: its host name)")
+    flag(p, "--label", env="LABELS", action="append", help="key=value (repeatable; the variable: k=v,k=v)")
     _add_tls_client_flags(p)
-    p.add_argument("--config-dir", default=str(default_config_dir()))
-    p.add_argument("--model-dir", action="append", default=[], help="directory whose models jobs may use (repeatable)")
+    flag(p, "--config-dir", **config_dir)
+    flag(
+        p,
+        "--model-dir",
+        env="MODEL_DIRS",
+        separator=os.pathsep,
+        action="append",
+        help=f"directory whose models jobs may use (repeatable; the variable: DIR{os.pathsep}DIR)",
+    )
     p.set_defaults(fn=cmd_agent_enrol)
     p = ag.add_parser("run", help="take jobs until stopped")
-    p.add_argument("--config-dir", default=str(default_config_dir()))
+    flag(p, "--config-dir", **config_dir)
     _add_agent_run_flags(p)
-    p.add_argument(
+    flag(
+        p,
         "--allow-downloads",
         action="store_true",
-        default=bool(_env("ALLOW_DOWNLOADS")),
         help="let jobs download Hugging Face models missing from the cache (default: cache only)",
     )
     p.set_defaults(fn=cmd_agent_run)
     p = ag.add_parser("install-service", help="run the agent at login: launchd on macOS, systemd --user on Linux")
-    p.add_argument("--config-dir", default=str(default_config_dir()))
+    flag(p, "--config-dir", **config_dir)
     _add_agent_run_flags(p)
-    p.add_argument("--no-load", action="store_true", help="write the service file only")
-    p.add_argument("--dest-dir", help="where to write it (default: ~/Library/LaunchAgents or ~/.config/systemd/user)")
+    flag(p, "--no-load", env="SERVICE_NO_LOAD", action="store_true", help="write the service file only")
+    flag(
+        p,
+        "--dest-dir",
+        env="SERVICE_DEST_DIR",
+        help="where to write it (default: ~/Library/LaunchAgents or ~/.config/systemd/user)",
+    )
     p.set_defaults(fn=cmd_agent_install_service)
     p = ag.add_parser("status", help="current job, spool depth, last contact")
-    p.add_argument("--config-dir", default=str(default_config_dir()))
+    flag(p, "--config-dir", **config_dir)
     p.set_defaults(fn=cmd_agent_status)
 
     p = sub.add_parser("export", help="one row per run, every parameter and metric")
-    p.add_argument("--format", choices=("parquet", "csv"), default="parquet")
-    p.add_argument("--output", required=True)
-    p.add_argument("--stopped", action="store_true", help="read --data-dir's file directly (coordinator stopped)")
+    flag(p, "--format", env="EXPORT_FORMAT", choices=("parquet", "csv"), default="parquet")
+    flag(p, "--output", env="EXPORT_OUTPUT", required=True, help="the file to write")
+    flag(
+        p,
+        "--stopped",
+        env="EXPORT_STOPPED",
+        action="store_true",
+        help="read --data-dir's file directly (coordinator stopped)",
+    )
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=int(_env("DASHBOARD_PORT", 8501)))
+    flag(p, "--host", env="DASHBOARD_HOST", default="127.0.0.1")
+    flag(p, "--port", env="DASHBOARD_PORT", type=int, default=8501)
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_dashboard)
 
@@ -465,14 +540,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_models_make_tiny)
 
     p = sub.add_parser("demo", help="the whole fleet on this machine with tiny models")
-    p.add_argument("--data-dir", default=_env("DEMO_DIR", ".data/demo"))
-    p.add_argument("--no-dashboard", action="store_true", help="exit when the sweep is done")
-    p.add_argument("--dashboard-port", type=int, default=int(_env("DASHBOARD_PORT", 8501)))
+    flag(p, "--data-dir", env="DEMO_DIR", default=".data/demo")
+    flag(p, "--no-dashboard", env="DEMO_NO_DASHBOARD", action="store_true", help="exit when the sweep is done")
+    flag(p, "--dashboard-port", env="DASHBOARD_PORT", type=int, default=8501)
     p.set_defaults(fn=cmd_demo)
     return parser
 
 
+def one_line(text: str) -> str:
+    """An error's text on one line, at most MAX_ERROR_CHARS long."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; an error is one line on stderr and exit status 1 (2 for a usage error),
+    an interrupt exit status 130. An unexpected error says so; --verbose adds its traceback."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -480,14 +563,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("gguf").setLevel(logging.WARNING)
     import grpc
 
+    from agent.retry import FatalApiError
+
     try:
         return args.fn(args)
     except grpc.RpcError as e:
-        print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 1
-    except (FileNotFoundError, PermissionError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        message = f"{e.code().name}: {e.details()}"
+    except (FatalApiError, OSError, ValueError, RuntimeError) as e:
+        message = str(e) or type(e).__name__
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if args.verbose:
+            traceback.print_exc()
+        message = f"internal error: {type(e).__name__}: {e} (--verbose shows where)"
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,227 @@
+"""The CLI's flags and errors: every flag of every subcommand is read from its SPECFLEET_*
+variable; every error, run as a user runs it (a subprocess), is one line on stderr naming what
+was wrong, with a non-zero exit status and no traceback, and leaves the files it read as they were."""
+
+import argparse
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coordinator.server import ADMIN_TOKEN_FILE, admin_credential
+from specfleet import cli
+from tests.fleet import start_coordinator
+from tests.processes import ROOT
+from tests.test_sweeps import alias_bomb
+
+
+def subcommands(parser: argparse.ArgumentParser, path=()):
+    """(command words, parser) for every parser under this one, itself included."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from subcommands(child, (*path, name))
+
+
+def flags(parser: argparse.ArgumentParser):
+    return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+
+
+def sample(action) -> tuple[str, object]:
+    """A value for the action's variable that differs from its default, and what it parses to."""
+    if action.nargs == 0:  # a switch
+        return "yes", True
+    if action.choices:
+        choice = next(c for c in action.choices if c != action.default)
+        return choice, choice
+    if action.type is not None and action.type("7") == 7:
+        return "7", action.type("7")
+    if isinstance(action.default, list):
+        separator = os.pathsep if action.env == "SPECFLEET_MODEL_DIRS" else ","
+        return f"one{separator}two", ["one", "two"]
+    return "from-env", "from-env"
+
+
+def positionals(parser) -> list[str]:
+    return ["x" for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
+
+
+def every_flag():
+    return [
+        (words, a.dest, getattr(a, "env", None))
+        for words, parser in subcommands(cli.build_parser())
+        for a in flags(parser)
+    ]
+
+
+def test_every_flag_has_a_variable_named_in_its_help():
+    found = every_flag()
+    assert len(found) > 60 and ("agent", "enrol") in {w for w, _, _ in found}
+    for words, parser in subcommands(cli.build_parser()):
+        for action in flags(parser):
+            assert action.env.startswith("SPECFLEET_") and action.env in action.help, (words, action.dest)
+
+
+@pytest.mark.parametrize(
+    "words, dest, variable", every_flag(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v)
+)
+def test_every_flag_is_read_from_its_variable(monkeypatch, words, dest, variable):
+    parsers = dict(subcommands(cli.build_parser()))
+    action = next(a for a in flags(parsers[words]) if a.dest == dest)
+    text, expected = sample(action)
+    assert action.default != expected
+    monkeypatch.setenv(variable, text)
+    parser = dict(subcommands(cli.build_parser()))[words]
+    required = [a for a in flags(parser) if a.required]
+    argv = [*words, *positionals(parser), *(x for a in required for x in (a.option_strings[0], "given"))]
+    if words == ():  # the top-level flags: any command will do
+        argv = ["agent", "status"]
+    args = cli.build_parser().parse_args(argv)
+    assert getattr(args, dest) == expected
+
+
+def test_a_flag_given_wins_over_its_variable_and_repeated_flags_replace_it(monkeypatch):
+    monkeypatch.setenv("SPECFLEET_PORT", "1234")
+    monkeypatch.setenv("SPECFLEET_MODEL_DIRS", f"a{os.pathsep}b")
+    assert cli.build_parser().parse_args(["coordinator", "serve", "--port", "99"]).port == 99
+    assert cli.build_parser().parse_args(["agent", "run", "--model-dir", "c", "--model-dir", "d"]).model_dir == [
+        "c",
+        "d",
+    ]
+
+
+def specfleet(*args: str, home: Path, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, with its data and config directories under `home`."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}
+    environ.update(XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"), HOME=str(home))
+    return subprocess.run(
+        [sys.executable, "-m", "specfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**environ, **(env or {})},
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess, *names: str) -> str:
+    """The error line of a failed command: the last line on stderr, the only one that is not a log
+    record (a warning of ours, or gRPC's own log of a failed bind)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr and lines[-1].startswith("error: "), result.stderr
+    assert [line for line in lines if line.startswith("error")] == lines[-1:], result.stderr
+    for name in names:
+        assert name in lines[-1], (name, lines[-1])
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory):
+    c = start_coordinator(tmp_path_factory.mktemp("cli-errors"))
+    yield c
+    c.stop()
+
+
+def files_of(directory: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# (what is written under config/specfleet/, the command, what the error must name)
+FILE_CASES = [
+    ({"agent.json": "{not json"}, ["agent", "run"], ["agent.json", "not valid JSON"]),
+    ({"agent.json": '{"name": "x"}'}, ["agent", "run"], ["agent.json", "not an agent credential"]),
+    ({"agent.json": b"\xff\xfe"}, ["agent", "run"], ["agent.json"]),
+    ({"settings.json": "[1, 2"}, ["agent", "run"], ["settings.json", "not valid JSON"]),
+    ({"settings.json": '{"model_dirs": "/m"}'}, ["agent", "run"], ["settings.json", "model_dirs"]),
+    ({"status.json": "{"}, ["agent", "status"], ["status.json"]),
+]
+
+
+@pytest.mark.parametrize("files, command, names", FILE_CASES, ids=[" ".join(c[2]) for c in FILE_CASES])
+def test_an_unreadable_configuration_file_is_named_on_one_line(tmp_path, files, command, names):
+    config = tmp_path / "config" / "specfleet"
+    config.mkdir(parents=True)
+    for name, content in files.items():
+        path = config / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        path.chmod(0o600)
+    before = files_of(config)
+    one_line_error(specfleet(*command, home=tmp_path), str(config), *names)
+    assert files_of(config) == before
+
+
+def test_an_admin_token_that_cannot_be_read_is_named(tmp_path):
+    data = tmp_path / "data" / "specfleet"
+    (data / ADMIN_TOKEN_FILE).mkdir(parents=True)
+    one_line_error(specfleet("sweep", "list", home=tmp_path), str(data / ADMIN_TOKEN_FILE), "Is a directory")
+    (data / ADMIN_TOKEN_FILE).rmdir()
+    (data / ADMIN_TOKEN_FILE).write_bytes(b"\xff\xfe\x00")
+    one_line_error(specfleet("sweep", "list", home=tmp_path), str(data / ADMIN_TOKEN_FILE), "not text")
+
+
+def test_secret_files_are_made_0600_when_opened(tmp_path):
+    token = tmp_path / ADMIN_TOKEN_FILE
+    token.write_text("sfadmin.secret\n")
+    token.chmod(0o644)
+    assert admin_credential(tmp_path) == "sfadmin.secret"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    token.chmod(0o644)
+    start_coordinator(tmp_path).stop()  # writes it again
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+
+    from agent.credentials import AgentIdentity
+
+    AgentIdentity("127.0.0.1:1", "agent-1", "mac", "sfa.secret", 5.0).save(tmp_path)
+    (tmp_path / "agent.json").chmod(0o640)
+    assert AgentIdentity.load(tmp_path).credential == "sfa.secret"
+    assert stat.S_IMODE((tmp_path / "agent.json").stat().st_mode) == 0o600
+
+
+def test_cli_errors_are_one_line(tmp_path, coordinator):
+    address = f"127.0.0.1:{coordinator.port}"
+    admin = ["--coordinator", address, "--data-dir", str(coordinator.config.data_dir)]
+    binary, bomb = tmp_path / "binary.yaml", tmp_path / "bomb.yaml"
+    binary.write_bytes(b"\xff\xfe\x00name")
+    bomb.write_text(alias_bomb())
+    enrol = ["agent", "enrol", "--coordinator", address, "--config-dir", str(tmp_path / "agent")]
+    one_line_error(specfleet(*enrol, "--token", "sft.wrong", home=tmp_path), "enrol", "token")
+    assert not (tmp_path / "agent").exists()
+    one_line_error(specfleet(*enrol, home=tmp_path, env={"SPECFLEET_TOKEN": "sft.wrong"}), "enrol", "token")
+    one_line_error(specfleet("sweep", "submit", str(binary), *admin, home=tmp_path), str(binary))
+    one_line_error(specfleet("sweep", "submit", str(tmp_path / "absent.yaml"), *admin, home=tmp_path), "absent.yaml")
+    result = specfleet("sweep", "submit", str(bomb), *admin, home=tmp_path)
+    assert result.returncode == 1 and "more than 20000 values" in result.stderr and len(result.stderr) < 4000
+    one_line_error(specfleet("coordinator", "serve", home=tmp_path, env={"SPECFLEET_PORT": "abc"}), "SPECFLEET_PORT")
+    one_line_error(specfleet("coordinator", "serve", "--lease-seconds", "-1", home=tmp_path), "--lease-seconds")
+    one_line_error(specfleet("coordinator", "serve", "--tls-cert", "x", home=tmp_path), "--tls-key")
+    one_line_error(specfleet("export", "--format", "xls", "--output", "o", home=tmp_path), "--format")
+    switch = {"SPECFLEET_ALLOW_BATTERY": "maybe"}
+    one_line_error(specfleet("agent", "run", home=tmp_path, env=switch), "SPECFLEET_ALLOW_BATTERY")
+    one_line_error(specfleet("sweep", "status", "s-1", "--coordinator", "127.0.0.1:1", home=tmp_path), "admin")
+
+
+def test_a_second_coordinator_on_a_taken_port_fails_naming_it(tmp_path, coordinator):
+    result = specfleet(
+        "coordinator", "serve", "--data-dir", str(tmp_path / "other"), "--port", str(coordinator.port), home=tmp_path
+    )
+    one_line_error(result, f"127.0.0.1:{coordinator.port}", "Address already in use")
+    with socket.socket() as s:  # the first one still answers there
+        s.connect(("127.0.0.1", coordinator.port))
+    metrics = specfleet(
+        "coordinator",
+        "serve",
+        "--data-dir",
+        str(tmp_path / "third"),
+        "--port",
+        "0",
+        "--metrics-port",
+        str(coordinator.metrics_port),
+        home=tmp_path,
+    )
+    one_line_error(metrics, "/metrics", str(coordinator.metrics_port), "Address already in use")
