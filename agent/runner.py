@@ -144,7 +144,9 @@ def _run_worker(agent: Agent, job_file: Path, deadline_seconds: float) -> tuple[
         deadline = time.monotonic() + deadline_seconds
         while agent.worker.poll() is None:
             agent.uploader.wake.set()  # let the uploader take runs as they are measured
-            if time.monotonic() > deadline or agent.stop.wait(WORKER_CHECK_SECONDS):
+            if time.monotonic() > deadline:
+                agent.kill_worker()
+            if agent.stop.wait(WORKER_CHECK_SECONDS):
                 agent.kill_worker()
         code = agent.worker.wait()
         kill_group(agent.worker.pid)  # whatever the worker left behind, however it ended

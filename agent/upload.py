@@ -2,7 +2,8 @@
 
 Retry policy (UPLOAD): while the coordinator is unreachable a record is retried for as long as
 it takes (nothing measured is lost to an outage); a coordinator that answers a record with a
-retryable error (RESOURCE_EXHAUSTED for a record past its message limit) is given five tries.
+retryable error (RESOURCE_EXHAUSTED for a record past its message limit) is given five tries,
+8-15 s in all (a coordinator shedding load should answer UNAVAILABLE, which never counts).
 A record is parked (moved aside with its reason, agent/spool.py) when the coordinator refuses
 it for good (INVALID_ARGUMENT, FAILED_PRECONDITION for a lease that is gone), when its tries are
 spent, or when it cannot be read here; every park is logged and remembered, so that the job it
