@@ -130,6 +130,7 @@ KEY_CHANGES = {
     "draft_digest": {"draft": ModelIdentity(reference="draft", digest="ff" * 32)},
     "engine": {"engine": "llama.cpp"},
     "engine_version": {"engine_version": "mlx=0.1"},
+    "system": {"system": "OptiQ"},  # from an MTPLX run: two OpenAI-compatible servers, one engine
     "sampler_temperature": {"sampler": Sampler(temperature=0.7)},
     "sampler_top_p": {"sampler": Sampler(top_p=0.9)},
     "sampler_top_k": {"sampler": Sampler(top_k=40)},
@@ -144,6 +145,8 @@ def test_every_checked_key_keeps_runs_apart():
     assert set(KEY_CHANGES) == set(CHECKED_KEYS)
     base = run_record("job-1")
     assert differences(base.row(), run_record("job-2", method="ngram", depth=3, tps=50.0, repeat=4).row()) == []
+    mtplx = dataclasses.replace(base, engine="openai", system="MTPLX")
     for key, change in KEY_CHANGES.items():
-        other = dataclasses.replace(base, **change)
-        assert differences(base.row(), other.row()) == [key], key
+        one = mtplx if key == "system" else base
+        other = dataclasses.replace(one, **change)
+        assert differences(one.row(), other.row()) == [key], key
