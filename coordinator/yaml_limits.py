@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import yaml
 
 MAX_DEPTH = 32  # nested sequences and mappings
-MAX_NODES = 20_000  # scalars, sequences and mappings, each alias counted as what it expands to
+MAX_NODES = 5_000  # scalars, sequences and mappings, each alias counted as what it expands to
 _RESOLVER = yaml.resolver.Resolver()
 
 

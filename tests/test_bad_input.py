@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from coordinator.sweeps import MAX_MESSAGE_CHARS
+from coordinator.yaml_limits import MAX_NODES
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
 from tests.test_sweeps import alias_bomb, yaml_of
@@ -44,7 +45,7 @@ def stored(coordinator) -> dict:
 
 
 SWEEPS = [
-    (alias_bomb(), "line 5: more than 20000 values with every alias expanded"),
+    (alias_bomb(), f"line 4: more than {MAX_NODES} values with every alias expanded"),
     (
         "a: &a [x, x, x, x]\nb: &b [*a, *a, *a, *a]\nc: &c [*b, *b, *b, *b]\nd: [*c, *c, *c, *c]\nrepeats: *c\n",
         "repeats",
@@ -52,7 +53,7 @@ SWEEPS = [
     ("name: s\nrepeats:\n" + "- " * 20_000 + "1\n", "line 3: nested deeper than 32 levels"),
     ("name: s\nrepeats: " + "[" * 20_000 + "]" * 20_000 + "\n", "not valid YAML"),
     (yaml_of() + "repeats: 2\nrepeats: 3\n", "key 'repeats' is given twice"),
-    (yaml_of(repeats=list(range(15_000))), "repeats: must be an integer"),
+    (yaml_of(repeats=list(range(4000))), "repeats: must be an integer"),
     (yaml_of(prompt_sets=[f"set-{i}" for i in range(2000)]), "prompt_sets: unknown prompt set 'set-0'"),
     ("name: [unclosed", "not valid YAML"),
 ]

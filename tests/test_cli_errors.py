@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.server import ADMIN_TOKEN_FILE, admin_credential
+from coordinator.yaml_limits import MAX_NODES
 from specfleet import cli
 from tests.fleet import start_coordinator
 from tests.processes import ROOT
@@ -196,7 +197,7 @@ def test_cli_errors_are_one_line(tmp_path, coordinator):
     one_line_error(specfleet("sweep", "submit", str(binary), *admin, home=tmp_path), str(binary))
     one_line_error(specfleet("sweep", "submit", str(tmp_path / "absent.yaml"), *admin, home=tmp_path), "absent.yaml")
     result = specfleet("sweep", "submit", str(bomb), *admin, home=tmp_path)
-    assert result.returncode == 1 and "more than 20000 values" in result.stderr and len(result.stderr) < 4000
+    assert result.returncode == 1 and f"more than {MAX_NODES} values" in result.stderr and len(result.stderr) < 4000
     one_line_error(specfleet("coordinator", "serve", home=tmp_path, env={"SPECFLEET_PORT": "abc"}), "SPECFLEET_PORT")
     one_line_error(specfleet("coordinator", "serve", "--lease-seconds", "-1", home=tmp_path), "--lease-seconds")
     one_line_error(specfleet("coordinator", "serve", "--tls-cert", "x", home=tmp_path), "--tls-key")

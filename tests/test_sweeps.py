@@ -4,6 +4,7 @@ import pytest
 
 from coordinator import prompt_library
 from coordinator.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, SweepError, agent_matches, parse_sweep
+from coordinator.yaml_limits import MAX_NODES
 from specfleet.record import Arm, JobSpec, Sampler, VerifyCost
 from tests.fleet import SWEEP_YAML
 
@@ -166,7 +167,7 @@ def alias_bomb(levels: int = 9) -> str:
 @pytest.mark.parametrize(
     "text, message",
     [
-        (alias_bomb(), "file: line 5: more than 20000 values with every alias expanded"),
+        (alias_bomb(), f"file: line 4: more than {MAX_NODES} values with every alias expanded"),
         ("name: s\nrepeats:\n" + "- " * 20_000 + "1\n", "file: line 3: nested deeper than 32 levels"),
         ("name: s\nrepeats: " + "[" * 20_000 + "]" * 20_000 + "\n", "file: not valid YAML"),
         ("name: s\nrepeats: &r [*r]\n", "file: line 2: alias *r refers to no complete node"),
@@ -198,7 +199,7 @@ def test_aliases_within_the_limits_still_share_a_value():
 
 
 def test_an_error_message_stays_small_enough_for_grpc_metadata():
-    huge = yaml_of(repeats=list(range(15_000)), warmup="w" * 100_000, prompt_sets=[f"s{i}" for i in range(500)])
+    huge = yaml_of(repeats=list(range(4000)), warmup="w" * 100_000, prompt_sets=[f"s{i}" for i in range(500)])
     with pytest.raises(SweepError) as e:
         parse_sweep(huge)
     assert len(str(e.value)) <= MAX_MESSAGE_CHARS
