@@ -14,6 +14,7 @@ from agent.model_identity import identify
 from agent.models import HashCache, resolve
 from agent.protocol import run_job
 from agent.spool import Spool
+from agent.spool import read as spool_read
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.record import JobSpec, RunRecord
@@ -43,7 +44,7 @@ def measure_and_upload(address, data, tiny_models, tmp_path) -> list[RunRecord]:
         spool.put(job.job_id, job.lease_id, record)
 
     n = run_job(spec, make_engine("mlx"), put, job.job_id, job.attempt, identities["target"], identities["draft"])
-    items = spool.items()
+    items = [spool_read(path) for path in spool.paths()]
     assert n == len(records) == len(items) == 2 * 2 * 2  # prompts x repeats (2, the design's rows) x arms
     for item in items:
         assert not agent.report_result(item.job_id, item.lease_id, item.record_json).duplicate
@@ -105,3 +106,26 @@ def test_export_running_then_stopped_and_records_round_trip(tmp_path, tiny_model
     check_csv(tmp_path / "s.csv", records)
     missing = cli("export", "--stopped", "--data-dir", str(tmp_path / "nowhere"), "--output", "x.csv", check=False)
     assert missing.returncode != 0 and "no coordinator database" in missing.stderr
+
+
+def test_export_refuses_negative_or_absurd_arguments_by_name(tmp_path):
+    import grpc
+    import pytest
+
+    from tests.fleet import admin_for
+    from tests.fleet import start_coordinator as start_in_process
+
+    coordinator = start_in_process(tmp_path / "coordinator")
+    try:
+        admin = admin_for(coordinator)
+        for request, field in (
+            (pb.ExportRequest(table="runs", limit=-1), "limit"),
+            (pb.ExportRequest(table="runs", after_seq=-5), "after_seq"),
+            (pb.ExportRequest(table="runs; DROP TABLE runs"), "table"),
+        ):
+            with pytest.raises(grpc.RpcError) as e:
+                admin.Export(request)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith(field)
+        assert admin.Export(pb.ExportRequest(table="runs", limit=2**31 - 1)).rows == 0  # capped, not refused
+    finally:
+        coordinator.stop()
