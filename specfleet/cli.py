@@ -17,6 +17,7 @@ from pathlib import Path
 
 DEFAULT_COORDINATOR = "127.0.0.1:50551"
 MAX_ERROR_CHARS = 2000
+MAX_PRINTED_PROBLEMS = 50  # of a sweep file, one a line
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -225,8 +226,10 @@ def cmd_sweep_submit(args) -> int:
             f"error: {args.file} is not a valid sweep ({len(e.problems)} problem(s)); nothing was submitted:",
             file=sys.stderr,
         )
-        for problem in e.problems:
+        for problem in e.problems[:MAX_PRINTED_PROBLEMS]:
             print(f"  {problem}", file=sys.stderr)
+        if len(e.problems) > MAX_PRINTED_PROBLEMS:
+            print(f"  and {len(e.problems) - MAX_PRINTED_PROBLEMS} more", file=sys.stderr)
         return 1
     resp = _admin(args).SubmitSweep(pb.SubmitSweepRequest(yaml=text))
     print(f"sweep {resp.sweep_id}: {resp.jobs} job(s) queued")

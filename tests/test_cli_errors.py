@@ -17,7 +17,7 @@ from coordinator.yaml_limits import MAX_NODES
 from specfleet import cli
 from tests.fleet import start_coordinator
 from tests.processes import ROOT
-from tests.test_sweeps import alias_bomb
+from tests.test_sweeps import alias_bomb, yaml_of
 
 
 def subcommands(parser: argparse.ArgumentParser, path=()):
@@ -198,6 +198,10 @@ def test_cli_errors_are_one_line(tmp_path, coordinator):
     one_line_error(specfleet("sweep", "submit", str(tmp_path / "absent.yaml"), *admin, home=tmp_path), "absent.yaml")
     result = specfleet("sweep", "submit", str(bomb), *admin, home=tmp_path)
     assert result.returncode == 1 and f"more than {MAX_NODES} values" in result.stderr and len(result.stderr) < 4000
+    many = tmp_path / "many.yaml"
+    many.write_text(yaml_of(prompt_sets=[f"set-{i}" for i in range(1000)]))
+    result = specfleet("sweep", "submit", str(many), *admin, home=tmp_path)
+    assert result.returncode == 1 and "1000 problem(s)" in result.stderr and result.stderr.endswith("and 950 more\n")
     one_line_error(specfleet("coordinator", "serve", home=tmp_path, env={"SPECFLEET_PORT": "abc"}), "SPECFLEET_PORT")
     one_line_error(specfleet("coordinator", "serve", "--lease-seconds", "-1", home=tmp_path), "--lease-seconds")
     one_line_error(specfleet("coordinator", "serve", "--tls-cert", "x", home=tmp_path), "--tls-key")
