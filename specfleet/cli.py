@@ -65,8 +65,10 @@ def _from_env(p, variable: str, text: str, kwargs: dict, separator: str):
         return text.strip().lower() in TRUE_WORDS
     convert = kwargs.get("type", str)
     try:
-        values = [convert(v) for v in text.split(separator) if v] if kwargs.get("action") is _Repeatable else None
-        value = convert(text) if values is None else values
+        if kwargs.get("action") is _Repeatable:
+            value = [convert(v) for v in text.split(separator) if v]
+        else:
+            value = convert(text)
     except (ValueError, argparse.ArgumentTypeError) as e:
         p.error(f"{variable}={text!r}: {e}")
     if kwargs.get("choices") and value not in kwargs["choices"]:
