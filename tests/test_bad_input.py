@@ -1,18 +1,22 @@
-"""Bad input from outside, in tables: sweep files sent to a running coordinator, and runs uploaded
-again under an id already stored. Every case is refused with an error that names what was
-wrong, fits gRPC's metadata, and leaves everything stored before as it was; the agents' calls
-are answered meanwhile."""
+"""Bad input from outside, in tables: sweep files sent to a running coordinator, runs uploaded
+again under an id already stored, and configuration files the CLI cannot read. Every case is
+refused with an error that names what was wrong (for the coordinator: within gRPC's metadata,
+with the agents' calls answered meanwhile; for the CLI: on one line) and leaves everything
+stored before as it was."""
 
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
+from coordinator.server import ADMIN_TOKEN_FILE
 from coordinator.sweeps import MAX_MESSAGE_CHARS
 from coordinator.yaml_limits import MAX_NODES
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
+from tests.test_cli_errors import one_line_error, specfleet
 from tests.test_sweeps import alias_bomb, yaml_of
 
 
@@ -97,3 +101,40 @@ def test_a_run_id_reused_with_other_content_is_refused_and_the_same_content_is_a
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"run id {run_id(first)} was already stored with other content" in e.value.details()
     assert stored(coordinator) == before
+
+
+def files_of(directory: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# (what is written under config/specfleet/, the command, what the error must name)
+FILE_CASES = [
+    ({"agent.json": "{not json"}, ["agent", "run"], ["agent.json", "not valid JSON"]),
+    ({"agent.json": '{"name": "x"}'}, ["agent", "run"], ["agent.json", "not an agent credential"]),
+    ({"agent.json": b"\xff\xfe"}, ["agent", "run"], ["agent.json"]),
+    ({"settings.json": "[1, 2"}, ["agent", "run"], ["settings.json", "not valid JSON"]),
+    ({"settings.json": '{"model_dirs": "/m"}'}, ["agent", "run"], ["settings.json", "model_dirs"]),
+    ({"status.json": "{"}, ["agent", "status"], ["status.json"]),
+]
+
+
+@pytest.mark.parametrize("files, command, names", FILE_CASES, ids=[" ".join(c[2]) for c in FILE_CASES])
+def test_an_unreadable_configuration_file_is_named_on_one_line(tmp_path, files, command, names):
+    config = tmp_path / "config" / "specfleet"
+    config.mkdir(parents=True)
+    for name, content in files.items():
+        path = config / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        path.chmod(0o600)
+    before = files_of(config)
+    one_line_error(specfleet(*command, home=tmp_path), str(config), *names)
+    assert files_of(config) == before
+
+
+def test_an_admin_token_that_cannot_be_read_is_named(tmp_path):
+    data = tmp_path / "data" / "specfleet"
+    (data / ADMIN_TOKEN_FILE).mkdir(parents=True)
+    one_line_error(specfleet("sweep", "list", home=tmp_path), str(data / ADMIN_TOKEN_FILE), "Is a directory")
+    (data / ADMIN_TOKEN_FILE).rmdir()
+    (data / ADMIN_TOKEN_FILE).write_bytes(b"\xff\xfe\x00")
+    one_line_error(specfleet("sweep", "list", home=tmp_path), str(data / ADMIN_TOKEN_FILE), "not text")

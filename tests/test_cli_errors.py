@@ -1,6 +1,7 @@
 """The CLI's flags and errors: every flag of every subcommand is read from its SPECFLEET_*
 variable; every error, run as a user runs it (a subprocess), is one line on stderr naming what
-was wrong, with a non-zero exit status and no traceback, and leaves the files it read as they were."""
+was wrong, with a non-zero exit status and no traceback (configuration files it cannot read:
+tests/test_bad_input.py)."""
 
 import argparse
 import os
@@ -127,43 +128,6 @@ def coordinator(tmp_path_factory):
     c = start_coordinator(tmp_path_factory.mktemp("cli-errors"))
     yield c
     c.stop()
-
-
-def files_of(directory: Path) -> dict:
-    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-# (what is written under config/specfleet/, the command, what the error must name)
-FILE_CASES = [
-    ({"agent.json": "{not json"}, ["agent", "run"], ["agent.json", "not valid JSON"]),
-    ({"agent.json": '{"name": "x"}'}, ["agent", "run"], ["agent.json", "not an agent credential"]),
-    ({"agent.json": b"\xff\xfe"}, ["agent", "run"], ["agent.json"]),
-    ({"settings.json": "[1, 2"}, ["agent", "run"], ["settings.json", "not valid JSON"]),
-    ({"settings.json": '{"model_dirs": "/m"}'}, ["agent", "run"], ["settings.json", "model_dirs"]),
-    ({"status.json": "{"}, ["agent", "status"], ["status.json"]),
-]
-
-
-@pytest.mark.parametrize("files, command, names", FILE_CASES, ids=[" ".join(c[2]) for c in FILE_CASES])
-def test_an_unreadable_configuration_file_is_named_on_one_line(tmp_path, files, command, names):
-    config = tmp_path / "config" / "specfleet"
-    config.mkdir(parents=True)
-    for name, content in files.items():
-        path = config / name
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
-        path.chmod(0o600)
-    before = files_of(config)
-    one_line_error(specfleet(*command, home=tmp_path), str(config), *names)
-    assert files_of(config) == before
-
-
-def test_an_admin_token_that_cannot_be_read_is_named(tmp_path):
-    data = tmp_path / "data" / "specfleet"
-    (data / ADMIN_TOKEN_FILE).mkdir(parents=True)
-    one_line_error(specfleet("sweep", "list", home=tmp_path), str(data / ADMIN_TOKEN_FILE), "Is a directory")
-    (data / ADMIN_TOKEN_FILE).rmdir()
-    (data / ADMIN_TOKEN_FILE).write_bytes(b"\xff\xfe\x00")
-    one_line_error(specfleet("sweep", "list", home=tmp_path), str(data / ADMIN_TOKEN_FILE), "not text")
 
 
 def test_secret_files_are_made_0600_when_opened(tmp_path):
