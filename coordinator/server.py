@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
 import logging
@@ -77,13 +78,22 @@ def admin_credential(data_dir: Path) -> str | None:
         raise ValueError(f"cannot read the admin credential {path} ({why})") from None
 
 
+BIND_HINTS = {
+    errno.EADDRINUSE: "another coordinator or program listens there: choose another port",
+    errno.EADDRNOTAVAIL: "not an address of this machine",
+    errno.EACCES: "a port below 1024 needs privileges",
+}
+
+
 def _bind_problem(host: str, port: int) -> str:
     """Why gRPC could not bind (host, port), as the system tells a plain socket."""
     try:
         with socket.create_server((host, port)):
             return "gRPC refused the address"
     except OSError as e:
-        return f"{os.strerror(e.errno)} (another coordinator or program there? choose another --port)"
+        if e.errno is None or e.errno < 0:  # the resolver's: no such name
+            return f"cannot resolve {host!r}"
+        return f"{os.strerror(e.errno)} ({BIND_HINTS.get(e.errno, 'the system refused it')})"
 
 
 def _make_private(fd: int, path: Path) -> None:
