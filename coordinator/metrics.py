@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
+from coordinator.states import JobState
 from specfleet import speedup
 from specfleet.record import VERIFY_COST
 
@@ -34,7 +35,8 @@ class FleetCollector:
             agents = con.execute("SELECT state, chip, count(*) FROM agents GROUP BY ALL").fetchall()
             jobs = con.execute("SELECT state, count(*) FROM jobs GROUP BY ALL").fetchall()
             sweeps = con.execute(
-                "SELECT s.name, count(*) FILTER (WHERE j.state IN ('done', 'failed', 'cancelled')) / count(*)"
+                "SELECT s.name,"
+                " count(*) FILTER (WHERE j.state IN ('done', 'failed', 'refused', 'cancelled')) / count(*)"
                 " FROM sweeps s JOIN jobs j USING (sweep_id) WHERE s.state = 'running' GROUP BY ALL"
             ).fetchall()
             arm_speeds = con.execute(ARM_SPEEDS_SQL).fetchall()
@@ -45,8 +47,8 @@ class FleetCollector:
             g.add_metric([state, chip], n)
         yield g
         g = GaugeMetricFamily("specfleet_jobs", "Jobs by state", labels=["state"])
-        for state in ("queued", "leased", "done", "failed", "cancelled"):
-            g.add_metric([state], dict(jobs).get(state, 0))
+        for state in JobState:
+            g.add_metric([state.value], dict(jobs).get(state.value, 0))
         yield g
         g = GaugeMetricFamily(
             "specfleet_sweep_progress_ratio", "Finished share of each running sweep's jobs", labels=["sweep"]

@@ -328,7 +328,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def SubmitSweep(self, request, context):
         await bounded(request, context)
         try:
-            sweep = parse_sweep(request.yaml)
+            # Off the event loop: a sweep's parsing is bounded (coordinator/yaml_limits.py), but
+            # heartbeats must not wait even those milliseconds.
+            sweep = await asyncio.to_thread(parse_sweep, request.yaml)
             sweep_id, jobs = await self.db.run(self.scheduler.submit, sweep, request.yaml)
         except SweepError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

@@ -171,7 +171,8 @@ def chips(v: tuple[str, str, int]) -> list[str]:
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def sweeps(v: tuple[str, str, int]) -> pd.DataFrame:
-    """Progress per sweep: jobs (one per cell and machine) by state, runs, failures with reasons."""
+    """Progress per sweep: jobs (one per cell and machine) by state, runs, failures with reasons.
+    A job an agent refused (coordinator/states.py: refused, with its reason) is finished."""
     out = _q(
         v,
         "SELECT s.sweep_id, s.name, s.state, to_timestamp(s.created_at) AS created_at,"
@@ -180,6 +181,7 @@ def sweeps(v: tuple[str, str, int]) -> pd.DataFrame:
         " count(j.job_id) FILTER (WHERE j.state = 'leased') AS in_flight,"
         " count(j.job_id) FILTER (WHERE j.state = 'done') AS done,"
         " count(j.job_id) FILTER (WHERE j.state = 'failed') AS failed,"
+        " count(j.job_id) FILTER (WHERE j.state = 'refused') AS refused,"
         " count(j.job_id) FILTER (WHERE j.state = 'cancelled') AS cancelled"
         " FROM sweeps s LEFT JOIN jobs j USING (sweep_id) GROUP BY ALL ORDER BY created_at DESC",
     )
@@ -188,16 +190,19 @@ def sweeps(v: tuple[str, str, int]) -> pd.DataFrame:
     runs = _q(v, "SELECT sweep_id, count(*) AS runs FROM runs GROUP BY ALL")
     out = out.merge(runs, on="sweep_id", how="left") if not runs.empty else out.assign(runs=0)
     out["runs"] = out["runs"].fillna(0).astype(int)
-    out["progress"] = ((out["done"] + out["failed"] + out["cancelled"]) / out["jobs"].where(out["jobs"] > 0)).fillna(0)
+    finished = out["done"] + out["failed"] + out["refused"] + out["cancelled"]
+    out["progress"] = (finished / out["jobs"].where(out["jobs"] > 0)).fillna(0)
     return out
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
 def failures(v: tuple[str, str, int]) -> pd.DataFrame:
+    """Jobs that failed or that their agent refused, with the state and the reason."""
     return _q(
         v,
-        "SELECT j.sweep_id, j.job_id, a.name AS agent, j.attempt, j.reason, to_timestamp(j.updated_at) AS failed_at"
-        " FROM jobs j LEFT JOIN agents a USING (agent_id) WHERE j.state = 'failed' ORDER BY j.updated_at DESC",
+        "SELECT j.sweep_id, j.job_id, a.name AS agent, j.state, j.attempt, j.reason,"
+        " to_timestamp(j.updated_at) AS failed_at FROM jobs j LEFT JOIN agents a USING (agent_id)"
+        " WHERE j.state IN ('failed', 'refused') ORDER BY j.updated_at DESC",
     )
 
 

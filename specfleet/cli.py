@@ -455,8 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = agents.add_parser("list")
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_agents_list)
-    for verb, state in (("revoke", "revoked"), ("drain", "draining")):
-        p = agents.add_parser(verb)
+    for verb, state, what in (
+        ("revoke", "revoked", "refuse the agent's credential for good (revoked is final)"),
+        ("drain", "draining", "let the agent finish its job and take no new one"),
+        ("undrain", "idle", "let a draining agent take jobs again"),
+    ):
+        p = agents.add_parser(verb, help=what)
         p.add_argument("agent_id")
         _add_admin_flags(p)
         p.set_defaults(fn=cmd_agents_set_state, state=state)

@@ -57,7 +57,7 @@ def coordinator(tmp_path):
 
 def test_metrics_after_a_scripted_fleet_run(coordinator):
     fast, slow = enrol(coordinator, "m4", fingerprint=M4), enrol(coordinator, "m1", fingerprint=M1)
-    enrol(coordinator, "linux", fingerprint=LINUX_BOX, engines=("llama.cpp",))  # no mlx: stays idle
+    enrol(coordinator, "linux", fingerprint=LINUX_BOX, engines=("llama.cpp",))  # no mlx: never asks, stays enrolled
     admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
 
     job = fast.acquire_job(1).job
@@ -93,7 +93,7 @@ def test_metrics_after_a_scripted_fleet_run(coordinator):
 
     assert value(families, "specfleet_agents", state="idle", chip="Apple M4 Pro") == 1
     assert value(families, "specfleet_agents", state="idle", chip="Apple M1 Max") == 1
-    assert value(families, "specfleet_agents", state="idle", chip="Test CPU") == 1
+    assert value(families, "specfleet_agents", state="enrolled", chip="Test CPU") == 1
     assert value(families, "specfleet_jobs", state="done") == 1
     assert value(families, "specfleet_jobs", state="queued") == 1
     assert value(families, "specfleet_jobs", state="leased") == 0

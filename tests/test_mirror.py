@@ -14,7 +14,8 @@ def test_incremental_sync(tmp_path):
         agent = enrol(coordinator, "mini")
         mirror = Mirror(admin, tmp_path / "mirror.duckdb")
         first = mirror.sync()
-        assert mirror.query("SELECT name, state FROM agents").values.tolist() == [["mini", "idle"]]
+        # Not heard from yet: enrolled.
+        assert mirror.query("SELECT name, state FROM agents").values.tolist() == [["mini", "enrolled"]]
         assert mirror.query("SELECT * FROM runs").empty  # not arrived yet: empty, not an error
 
         admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))

@@ -73,14 +73,14 @@ def test_prometheus_scrapes_the_coordinator(tmp_path, prometheus_binary):
             assert time.monotonic() < deadline, f"no scrape within 45 s ({last_error}):\n{log.read_text()[-3000:]}"
             time.sleep(0.5)
             try:
-                result = query(port, 'sum(specfleet_agents{state="idle"})')
+                result = query(port, 'sum(specfleet_agents{state="enrolled"})')  # not heard from yet
             except OSError as e:  # not listening yet
                 last_error = e
         assert float(result[0]["value"][1]) == 2
         (up,) = query(port, 'up{job="specfleet-coordinator"}')
         assert up["metric"]["instance"] == f"127.0.0.1:{coordinator.metrics_port}" and up["value"][1] == "1"
         by_chip = query(port, "specfleet_agents")
-        assert {(r["metric"]["state"], r["metric"]["chip"]) for r in by_chip} == {("idle", "Test CPU")}
+        assert {(r["metric"]["state"], r["metric"]["chip"]) for r in by_chip} == {("enrolled", "Test CPU")}
     finally:
         if prometheus is not None:
             prometheus.terminate()

@@ -13,7 +13,7 @@ die in ways no `finally` sees:
 - `stop()` (also on leaving the `with` block) sends SIGTERM, waits, then SIGKILL; the server's
   own children, found with `pgrep -P`, get the same.
 - the server runs in the worker's process group, which the agent kills whole when the worker
-  ends, however it ends (agent/daemon.py); the worker's orphan watchdog calls `stop_all()`.
+  ends, however it ends (agent/runner.py); the worker's orphan watchdog calls `stop_all()`.
 - on Linux the server also gets PR_SET_PDEATHSIG (SIGKILL when the thread that started it
   dies). macOS has no such call, so this is only a second line.
 """

@@ -1,4 +1,4 @@
-"""Sweeps: progress per sweep (cells done, failed with reasons, in flight)."""
+"""Sweeps: progress per sweep (cells done, failed or refused with reasons, in flight)."""
 
 import streamlit as st
 
@@ -16,12 +16,12 @@ for s in sweeps.itertuples():
     st.subheader(f"{s.name} · {s.state}")
     st.progress(
         float(s.progress),
-        text=f"{s.done} of {s.jobs} cells done · {s.failed} failed · {s.in_flight} in flight · {s.queued} queued"
-        f" · {s.cancelled} cancelled · {s.runs} runs",
+        text=f"{s.done} of {s.jobs} cells done · {s.failed} failed · {s.refused} refused · "
+        f"{s.in_flight} in flight · {s.queued} queued · {s.cancelled} cancelled · {s.runs} runs",
     )
     mine = failures[failures["sweep_id"] == s.sweep_id] if not failures.empty else failures
     if not mine.empty:
-        st.error(f"{len(mine)} cell(s) failed in {s.name}:")
+        st.error(f"{len(mine)} cell(s) failed or refused in {s.name}:")
         st.dataframe(mine.drop(columns=["sweep_id"]), hide_index=True)
 st.subheader("All sweeps")
 st.dataframe(sweeps, hide_index=True, column_config={"progress": st.column_config.ProgressColumn("progress")})
