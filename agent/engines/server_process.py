@@ -14,14 +14,13 @@ die in ways no `finally` sees:
   own children, found with `pgrep -P`, get the same.
 - the server runs in the worker's process group, which the agent kills whole when the worker
   ends, however it ends (agent/runner.py); the worker's orphan watchdog calls `stop_all()`.
-- on Linux the server also gets PR_SET_PDEATHSIG (SIGKILL when the thread that started it
-  dies). macOS has no such call, so this is only a second line.
+- on Linux the server also gets PR_SET_PDEATHSIG through util-linux's setpriv (SIGKILL when the
+  thread that started it dies). macOS has no such call, so this is only a second line.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import contextlib
 import os
 import shlex
 import shutil
@@ -41,6 +40,7 @@ HEALTH_TIMEOUT_SECONDS = 600.0  # a large model on a slow disk can take minutes 
 HEALTH_POLL_SECONDS = 0.1
 HEALTH_REQUEST_TIMEOUT_SECONDS = 2.0
 STOP_GRACE_SECONDS = 10.0
+DEATH_WAIT_SECONDS = 1.0  # after a failed request, how long a dying server may take to be gone
 LOG_TAIL_LINES = 12
 LOG_LINE_CHARS = 120  # 15 lines of these, and the reason, fit in the agent's 2000-character failure report
 
@@ -65,22 +65,15 @@ def port_taken(port: int) -> bool:
     return False
 
 
-def _parent_death_signal():
-    """A preexec_fn that asks Linux to SIGKILL the child when its parent thread dies, or None
-    where prctl is not available (macOS). libc is looked up here, in the parent, so that the
-    child only makes the one call."""
+def _parent_death_prefix() -> list[str]:
+    """A command prefix that asks Linux to SIGKILL the server when the thread that started it
+    dies (util-linux's setpriv sets PR_SET_PDEATHSIG, then execs the server, which keeps it), or
+    [] where there is none (macOS). Not a preexec_fn: Python code run between fork and exec in a
+    process with gRPC's threads can deadlock or abort the child."""
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def set_pdeathsig() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-    return set_pdeathsig
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def _children(pid: int) -> list[int]:
@@ -164,11 +157,10 @@ class ServerProcess:
             log.flush()
             try:
                 self.proc = subprocess.Popen(
-                    self.argv,
+                    [*_parent_death_prefix(), *self.argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_parent_death_signal(),
                 )
             except OSError as e:
                 raise EngineError(f"{self.name}: could not start {binary}: {e}") from None
@@ -222,7 +214,11 @@ class ServerProcess:
             raise self._fail(f"died during the run ({how})")
 
     def died(self, error: Exception) -> EngineError:
-        """The error to raise after a failed request: the server's death if it died, else `error`."""
+        """The error to raise after a failed request: the server's death if it died (a dying
+        server's connection may fail before the process is gone: wait a moment), else `error`."""
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=DEATH_WAIT_SECONDS)
         try:
             self.check()
         except EngineError as dead:

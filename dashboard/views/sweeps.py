@@ -21,7 +21,7 @@ for s in sweeps.itertuples():
     )
     mine = failures[failures["sweep_id"] == s.sweep_id] if not failures.empty else failures
     if not mine.empty:
-        st.error(f"{len(mine)} cell(s) failed or refused in {s.name}:")
+        st.error(f"{len(mine)} cell(s) failed in {s.name}:")
         st.dataframe(mine.drop(columns=["sweep_id"]), hide_index=True)
 st.subheader("All sweeps")
 st.dataframe(sweeps, hide_index=True, column_config={"progress": st.column_config.ProgressColumn("progress")})
