@@ -22,14 +22,7 @@ from coordinator.states import (
 from coordinator.store import Store
 from coordinator.sweeps import parse_sweep
 from tests.fleet import SWEEP_YAML
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_000_000.0
-
-    def __call__(self):
-        return self.now
+from tests.test_scheduler import Clock
 
 
 @pytest.fixture

@@ -49,12 +49,17 @@ def json_of(status: int, body: bytes, what: str) -> dict:
     """The JSON object of a 200 answer; BadAnswer for anything else."""
     if status != 200:
         raise BadAnswer(f"{what} answered HTTP {status}: {_excerpt(body)}")
+    return _object(body, f"{what} answered", "something")
+
+
+def _object(text: bytes, sent: str, thing: str) -> dict:
+    """`text` as a JSON object; BadAnswer saying what was `sent` otherwise."""
     try:
-        value = json.loads(body)
+        value = json.loads(text)
     except ValueError:
-        raise BadAnswer(f"{what} answered something that is not JSON: {_excerpt(body)!r}") from None
+        raise BadAnswer(f"{sent} {thing} that is not JSON: {_excerpt(text)!r}") from None
     if not isinstance(value, dict):
-        raise BadAnswer(f"{what} answered JSON that is not an object: {_excerpt(body)!r}")
+        raise BadAnswer(f"{sent} JSON that is not an object: {_excerpt(text)!r}")
     return value
 
 
@@ -88,12 +93,7 @@ def stream_events(port: int, path: str, body: dict, timeout: float, host: str = 
                 continue
             if value == b"[DONE]":
                 return
-            try:
-                event = json.loads(value)
-            except ValueError:
-                raise BadAnswer(f"POST {path} streamed an event that is not JSON: {_excerpt(value)!r}") from None
-            if not isinstance(event, dict):
-                raise BadAnswer(f"POST {path} streamed JSON that is not an object: {_excerpt(value)!r}")
+            event = _object(value, f"POST {path} streamed", "an event")
             if "error" in event:
                 raise BadAnswer(f"POST {path} streamed an error: {_excerpt(json.dumps(event['error']))}")
             yield arrived, event
