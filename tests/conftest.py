@@ -15,3 +15,26 @@ def tiny_models(tmp_path_factory):
     root = os.environ.get("SPECFLEET_TINY_DIR")
     directory = Path(root) if root else tmp_path_factory.mktemp("tiny")
     return make_tiny(directory)
+
+
+@pytest.fixture
+def page(fleet, monkeypatch):
+    """A dashboard page opener on the requesting module's `fleet` fixture (a coordinator, its
+    admin token and the truth the fleet was built from): page("compare") runs the app and
+    switches to that page, failing on any exception."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_dashboard import APP
+
+    coordinator, token, truth = fleet
+    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
+    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", token)
+
+    def open_page(name: str) -> AppTest:
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.switch_page(f"views/{name}.py").run()
+        assert not at.exception, at.exception
+        return at
+
+    open_page.truth = truth
+    return open_page

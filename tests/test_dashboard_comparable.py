@@ -122,22 +122,6 @@ def fleet(tmp_path_factory):
     coordinator.stop()
 
 
-@pytest.fixture
-def page(fleet, monkeypatch):
-    coordinator, token, truth = fleet
-    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
-    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", token)
-
-    def open_page(name: str) -> AppTest:
-        at = AppTest.from_file(APP, default_timeout=60).run()
-        at.switch_page(f"views/{name}.py").run()
-        assert not at.exception, at.exception
-        return at
-
-    open_page.truth = truth
-    return open_page
-
-
 def test_every_group_is_offered_and_the_page_says_what_differs(page):
     at = page("compare")
     truth = page.truth

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from tests.fleet import admin_for, enrol, start_coordinator
-from tests.test_dashboard import APP, GGUF_9B, MLX_27B, fingerprint, frame, group_ids, record, texts
+from tests.test_dashboard import GGUF_9B, MLX_27B, fingerprint, frame, group_ids, record, texts
 from tests.test_dashboard_comparable import run_job
 
 PROMPTS, REPEATS = 3, 2
@@ -88,22 +87,6 @@ def fleet(tmp_path_factory):
     token = admin_for(coordinator)._metadata[0][1].removeprefix("Bearer ")
     yield coordinator, token, truth
     coordinator.stop()
-
-
-@pytest.fixture
-def page(fleet, monkeypatch):
-    coordinator, token, truth = fleet
-    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
-    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", token)
-
-    def open_page(name: str) -> AppTest:
-        at = AppTest.from_file(APP, default_timeout=60).run()
-        at.switch_page(f"views/{name}.py").run()
-        assert not at.exception, at.exception
-        return at
-
-    open_page.truth = truth
-    return open_page
 
 
 def median(records, method, field="decode_tokens_per_second"):
