@@ -4,22 +4,26 @@ A run arrives as a `RunRecord` in JSON (specfleet/record.py); the record's own c
 validates every field. It is stored as one column per leaf field (`RunRecord.row()`) beside
 the coordinator's columns, with the SHA-256 of the record as uploaded. A run id uploaded again
 is a retry when its SHA-256 is the stored one (acknowledged as a duplicate) and refused when it
-differs: one id names one run.
+differs: one id names one run. Each batch of new runs is added to the /metrics figures
+(coordinator/figures.py) as it is stored.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 
 import duckdb
 
+from coordinator import figures
 from coordinator.scheduler import Scheduler, SchedulerError
 from coordinator.store import placeholders
 from specfleet.record import InvalidRecord, RunRecord
 
 MAX_RECORD_BYTES = 256 * 1024
+log = logging.getLogger(__name__)
 
 
 class InvalidRun(ValueError):
@@ -116,6 +120,8 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 i = rows[run_id][0]
                 results[i] = (False, seq)
                 stored[run_id] = (seq, reports[i].agent_id, digests[i])
+            if inserted:
+                _update_figures(con, min(s for _, s in inserted), max(s for _, s in inserted))
         earlier = list({records[i].run_id for i in todo} - stored.keys())  # retries, refusals
         if earlier:
             stored.update(
@@ -140,6 +146,19 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
         else:
             results[i] = (True, seq)  # a retry: acknowledged, never stored twice
     return results
+
+
+def _update_figures(con, lo: int, hi: int) -> None:
+    """Add the batch to the /metrics figures (coordinator/figures.py) in a transaction of its
+    own, after the runs' insert committed: should it fail, the runs stay stored, the figures
+    lag, and the next start rebuilds them from runs (figures.ensure)."""
+    try:
+        con.execute("BEGIN")
+        figures.update(con, lo, hi)
+        con.execute("COMMIT")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        log.exception("the /metrics figures missed runs %d..%d; they are rebuilt at the next start", lo, hi)
 
 
 # One list parameter per column; DuckDB takes each list's type from its Python values (casts

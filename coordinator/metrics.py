@@ -1,5 +1,7 @@
 """Prometheus metrics: counters and the RPC histogram live in-process; fleet, queue and
-result gauges are read from DuckDB at scrape time by a custom collector.
+result gauges are read from DuckDB at scrape time by a custom collector, on a connection of its
+own (Store.reader: no lock). Results come from coordinator/figures.py's tables, kept as runs
+are ingested: a scrape reads small tables, never the runs.
 
 Speedups follow the one definition (specfleet/speedup.py), per comparable group: the
 `comparable` label is the group's id, and `specfleet_comparable_group_info` names what the group
@@ -17,11 +19,10 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from coordinator import figures
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 from coordinator.states import JobState
-from specfleet import speedup
-from specfleet.record import VERIFY_COST
 
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -31,7 +32,8 @@ class FleetCollector:
         self.scheduler = scheduler
 
     def collect(self):
-        with self.scheduler.store.tx() as con:
+        # Its own connection: a scrape never waits for ingest's lock, nor ingest for a scrape.
+        with self.scheduler.store.reader() as con:
             agents = con.execute("SELECT state, chip, count(*) FROM agents GROUP BY ALL").fetchall()
             jobs = con.execute("SELECT state, count(*) FROM jobs GROUP BY ALL").fetchall()
             sweeps = con.execute(
@@ -39,9 +41,9 @@ class FleetCollector:
                 " count(*) FILTER (WHERE j.state IN ('done', 'failed', 'refused', 'cancelled')) / count(*)"
                 " FROM sweeps s JOIN jobs j USING (sweep_id) WHERE s.state = 'running' GROUP BY ALL"
             ).fetchall()
-            arm_speeds = con.execute(ARM_SPEEDS_SQL).fetchall()
-            figures = speedup.speedups(con)
-            groups = speedup.groups(con)
+            arm_speeds = figures.arms(con)
+            speedups = figures.speedups(con)
+            groups = figures.groups(con)
         g = GaugeMetricFamily("specfleet_agents", "Enrolled agents by state and chip", labels=["state", "chip"])
         for state, chip, n in agents:
             g.add_metric([state, chip], n)
@@ -59,7 +61,7 @@ class FleetCollector:
         arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
         tps = GaugeMetricFamily(
             "specfleet_decode_tokens_per_second",
-            "Median decode tokens/s per comparable group, chip and arm (nominal and unknown runs)",
+            "Geometric mean decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0)",
             labels=arm_labels,
         )
         for comparable, chip, engine, model, method, depth, median_tps in arm_speeds:
@@ -70,7 +72,7 @@ class FleetCollector:
             "Speedup over the baseline (docs/speedup.md) per comparable group, chip and arm",
             labels=arm_labels,
         )
-        for r in figures.itertuples():
+        for r in speedups.itertuples():
             ratio.add_metric([r.comparable, r.chip, r.engine, r.target_reference, r.method, str(r.depth)], r.speedup)
         yield ratio
         info = GaugeMetricFamily(
@@ -91,14 +93,6 @@ class FleetCollector:
                 1,
             )  # fmt: skip
         yield info
-
-
-ARM_SPEEDS_SQL = f"""
-SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, any_value(target_reference), method, depth,
-       median(decode_tokens_per_second)
-FROM runs WHERE method != '{VERIFY_COST}' AND env_nominal IS DISTINCT FROM false
-GROUP BY comparable, chip, engine, method, depth ORDER BY ALL
-"""
 
 
 class Metrics:

@@ -1,8 +1,11 @@
 """The coordinator's DuckDB file: opening it, numbered migrations, one writer.
 
-The coordinator is the file's only writer. All access goes through `Store.tx()`, which
-serialises callers on one lock: DuckDB connections are not meant to be shared between
-threads, and a single writer keeps every state change a plain transaction.
+The coordinator is the file's only writer. Writes go through `Store.tx()` (or `autocommit()`),
+which serialise callers on one lock: DuckDB connections are not meant to be shared between
+threads, and a single writer keeps every state change a plain transaction. Readers that must
+not wait for writers (a /metrics scrape, an export) take `reader()`, a connection of their own.
+Opening the file migrates it and brings the /metrics figure tables up to date
+(coordinator/figures.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 
 import duckdb
+
+from coordinator import figures
 
 DB_FILENAME = "specfleet.duckdb"
 
@@ -69,6 +74,9 @@ class Store:
         self._con = duckdb.connect(str(self.path))
         self.lock = threading.RLock()  # held through a transaction; re-entrant for callers that wrap one
         migrate(self._con)
+        figures.ensure(self._con)
+        self._readers = self._con.cursor()  # what reader() opens cursors from, never used for queries
+        self._readers_lock = threading.Lock()
 
     @contextlib.contextmanager
     def tx(self):
@@ -90,8 +98,21 @@ class Store:
         with self.lock:
             yield self._con
 
+    @contextlib.contextmanager
+    def reader(self):
+        """A connection of its own on the same file, for reading while writers go on: it sees
+        what was committed when each statement started and never takes the writers' lock (a
+        /metrics scrape, an export page)."""
+        with self._readers_lock:
+            con = self._readers.cursor()
+        try:
+            yield con
+        finally:
+            con.close()
+
     def close(self) -> None:
         with self.lock:
+            self._readers.close()
             self._con.close()
 
 

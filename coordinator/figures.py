@@ -1,0 +1,188 @@
+"""The /metrics figures, kept up to date as runs are ingested, so that a scrape never scans runs.
+
+Derived tables in the coordinator's file, each a function of `runs` alone:
+
+- figure_groups: one row per comparable group of generation runs (specfleet/speedup.py
+  groups_sql): its id, checked keys, what it names and its run count.
+- figure_arms: per comparable group, chip, engine, method and depth: the nominal-or-unknown
+  generation runs with a positive decode speed and the sum of their log decode tok/s, for the
+  geometric mean.
+- figure_runs: per run that may enter a pair (usable below), its pairing key (job, lease,
+  prompt, repeat and comparable group, hashed), arm and log decode tok/s: where an arriving run
+  finds the partners stored before it. Eight narrow columns: a scan of it costs what a scan of
+  one column of runs does.
+- figure_pairs: per comparable group, chip, machine, arm, prompt, job and attempt: the sum of
+  the pairs' log ratios and their number. specfleet/speedup.py's combination (the mean over a
+  prompt's repeats, then prompts, then machines) is exact on these sums; the jobs table says at
+  scrape time which job and attempt still count (speedup.counts_sql).
+
+`update` adds one ingest batch (a range of sequence numbers) inside the batch's transaction;
+`ensure` rebuilds everything from runs when the tables are missing, their definition changed (a
+checked key added: every comparable id changes) or runs holds rows they have not seen.
+`speedups`, `groups` and `arms` read them: tests/test_figures.py checks that they equal
+specfleet/speedup.py's figures computed from runs, ingest by ingest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import duckdb
+import pandas as pd
+
+from specfleet import speedup
+from specfleet.record import CHECKED_KEYS, VERIFY_COST
+
+_KEY_COLUMNS = ", ".join(CHECKED_KEYS)
+# figure_groups takes its checked keys' types from runs (_schema).
+SCHEMA = """
+CREATE TABLE figure_groups (
+    comparable VARCHAR PRIMARY KEY, {keys}, target_reference VARCHAR, draft_reference VARCHAR,
+    prompt_set VARCHAR, runs BIGINT);
+CREATE TABLE figure_arms (
+    comparable VARCHAR, chip VARCHAR, engine VARCHAR, method VARCHAR, depth INTEGER,
+    target_reference VARCHAR, runs BIGINT, log_tps_sum DOUBLE,
+    PRIMARY KEY (comparable, chip, engine, method, depth));
+CREATE TABLE figure_runs (
+    pair_key UBIGINT, seq BIGINT, baseline BOOLEAN, method VARCHAR, depth INTEGER, log_tps DOUBLE);
+CREATE TABLE figure_pairs (
+    comparable VARCHAR, chip VARCHAR, agent_id VARCHAR, method VARCHAR, depth INTEGER,
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, engine VARCHAR, target_reference VARCHAR,
+    draft_reference VARCHAR, prompt_set VARCHAR, log_ratio_sum DOUBLE, pairs BIGINT,
+    PRIMARY KEY (comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt));
+CREATE TABLE figure_state (definition VARCHAR, last_seq BIGINT);
+"""
+TABLES = ("figure_groups", "figure_arms", "figure_runs", "figure_pairs", "figure_state")
+
+_BATCH = "runs WHERE seq BETWEEN $lo AND $hi"
+_GENERATION = f"method != '{VERIFY_COST}'"
+# A run that may be one side of a pair (speedup._pairs_sql): a positive speed, not degraded,
+# and for an arm an output equal to its reference.
+_USABLE = (
+    f"{_GENERATION} AND decode_tokens_per_second > 0 AND env_nominal IS DISTINCT FROM false"
+    " AND (method = 'baseline' OR lossless IS DISTINCT FROM false)"
+)
+_PAIR_KEY = f"hash(job_id, lease_id, prompt_id, repeat, {speedup.COMPARABLE_ID})"
+
+_GROUPS = f"""
+INSERT INTO figure_groups
+SELECT {speedup.COMPARABLE_ID} AS comparable, {_KEY_COLUMNS}, any_value(target_reference),
+       any_value(draft_reference), any_value(prompt_set), count(*)
+FROM {_BATCH} AND {_GENERATION} GROUP BY ALL
+ON CONFLICT DO UPDATE SET runs = runs + excluded.runs
+"""
+_ARMS = f"""
+INSERT INTO figure_arms
+SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, method, depth, any_value(target_reference),
+       count(*), sum(ln(decode_tokens_per_second))
+FROM {_BATCH} AND {_GENERATION} AND env_nominal IS DISTINCT FROM false AND decode_tokens_per_second > 0
+GROUP BY comparable, chip, engine, method, depth
+ON CONFLICT DO UPDATE SET runs = runs + excluded.runs, log_tps_sum = log_tps_sum + excluded.log_tps_sum
+"""
+# The pairs the batch completes: its arms with any baseline of their key (stored before or in
+# the batch), and its baselines with the arms stored before it. Each pair is counted once, when
+# its second run arrives.
+_PAIRS = f"""
+INSERT INTO figure_pairs
+WITH new AS (
+    SELECT {_PAIR_KEY} AS pair_key, method = 'baseline' AS baseline, method, depth,
+           ln(decode_tokens_per_second) AS log_tps, {speedup.COMPARABLE_ID} AS comparable, chip, agent_id,
+           prompt_id, job_id, attempt, engine, target_reference, draft_reference, prompt_set
+    FROM {_BATCH} AND {_USABLE}),
+old AS (SELECT * FROM figure_runs WHERE seq < $lo AND pair_key IN (SELECT pair_key FROM new)),
+baselines AS (
+    SELECT pair_key, log_tps FROM new WHERE baseline UNION ALL SELECT pair_key, log_tps FROM old WHERE baseline),
+pairs AS (
+    SELECT n.* EXCLUDE (log_tps), n.log_tps - b.log_tps AS log_ratio
+    FROM new n JOIN baselines b USING (pair_key) WHERE NOT n.baseline
+    UNION ALL BY NAME
+    SELECT n.* EXCLUDE (log_tps, method, depth), o.method, o.depth, o.log_tps - n.log_tps AS log_ratio
+    FROM new n JOIN old o USING (pair_key) WHERE n.baseline AND NOT o.baseline)
+SELECT comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt, any_value(engine),
+       any_value(target_reference), any_value(draft_reference), any_value(prompt_set), sum(log_ratio), count(*)
+FROM pairs GROUP BY comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt
+ON CONFLICT DO UPDATE SET log_ratio_sum = log_ratio_sum + excluded.log_ratio_sum, pairs = pairs + excluded.pairs
+"""
+_RUNS = f"""
+INSERT INTO figure_runs
+SELECT {_PAIR_KEY}, seq, method = 'baseline', method, depth, ln(decode_tokens_per_second) FROM {_BATCH} AND {_USABLE}
+"""
+_STEPS = (_GROUPS, _ARMS, _PAIRS, _RUNS)  # _PAIRS before _RUNS: `old` is what came before the batch
+DEFINITION = hashlib.sha256("".join((SCHEMA, *_STEPS)).encode()).hexdigest()[:16]
+
+
+def update(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> None:
+    """Add the runs with sequence numbers lo..hi (one ingest batch, stored in the same
+    transaction) to every figure table."""
+    for sql in _STEPS:
+        con.execute(sql, {"lo": lo, "hi": hi})
+    con.execute("UPDATE figure_state SET last_seq = greatest(last_seq, ?)", [hi])
+
+
+def _schema(con: duckdb.DuckDBPyConnection) -> str:
+    columns = "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'runs'"
+    types = dict(con.execute(columns).fetchall())
+    return SCHEMA.format(keys=", ".join(f"{k} {types[k]}" for k in CHECKED_KEYS))
+
+
+def ensure(con: duckdb.DuckDBPyConnection) -> bool:
+    """Rebuild the tables from runs when they are missing, their definition changed or runs
+    holds rows past the last one they saw; one transaction. Returns whether it rebuilt."""
+    try:
+        state = con.execute("SELECT definition, last_seq FROM figure_state").fetchall()
+    except duckdb.CatalogException:
+        state = []
+    last = con.execute("SELECT coalesce(max(seq), 0) FROM runs").fetchone()[0]
+    if state == [(DEFINITION, last)]:
+        return False
+    con.execute("BEGIN")
+    try:
+        for table in TABLES:
+            con.execute(f"DROP TABLE IF EXISTS {table}")
+        con.execute(_schema(con))
+        con.execute("INSERT INTO figure_state VALUES (?, 0)", [DEFINITION])
+        update(con, 0, last)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return True
+
+
+SPEEDUPS_SQL = f"""
+WITH per_prompt AS (
+    SELECT comparable, chip, agent_id, method, depth, prompt_id, any_value(engine) AS engine,
+           any_value(target_reference) AS target_reference, any_value(draft_reference) AS draft_reference,
+           any_value(prompt_set) AS prompt_set, sum(log_ratio_sum) / sum(pairs) AS log_ratio, sum(pairs) AS pairs
+    FROM figure_pairs p WHERE {speedup.counts_sql("p")}
+    GROUP BY comparable, chip, agent_id, method, depth, prompt_id),
+per_machine AS (
+    SELECT comparable, chip, agent_id, method, depth, any_value(engine) AS engine,
+           any_value(target_reference) AS target_reference, any_value(draft_reference) AS draft_reference,
+           any_value(prompt_set) AS prompt_set, avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(pairs) AS pairs
+    FROM per_prompt GROUP BY comparable, chip, agent_id, method, depth)
+SELECT comparable, any_value(engine) AS engine, any_value(target_reference) AS target_reference,
+       any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
+       chip, method, depth, exp(avg(log_ratio)) AS speedup, count(*) AS machines,
+       min(prompts) AS prompts, sum(pairs) AS pairs
+FROM per_machine GROUP BY comparable, chip, method, depth ORDER BY comparable, chip, method, depth
+"""
+
+
+def speedups(con) -> pd.DataFrame:
+    """speedup.speedups(con) (the same rows and columns), from figure_pairs and jobs."""
+    return con.execute(SPEEDUPS_SQL).df()
+
+
+def groups(con) -> pd.DataFrame:
+    """speedup.groups(con) (the same rows and columns), from figure_groups."""
+    return con.execute("SELECT * FROM figure_groups ORDER BY runs DESC, comparable").df()
+
+
+def arms(con) -> list[tuple]:
+    """(comparable, chip, engine, target reference, method, depth, geometric-mean decode tok/s)
+    per arm: over its nominal-or-unknown generation runs with a positive speed."""
+    return con.execute(
+        "SELECT comparable, chip, engine, target_reference, method, depth, exp(log_tps_sum / runs)"
+        " FROM figure_arms ORDER BY ALL"
+    ).fetchall()
