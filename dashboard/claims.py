@@ -573,54 +573,46 @@ def _chip_label(pattern: str | None) -> str:
     return "any Mac" if pattern == "Apple*" else pattern
 
 
-def _fleet(con: duckdb.DuckDBPyConnection, runs: pd.DataFrame) -> None:
-    """The runs as table `fleet`, generation runs only."""
-    con.register("fleet_frame", runs)
-    con.execute(f"CREATE TEMP TABLE fleet AS SELECT * FROM fleet_frame WHERE method != '{VERIFY_COST}'")
-    con.unregister("fleet_frame")
+# The fleet's generation runs, from the connection's `runs`.
+_FLEET = f"(SELECT * FROM runs WHERE method != '{VERIFY_COST}')"
 
 
-def _empty_runs() -> pd.DataFrame:
-    return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "comparable"])
+def fleet_size(con: duckdb.DuckDBPyConnection) -> int:
+    """The generation runs on the connection; 0 when it holds no `runs` yet."""
+    try:
+        return con.execute(f"SELECT count(*) FROM {_FLEET}").fetchone()[0]
+    except duckdb.CatalogException:
+        return 0
 
 
-def matching_runs(claim: Claim, runs: pd.DataFrame) -> pd.DataFrame:
+def matching_runs(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """The runs inside the claim's conditions (its arm and the baselines), the columns
-    evaluate() reads and each run's comparable group. `runs`: the typed run columns
-    (RunRecord.columns() and the coordinator's), as the mirror holds them."""
-    if runs.empty:
-        return _empty_runs()
-    return _matched(claim, runs).execute("SELECT * FROM matched").df()
+    evaluate() reads and each run's comparable group."""
+    if not fleet_size(con):
+        return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "comparable"])
+    _matched(claim, con)
+    return con.execute("SELECT * FROM matched").df()
 
 
-def _matched(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame | None = None) -> duckdb.DuckDBPyConnection:
-    """A connection holding the fleet's generation runs as `fleet`, the claim's as `matched`,
-    its arm's as `arm`, and the jobs (job_id, attempt, state) the speedup definition reads to
-    keep only valid attempts."""
-    con = duckdb.connect()
-    if jobs is not None:
-        con.register("jobs_frame", jobs)
-        con.execute("CREATE TEMP TABLE jobs AS SELECT job_id, attempt, state FROM jobs_frame")
-        con.unregister("jobs_frame")
-    _fleet(con, runs)
+def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
+    """On `con`, the claim's runs as temporary table `matched` and its arm's as `arm`, from the
+    connection's `runs`; its `jobs` (job_id, attempt, state) say which attempts are valid."""
     where, params = conditions_sql(claim)
-    con.execute(f"CREATE TEMP TABLE matched AS SELECT {_SELECT} FROM fleet WHERE {where}", params)
-    con.execute("CREATE TEMP TABLE arm AS SELECT * FROM matched WHERE method = $method", {"method": claim.method})
-    return con
+    con.execute(f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {_SELECT} FROM {_FLEET} WHERE {where}", params)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE arm AS SELECT * FROM matched WHERE method = $method", {"method": claim.method}
+    )
 
 
-def selection(claim: Claim, runs: pd.DataFrame) -> dict[str, Any]:
+def selection(claim: Claim, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """What the claim selected and why the rest was left out, in one query: fleet (generation
     runs), selected (runs, baselines included), arm (of them, the claim's method), models
     (target references), systems (system_label: "specfleet mlx", "MTPLX (openai)"), of_system
     (the fleet's runs of the claim's system, engine and method, whatever their other fields),
     and excluded: for each condition, the generation runs of the fleet that fail it (a run may
     fail several)."""
-    empty = dict(selected=0, arm=0, models=[], systems=[], of_system=0, excluded={}, fleet=0)
-    if runs.empty:
-        return empty
-    con = duckdb.connect()
-    _fleet(con, runs)
+    if not fleet_size(con):
+        return dict(selected=0, arm=0, models=[], systems=[], of_system=0, excluded={}, fleet=0)
     conds, params = conditions(claim)
     every = " AND ".join(f"coalesce({sql}, false)" for _, sql in conds)
     fails = ", ".join(f"count(*) FILTER (WHERE NOT coalesce({sql}, false)) AS c{i}" for i, (_, sql) in enumerate(conds))
@@ -630,7 +622,7 @@ def selection(claim: Claim, runs: pd.DataFrame) -> dict[str, Any]:
         f" list(DISTINCT target_reference ORDER BY target_reference) FILTER (WHERE {every}) AS models,"
         f" list(DISTINCT {system_label_sql()} ORDER BY 1) FILTER (WHERE {every}) AS systems,"
         " count(*) FILTER (WHERE engine = $engine AND system = $system AND method = $method) AS of_system,"
-        f" {fails} FROM fleet",
+        f" {fails} FROM {_FLEET}",
         params,
     ).fetchone()
     first = 6  # the columns before the conditions' counts
@@ -864,15 +856,15 @@ def _no_run(claim: Claim, none: dict, sel: dict) -> dict:
     return dict(none, verdict=inference.INCONCLUSIVE, why=why)
 
 
-def beside(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> str:
+def beside(claim: Claim, con: duckdb.DuckDBPyConnection) -> str:
     """For a claim about another system than ours: our loop of the same method on the same
     weights and the claim's other conditions (our_loop), per chip, as one line ("our loop,
     same weights (specfleet llama.cpp mtp) on Apple M1 Max: 0.87 [0.84, 0.9], 2 machine(s)").
     Shown beside the claim's verdict, never as it; '' when there is no such loop or run."""
     ours = our_loop(claim)
-    if ours is None or runs.empty:
+    if ours is None or not fleet_size(con):
         return ""
-    out = _evaluate(ours, runs, jobs)
+    out = _evaluate(ours, con)
     out = out[out["runs"] > 0]
     parts = []
     for r in out.itertuples():
@@ -887,33 +879,35 @@ def beside(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> str:
     return f"our loop, same weights ({ours.label}) on " + "; ".join(parts)
 
 
-def evaluate(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
+def evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """One row per comparable group and chip (and depth, for a claim of several) in
     VERDICT_COLUMNS: the verdict, the figure (specfleet.speedup's speedup for ratios), its
     interval, the machines, fewest prompts and runs (pairs, for a ratio) behind it, the runs
     left out as not nominal, the verdict's p-value, and why. Runs that differ in a checked key
     are never pooled: `differs` names each group's values of the keys in which the claim's
-    groups differ. `jobs` (job_id, attempt, state) says which attempts are valid. Only runs of
+    groups differ. `con` holds the runs (`runs`: the typed run columns, RunRecord.columns() and
+    the coordinator's, as the mirror holds them) and `jobs` (job_id, attempt, state: which
+    attempts are valid); evaluate leaves temporary tables on it. Only runs of
     the claim's system settle it; for a claim about another system, `beside` holds our loop's
     figure of the same method on the same weights wherever it has runs (never the verdict).
     adjusted_verdict is the verdict itself here; `evaluate_all` applies the false-discovery
     step across claims."""
-    out = _evaluate(claim, runs, jobs)
-    out["beside"] = beside(claim, runs, jobs)
+    out = _evaluate(claim, con)
+    out["beside"] = beside(claim, con)
     return out
 
 
-def _evaluate(claim: Claim, runs: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
+def _evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     pattern = claim.conditions.get("chip")
     none = dict(chip=_chip_label(pattern), group="", machines=0, prompts=0, runs=0, excluded_runs=0, differs="")
-    if runs.empty:
+    if not fleet_size(con):
         return _rows(claim, [_no_run(claim, none, {})])
-    con = _matched(claim, runs, jobs)
+    _matched(claim, con)
     cells = con.execute(
         "SELECT comparable, chip, count(*) AS runs FROM arm GROUP BY ALL ORDER BY chip, runs DESC, comparable"
     ).df()
     if cells.empty:
-        return _rows(claim, [_no_run(claim, none, selection(claim, runs))])
+        return _rows(claim, [_no_run(claim, none, selection(claim, con))])
     groups = speedup.groups(con, "arm").set_index("comparable")
     differs = speedup.what_differs(groups.reset_index())
     cells["differs"] = ["; ".join(f"{k}={_short(groups.loc[g, k])}" for k in differs) for g in cells["comparable"]]
@@ -969,9 +963,9 @@ def adjust(verdicts: pd.DataFrame, q: float = FDR_Q) -> pd.DataFrame:
     return out
 
 
-def evaluate_all(claims: list[Claim], runs: pd.DataFrame, jobs: pd.DataFrame, q: float = FDR_Q) -> pd.DataFrame:
+def evaluate_all(claims: list[Claim], con: duckdb.DuckDBPyConnection, q: float = FDR_Q) -> pd.DataFrame:
     """Every claim's rows, then the false-discovery step over all their tested decisions."""
-    frames = [evaluate(c, runs, jobs) for c in claims]
+    frames = [evaluate(c, con) for c in claims]
     if not frames:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
     return adjust(pd.concat(frames, ignore_index=True), q)

@@ -10,6 +10,7 @@ specfleet/speedup.py's (through dashboard/stats.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import streamlit as st
 
 from agent.api import AdminApi, channel
@@ -57,18 +59,20 @@ FLAGS = (
     " CASE WHEN timings_disagree THEN 'timings disagree' END, CASE WHEN drafter_warm THEN 'warm drafter' END,"
     " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END)"
 )
-# Every run with the names the pages filter and group by: the system it measured
-# (system_label "llama-server", "MTPLX (openai)", "specfleet mlx"; system_method with the
-# method: "llama-server draft-mtp"), its comparable group, its models as reference@digest,
-# its sampler and its environment state. A parenthesised relation: a source for
-# specfleet/speedup.py's SQL as well as for the queries here.
-LABELLED = (
-    f"(SELECT *, {speedup.COMPARABLE_ID} AS comparable, {ledger.system_label_sql()} AS system_label,"
+FLAG_NAMES = ("lossy", "timings disagree", "warm drafter", "acceptance collapsed")
+# What the pages name a run by, computed once per run as it arrives in the mirror (Mirror's
+# `derived`): the system it measured (system_label "llama-server", "MTPLX (openai)", "specfleet
+# mlx"; system_method with the method: "llama-server draft-mtp"), its comparable group, its
+# models as reference@digest, its sampler, its environment state, its acceptance rate. Every
+# query reads them as columns of the mirror's `runs`.
+LABELS = (
+    f"{speedup.COMPARABLE_ID} AS comparable, {ledger.system_label_sql()} AS system_label,"
     f" {ledger.system_label_sql()} || ' ' || method AS system_method, {model_label('target')} AS model,"
     f" {model_label('draft')} AS draft_model, {sampler_label()} AS sampler, {NOMINAL} AS nominal,"
-    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate FROM runs)"
+    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate"
 )
-# Filter field -> the LABELLED column it selects on.
+DOWNLOAD_BATCH = 50_000
+# Filter field -> the column of runs (LABELS) it selects on.
 FILTER_COLUMNS = {
     "model": "model",
     "system": "system_label",
@@ -112,7 +116,7 @@ def selected(f: Filters, generation: bool = True) -> tuple[str, dict]:
         params["comparable"] = f.comparable
     if generation:
         where.append(f"method != '{VERIFY_COST}'")
-    return f"(SELECT * FROM {LABELLED} WHERE {' AND '.join(where) or 'true'})", params
+    return f"(SELECT * FROM runs WHERE {' AND '.join(where) or 'true'})", params
 
 
 def coordinator() -> tuple[str, str]:
@@ -121,35 +125,61 @@ def coordinator() -> tuple[str, str]:
 
 @st.cache_resource
 def mirror(address: str, token: str) -> Mirror:
-    return Mirror(AdminApi(channel(address), token))
+    return Mirror(AdminApi(channel(address), token), derived={"runs": LABELS})
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
-def synced(address: str, token: str) -> int:
-    """Sync at most every REFRESH_SECONDS. The result (the mirror's sequence) and the
-    coordinator key every query's cache, so a query reruns exactly when the data changed."""
+def synced(address: str, token: str) -> dict[str, int]:
+    """Sync at most every REFRESH_SECONDS: each table's highest mirrored sequence."""
     return mirror(address, token).sync()
 
 
-def version() -> tuple[str, str, int]:
-    """What the queries below take as their first argument."""
+@dataclass(frozen=True)
+class Version:
+    """What the queries below take as their first argument: the coordinator and each mirrored
+    table's sequence. A query's cache is keyed on the tables it reads (cached_on), so it reruns
+    exactly when one of them changed: an agent's heartbeat reruns no figure of runs."""
+
+    address: str
+    token: str
+    agents: int = 0
+    sweeps: int = 0
+    jobs: int = 0
+    runs: int = 0
+
+
+def version() -> Version:
     address, token = coordinator()
-    return address, token, synced(address, token)
+    return Version(address, token, **synced(address, token))
 
 
-def _q(v: tuple[str, str, int], sql: str, params: dict | list | None = None) -> pd.DataFrame:
-    return mirror(*v[:2]).query(sql, params)
+CACHE_ENTRIES = 64  # per query function: versions and filters a dashboard goes through
 
 
-def _query(v: tuple[str, str, int]):
+def cached_on(*tables: str):
+    """st.cache_data keyed on the coordinator and the named tables' sequences of the Version
+    argument (and the other arguments as usual); no time limit, a bounded number of entries."""
+    key = lambda v: (v.address, v.token, *(getattr(v, t) for t in tables))  # noqa: E731
+    return st.cache_data(hash_funcs={Version: key}, max_entries=CACHE_ENTRIES)
+
+
+on_runs = cached_on("runs", "jobs")  # a run counts only on its job's current attempt
+on_fleet = cached_on("agents", "sweeps", "jobs", "runs")
+
+
+def _q(v: Version, sql: str, params: dict | list | None = None) -> pd.DataFrame:
+    return mirror(v.address, v.token).query(sql, params)
+
+
+def _query(v: Version):
     return lambda sql, params=None: _q(v, sql, params)
 
 
 # ---------------------------------------------------------------- fleet and sweeps
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def agents(v: tuple[str, str, int]) -> pd.DataFrame:
+@on_fleet
+def agents(v: Version) -> pd.DataFrame:
     return _q(
         v,
         "SELECT name, chip, try_cast(fingerprint->>'gpuCores' AS INTEGER) AS gpu_cores,"
@@ -161,16 +191,16 @@ def agents(v: tuple[str, str, int]) -> pd.DataFrame:
     )
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def chips(v: tuple[str, str, int]) -> list[str]:
+@on_fleet
+def chips(v: Version) -> list[str]:
     """Every chip the fleet has seen, sorted: the domain of the one chip->colour mapping."""
     seen = set(_q(v, "SELECT DISTINCT chip FROM agents").get("chip", []))
     seen |= set(_q(v, "SELECT DISTINCT chip FROM runs").get("chip", []))
     return sorted(seen)
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def sweeps(v: tuple[str, str, int]) -> pd.DataFrame:
+@on_fleet
+def sweeps(v: Version) -> pd.DataFrame:
     """Progress per sweep: jobs (one per cell and machine) by state, runs, failures with reasons.
     A job an agent refused (coordinator/states.py: refused, with its reason) is finished."""
     out = _q(
@@ -195,8 +225,8 @@ def sweeps(v: tuple[str, str, int]) -> pd.DataFrame:
     return out
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def failures(v: tuple[str, str, int]) -> pd.DataFrame:
+@on_fleet
+def failures(v: Version) -> pd.DataFrame:
     """Jobs that failed or that their agent refused, with the state and the reason."""
     return _q(
         v,
@@ -209,66 +239,122 @@ def failures(v: tuple[str, str, int]) -> pd.DataFrame:
 # ---------------------------------------------------------------- runs
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def all_runs(v: tuple[str, str, int]) -> pd.DataFrame:
-    """Every generation run (verify-cost steps apart): every typed column and LABELLED's."""
-    return _q(v, f"SELECT * FROM {LABELLED} WHERE method != '{VERIFY_COST}' ORDER BY seq")
+@on_runs
+def run_count(v: Version) -> int:
+    """Generation runs mirrored (verify-cost steps apart)."""
+    df = _q(v, f"SELECT count(*) AS n FROM runs WHERE method != '{VERIFY_COST}'")
+    return int(df["n"][0]) if not df.empty else 0
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def filter_options(v: tuple[str, str, int]) -> dict[str, list[str]]:
+@on_runs
+def filter_options(v: Version) -> dict[str, list[str]]:
     out = {}
     for field, column in FILTER_COLUMNS.items():
         df = _q(
             v,
-            f"SELECT DISTINCT {column} AS value FROM {LABELLED}"
+            f"SELECT DISTINCT {column} AS value FROM runs"
             f" WHERE method != '{VERIFY_COST}' AND {column} != '' ORDER BY 1",
         )
         out[field] = df["value"].tolist() if not df.empty else []
     return out
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def runs_table(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
-    """Every run the filters select (verify-cost runs too), every typed column, the names it
-    goes by first (the system and method it measured, its flags), then its decode tok/s beside
-    the server's own and the server's version and command, times as timestamps: for the Runs
-    page and downloads. `counts` says whether the run may enter a figure: runs of a lost
-    attempt or a failed job are shown, never counted."""
+RUNS_SHOWN = 5000  # the Runs page's table: the latest runs of the selection; downloads hold all
+
+
+def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
+    """selected(f) with verify-cost runs, narrowed to the chips and environment states given."""
     source, params = selected(f, generation=False)
+    where = []
+    if chips:
+        where.append("list_contains($chips::VARCHAR[], chip)")
+        params["chips"] = list(chips)
+    if states:
+        where.append("list_contains($states::VARCHAR[], nominal)")
+        params["states"] = list(states)
+    return f"(SELECT * FROM {source} WHERE {' AND '.join(where) or 'true'})", params
+
+
+def _runs_sql(source: str) -> str:
     names = "nominal, system_method, model, draft_model, sampler, comparable"
     speeds = "decode_tokens_per_second, server_decode_tokens_per_second, server_version, server_command"
-    return _q(
-        v,
+    return (
         f"SELECT {names}, {FLAGS} AS flags, {speedup.counts_sql('s')} AS counts,"
         f" to_timestamp(started_at_unix_seconds) AS started_at, {speeds},"
         f" * EXCLUDE ({names}, {speeds}) REPLACE (to_timestamp(ingested_at) AS ingested_at)"
-        f" FROM {source} s ORDER BY seq",
-        params,
+        f" FROM {source} s"
     )
 
 
-def downloads(runs: pd.DataFrame) -> tuple[bytes, bytes]:
-    """The runs as CSV and as Parquet, for the download buttons. List columns (acceptance by
-    position, verify cost, environment reasons) are lists in Parquet and "[a, b]" in CSV."""
-    parquet = io.BytesIO()
-    runs.to_parquet(parquet, index=False)
-    text = runs.copy()
-    for col in text.columns:
-        if text[col].dtype == object and text[col].map(lambda x: isinstance(x, np.ndarray)).any():
-            text[col] = text[col].map(lambda x: x.tolist() if isinstance(x, np.ndarray) else x)
-    return text.to_csv(index=False).encode(), parquet.getvalue()
+@on_runs
+def runs_table(
+    v: Version, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = (), limit: int = RUNS_SHOWN
+) -> pd.DataFrame:
+    """The latest `limit` runs the filters, chips and environment states select (verify-cost
+    runs too), in the order they were stored: every typed column, the names it goes by first
+    (the system and method it measured, its flags), then its decode tok/s beside the server's
+    own and the server's version and command, times as timestamps. `counts` says whether the
+    run may enter a figure: runs of a lost attempt or a failed job are shown, never counted."""
+    source, params = _runs_source(f, chips, states)
+    sql = f"SELECT * FROM ({_runs_sql(source)} ORDER BY seq DESC LIMIT $limit) ORDER BY seq"
+    return _q(v, sql, {**params, "limit": limit})
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def nominal_counts(v: tuple[str, str, int], f: Filters) -> dict[str, int]:
+@on_runs
+def runs_summary(v: Version, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = ()) -> dict:
+    """What the Runs page says of the whole selection: runs, machines, chips (and every chip of
+    the filters, for the chip selector), runs per environment state, runs per flag."""
+    source, params = _runs_source(f, chips, states)
+    flags = ", ".join(f"count(*) FILTER (WHERE contains(flags, '{flag}')) AS \"{flag}\"" for flag in FLAG_NAMES)
+    row = _q(
+        v,
+        f"SELECT count(*) AS runs, count(DISTINCT agent_id) AS machines, count(DISTINCT chip) AS chips, {flags},"
+        " count(*) FILTER (WHERE nominal = 'nominal') AS nominal, count(*) FILTER (WHERE nominal = 'unknown')"
+        f" AS unknown, count(*) FILTER (WHERE nominal = 'degraded') AS degraded"
+        f" FROM (SELECT *, {FLAGS} AS flags FROM {source})",
+        params,
+    )
+    out = {k: int(x) for k, x in row.iloc[0].items()} if not row.empty else {}
+    every, every_params = selected(f, generation=False)
+    listed = _q(v, f"SELECT DISTINCT chip FROM {every} ORDER BY 1", every_params)
+    out["chip_options"] = listed["chip"].tolist() if not listed.empty else []
+    return out
+
+
+def runs_download(v: Version, f: Filters, chips: tuple[str, ...], states: tuple[str, ...], fmt: str) -> bytes:
+    """Every run of the selection (not only those shown) as CSV or Parquet, the Runs table's
+    columns, read in batches so a million runs never sit in memory as rows. List columns
+    (acceptance by position, verify cost, environment reasons) are lists in Parquet and
+    "[a, b]" in CSV."""
+    source, params = _runs_source(f, chips, states)
+    out = io.BytesIO()
+    with _evaluation(v) as con:
+        reader = con.sql(f"{_runs_sql(source)} ORDER BY seq", params=params).to_arrow_reader(DOWNLOAD_BATCH)
+        if fmt == "parquet":
+            with pq.ParquetWriter(out, reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+            return out.getvalue()
+        header = True
+        for batch in reader:
+            frame = batch.to_pandas()
+            for col in frame.columns:
+                if frame[col].dtype == object and frame[col].map(lambda x: isinstance(x, np.ndarray)).any():
+                    frame[col] = frame[col].map(lambda x: x.tolist() if isinstance(x, np.ndarray) else x)
+            frame.to_csv(out, index=False, header=header)
+            header = False
+    return out.getvalue()
+
+
+@on_runs
+def nominal_counts(v: Version, f: Filters) -> dict[str, int]:
     source, params = selected(f)
     df = _q(v, f"SELECT nominal, count(*) AS n FROM {source} GROUP BY ALL", params)
     return dict(zip(df["nominal"], df["n"].astype(int))) if not df.empty else {}
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def collapsed_acceptance(v: Version, f: Filters) -> pd.DataFrame:
     """Runs the agent flagged for collapsed acceptance (acceptance_collapsed, with its reason),
     per chip, engine, method and model. They stay in every figure: the collapse is the
     finding, and usually a broken model conversion."""
@@ -282,7 +368,7 @@ def collapsed_acceptance(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return df if not df.empty else pd.DataFrame(columns=["chip", "engine", "method", "model", "runs", "reason"])
 
 
-def lossy_runs(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+def lossy_runs(v: Version, f: Filters) -> pd.DataFrame:
     """Runs whose output differed from their reference (lossless false: the greedy baseline's,
     or on llama.cpp the same-seed baseline's), per chip, system, method and depth: an engine
     defect, never a figure (specfleet/speedup.py leaves them out of every speedup)."""
@@ -298,7 +384,7 @@ def lossy_runs(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return df if not df.empty else pd.DataFrame(columns=columns)
 
 
-def _flagged(v: tuple[str, str, int], f: Filters, flag: str) -> pd.DataFrame:
+def _flagged(v: Version, f: Filters, flag: str) -> pd.DataFrame:
     """Runs with `flag` (a boolean column of the record, never user input) true, per chip,
     system, method and depth, with the medians of the client's and the server's decode tok/s."""
     source, params = selected(f)
@@ -315,24 +401,24 @@ def _flagged(v: tuple[str, str, int], f: Filters, flag: str) -> pd.DataFrame:
     return df if not df.empty else pd.DataFrame(columns=columns)
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def timings_disagree(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def timings_disagree(v: Version, f: Filters) -> pd.DataFrame:
     """Server runs whose decode tok/s as the client timed it and as the server reported it
     differ by more than 5% (timings_disagree), per chip, system, method and depth. They stay in
     the figures, which are the client's; the page says so."""
     return _flagged(v, f, "timings_disagree")
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def warm_drafters(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def warm_drafters(v: Version, f: Filters) -> pd.DataFrame:
     """Runs whose stateful drafter (ngram-mod's table, ngram-cache) inherited state from
     earlier requests (drafter_warm true), per chip, system, method and depth: a fresh server's
     acceptance and speed may be lower. They stay in the figures; the page says so."""
     return _flagged(v, f, "drafter_warm")
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def server_figures(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def server_figures(v: Version, f: Filters) -> pd.DataFrame:
     """Server runs (llama-server, OpenAI-compatible servers) per chip, system, arm and server
     build: the server's version and command line, the median decode tok/s as the client timed
     it beside the server's own, and the runs whose timings disagree or whose drafter was warm,
@@ -366,8 +452,8 @@ def group_label(g) -> str:
     )
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def groups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def groups(v: Version, f: Filters) -> pd.DataFrame:
     """The comparable groups (specfleet.speedup.groups) of the runs `f` selects, whichever
     group `f` names, most runs first; with the names the selector shows and the chips."""
     source, params = selected(dataclasses.replace(f, comparable=""))
@@ -387,13 +473,13 @@ def groups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return df
 
 
-def _group_keys(v: tuple[str, str, int], comparable: str) -> tuple[str, dict]:
+def _group_keys(v: Version, comparable: str) -> tuple[str, dict]:
     """SQL condition: a verify-cost run of the group's target model, engine and engine version
     (its context depth and sampler are its own); true without a group."""
     if not comparable:
         return "true", {}
     return (
-        f"EXISTS (SELECT 1 FROM {LABELLED} g WHERE g.comparable = $comparable AND g.target_digest = r.target_digest"
+        "EXISTS (SELECT 1 FROM runs g WHERE g.comparable = $comparable AND g.target_digest = r.target_digest"
         " AND g.engine = r.engine AND g.engine_version = r.engine_version)"
     ), {"comparable": comparable}
 
@@ -401,8 +487,8 @@ def _group_keys(v: tuple[str, str, int], comparable: str) -> tuple[str, dict]:
 # ---------------------------------------------------------------- comparisons
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def speedups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def speedups(v: Version, f: Filters) -> pd.DataFrame:
     """specfleet.speedup's speedup per comparable group, chip and arm, with its 95% interval,
     machines, prompts, pairs and the pairs left out for a run that was not nominal."""
     source, params = selected(f)
@@ -415,8 +501,8 @@ def speedups(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return out[first + [c for c in out.columns if c not in first]]
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def decode_speed(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def decode_speed(v: Version, f: Filters) -> pd.DataFrame:
     """Median decode tok/s per chip, engine and arm, with its interval, machines, prompts, runs."""
     source, params = selected(f)
     values = _q(
@@ -428,8 +514,8 @@ def decode_speed(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def acceptance_by_position(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def acceptance_by_position(v: Version, f: Filters) -> pd.DataFrame:
     """Median share accepted at each draft position (acceptance_by_position), per chip and arm;
     positions nothing was proposed at are left out."""
     source, params = selected(f)
@@ -446,8 +532,8 @@ def acceptance_by_position(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     )
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def draft_verify(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def draft_verify(v: Version, f: Filters) -> pd.DataFrame:
     """Median draft and verify milliseconds per generated token, per chip and arm. Reference
     arms (the libraries' own loops) report no rounds: nothing to split."""
     source, params = selected(f)
@@ -470,8 +556,8 @@ def draft_verify(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     )
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def verify_cost(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def verify_cost(v: Version, f: Filters) -> pd.DataFrame:
     """T(M)/T(1) per chip, engine and context depth (verify_cost_seconds, context_tokens):
     the median over machines of each machine's latest curve. With a group chosen, the curves
     of its target model, engine and engine version."""
@@ -486,7 +572,7 @@ def verify_cost(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     return _q(
         v,
         "WITH curves AS (SELECT chip, engine, agent_id, context_tokens, arg_max(verify_cost_seconds, seq) AS t"
-        f" FROM {LABELLED} r WHERE {' AND '.join(where)} GROUP BY ALL),"
+        f" FROM runs r WHERE {' AND '.join(where)} GROUP BY ALL),"
         " points AS (SELECT chip, engine, agent_id, context_tokens, t, unnest(range(1, len(t) + 1)) AS m FROM curves)"
         " SELECT chip, engine, context_tokens, m AS rows, median(t[m] / t[1]) AS ratio,"
         " count(DISTINCT agent_id) AS machines FROM points WHERE t[1] > 0 GROUP BY ALL ORDER BY ALL",
@@ -494,8 +580,8 @@ def verify_cost(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
     )
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def roofline(v: tuple[str, str, int], f: Filters) -> pd.DataFrame:
+@on_runs
+def roofline(v: Version, f: Filters) -> pd.DataFrame:
     """Share of the memory-bandwidth roofline of baseline decoding: decode tok/s x bytes read per
     token (the target's size, target_bytes) / the chip's bandwidth. `share` is NaN and `why`
     says what is missing when the runs record no model size or the machine no bandwidth."""
@@ -530,7 +616,7 @@ def ledger_path() -> str:
     return os.environ.get("SPECFLEET_CLAIMS") or str(ledger.LEDGER)
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
+@st.cache_data(max_entries=CACHE_ENTRIES)
 def _claims(path: str, mtime: float) -> list[ledger.Claim]:
     return ledger.load_claims(path)
 
@@ -541,7 +627,7 @@ def claims() -> list[ledger.Claim]:
     return _claims(path, os.path.getmtime(path))
 
 
-def verdicts(v: tuple[str, str, int]) -> pd.DataFrame:
+def verdicts(v: Version) -> pd.DataFrame:
     """One row per claim, comparable group and chip (and depth), after the false-discovery
     step across the whole ledger (verdict: the raw one; adjusted_verdict: the one that
     stands); recomputed when the data or the ledger changes."""
@@ -549,20 +635,24 @@ def verdicts(v: tuple[str, str, int]) -> pd.DataFrame:
     return _verdicts(v, path, os.path.getmtime(path))
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def _verdicts(v: tuple[str, str, int], path: str, mtime: float) -> pd.DataFrame:
-    runs = all_runs(v)
-    jobs = _q(v, "SELECT job_id, attempt, state FROM jobs")
-    return ledger.evaluate_all(_claims(path, mtime), runs, jobs)
+def _evaluation(v: Version):
+    """A connection of its own on the mirror for the claims' temporary tables."""
+    return contextlib.closing(mirror(v.address, v.token).cursor())
 
 
-def selections(v: tuple[str, str, int]) -> dict[str, dict]:
+@on_runs
+def _verdicts(v: Version, path: str, mtime: float) -> pd.DataFrame:
+    with _evaluation(v) as con:
+        return ledger.evaluate_all(_claims(path, mtime), con)
+
+
+def selections(v: Version) -> dict[str, dict]:
     """Per claim id, the runs its conditions select and what each condition left out."""
     path = ledger_path()
     return _selections(v, path, os.path.getmtime(path))
 
 
-@st.cache_data(ttl=REFRESH_SECONDS)
-def _selections(v: tuple[str, str, int], path: str, mtime: float) -> dict[str, dict]:
-    runs = all_runs(v)
-    return {c.id: ledger.selection(c, runs) for c in _claims(path, mtime)}
+@on_runs
+def _selections(v: Version, path: str, mtime: float) -> dict[str, dict]:
+    with _evaluation(v) as con:
+        return {c.id: ledger.selection(c, con) for c in _claims(path, mtime)}

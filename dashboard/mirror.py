@@ -1,12 +1,21 @@
 """The dashboard's own DuckDB, mirrored from the coordinator through its read path.
 
 The coordinator stays the only writer of its file; the dashboard asks for rows whose ingest
-sequence is above the last one it saw and upserts them locally. It works while the
-coordinator runs and from another host.
+sequence is above the last one it saw, per table, and adds them locally: runs are stored once
+and never change, so new runs are appended; agents, sweeps and jobs change, so their rows are
+replaced. A sync moves only what changed since the last one, and works while the coordinator
+runs and from another host.
+
+The mirror is a file in a temporary directory (removed on close), not an in-memory database:
+DuckDB keeps it compressed on disk and holds in memory, within MEMORY_LIMIT, what the queries
+touch, so a million runs do not live in the dashboard's memory. `derived` adds columns computed
+once per row as it arrives (the labels the pages filter and group by) instead of at every query.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -15,18 +24,25 @@ import duckdb
 from coordinator.export import fetch_table
 
 TABLES = {"agents": "agent_id", "sweeps": "sweep_id", "jobs": "job_id", "runs": "run_id"}
+APPEND_ONLY = {"runs"}
+MEMORY_LIMIT = "512MB"
 
 
 class Mirror:
-    def __init__(self, admin, path: Path | str = ":memory:"):
+    def __init__(self, admin, derived: dict[str, str] | None = None, path: Path | str | None = None):
+        """`derived`: per table, a SELECT list of extra columns computed from the table's own
+        columns as rows arrive. `path`: the file (a temporary one by default)."""
         self.admin = admin
-        self.con = duckdb.connect(str(path))
+        self.derived = derived or {}
+        self._tmp = None if path is not None else tempfile.mkdtemp(prefix="specfleet-mirror-")
+        self.con = duckdb.connect(str(path or Path(self._tmp) / "mirror.duckdb"))
+        self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self.con.execute("CREATE TABLE IF NOT EXISTS _mirror (tbl VARCHAR PRIMARY KEY, last_seq BIGINT)")
         self._lock = threading.Lock()
 
-    def sync(self) -> int:
-        """Pull what changed since the last sync; return the highest sequence mirrored, which
-        changes exactly when the data does."""
+    def sync(self) -> dict[str, int]:
+        """Pull what changed since the last sync; return each table's highest sequence
+        mirrored, which changes exactly when that table's data does."""
         with self._lock:
             for table, key in TABLES.items():
                 # fetchall: a half-read result would block register() below
@@ -34,19 +50,21 @@ class Mirror:
                 batch, last = fetch_table(self.admin, table, rows[0][0] if rows else 0)
                 if batch is None:
                     continue
+                extra = f", {self.derived[table]}" if table in self.derived else ""
                 self.con.register("_batch", batch)
                 try:
                     self.con.execute("BEGIN")
-                    self.con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _batch LIMIT 0")
-                    self.con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _batch)")
-                    self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
+                    self.con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT *{extra} FROM _batch LIMIT 0")
+                    if table not in APPEND_ONLY:
+                        self.con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _batch)")
+                    self.con.execute(f"INSERT INTO {table} BY NAME SELECT *{extra} FROM _batch")
                     self.con.execute("INSERT OR REPLACE INTO _mirror VALUES (?, ?)", [table, last])
                     self.con.execute("COMMIT")
                 finally:
                     self.con.unregister("_batch")
-            return self.con.execute("SELECT coalesce(max(last_seq), 0) FROM _mirror").fetchone()[0]
+            return {t: s for t, s in self.con.execute("SELECT tbl, last_seq FROM _mirror").fetchall()}
 
-    def query(self, sql: str, params: list | None = None):
+    def query(self, sql: str, params: list | dict | None = None):
         """A pandas DataFrame; an empty one when the table has not arrived yet."""
         with self._lock:
             try:
@@ -55,3 +73,15 @@ class Mirror:
                 import pandas as pd
 
                 return pd.DataFrame()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own on the mirror, for work that leaves temporary tables
+        (dashboard/claims.py); it sees what was synced when each statement starts."""
+        with self._lock:
+            return self.con.cursor()
+
+    def close(self) -> None:
+        with self._lock:
+            self.con.close()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import duckdb
 import pandas as pd
 
 from agent.api import AdminApi, AgentApi, channel
@@ -106,6 +107,17 @@ def register_runs(con, runs) -> None:
     with the "jobs" the speedup definition reads: every job done, at its runs' latest attempt."""
     con.register("runs", runs)
     con.register("jobs", jobs_of(runs.to_pandas() if hasattr(runs, "to_pandas") else runs))
+
+
+def fleet_db(runs, jobs: pd.DataFrame | None = None):
+    """A DuckDB connection holding `runs` (a DataFrame of stored runs) as "runs" and `jobs` (by
+    default jobs_of(runs)) as "jobs": what dashboard/claims.py evaluates on. A frame without
+    columns is no runs table at all, as in a mirror before its first run."""
+    con = duckdb.connect()
+    if len(runs.columns):
+        con.register("runs", runs)
+    con.register("jobs", jobs_of(runs) if jobs is None else jobs)
+    return con
 
 
 def jobs_of(runs: pd.DataFrame) -> pd.DataFrame:

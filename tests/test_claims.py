@@ -16,7 +16,7 @@ from coordinator.sweeps import parse_sweep
 from dashboard import claims, inference
 from specfleet import speedup
 from specfleet.record import CHECKED_KEYS, IN_PROCESS_ENGINES, ModelIdentity, Sampler, is_method
-from tests.fleet import jobs_of, register_runs
+from tests.fleet import fleet_db, register_runs
 from tests.test_dashboard import MLX_27B, VARIANTS, record, row, sha
 
 REQUIRED = {
@@ -311,7 +311,7 @@ def test_m1_max_net_loss_reproduced_contradicted_and_inconclusive_by_the_interva
         fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.86, 0.88, 0.87, 0.85])
         + fleet_runs("Apple M1 Max", "mbp-2", "j2", [0.9, 0.87, 0.86, 0.5], degraded={3})
     )
-    row = claims.evaluate(c, loss, jobs_of(loss)).iloc[0]
+    row = claims.evaluate(c, fleet_db(loss)).iloc[0]
     assert (row["chip"], row["verdict"]) == ("Apple M1 Max", REPRODUCED)
     assert row["figure"] == pytest.approx(geometric([0.86, 0.88, 0.87, 0.85], [0.9, 0.87, 0.86]))
     assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (2, 3, 7, 1)
@@ -322,21 +322,21 @@ def test_m1_max_net_loss_reproduced_contradicted_and_inconclusive_by_the_interva
     assert row["tested"] and 0 < row["p_value"] < 0.025 and "lies inside below 1x" in row["why"]
 
     win = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [1.2, 1.25, 1.22, 1.18, 1.21, 1.24]))
-    row = claims.evaluate(c, win, jobs_of(win)).iloc[0]
+    row = claims.evaluate(c, fleet_db(win)).iloc[0]
     assert row["verdict"] == CONTRADICTED and row["ci_low"] > 1.0 and row["p_value"] < 0.025
     assert "one machine" in row["why"] or row["machines"] == 1
 
     # the median of these prompts is below 1 (the old rule said reproduced), but the interval
     # reaches across 1: inconclusive, with the interval and counts behind it
     straddle = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.8, 0.85, 0.9, 1.15]))
-    row = claims.evaluate(c, straddle, jobs_of(straddle)).iloc[0]
+    row = claims.evaluate(c, fleet_db(straddle)).iloc[0]
     assert np.median([0.8, 0.85, 0.9, 1.15]) < 1 and row["figure"] < 1
     assert row["ci_low"] < 1.0 < row["ci_high"]
     assert (row["verdict"], row["machines"], row["prompts"], row["runs"]) == (INCONCLUSIVE, 1, 4, 4)
     assert row["tested"] and row["p_value"] == 1.0 and "reaches across an edge" in row["why"]
 
     few = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.8]))  # one prompt: no interval
-    row = claims.evaluate(c, few, jobs_of(few)).iloc[0]
+    row = claims.evaluate(c, fleet_db(few)).iloc[0]
     assert (row["verdict"], row["machines"], row["runs"], row["tested"]) == (INCONCLUSIVE, 1, 1, False)
 
 
@@ -348,7 +348,7 @@ def test_min_runs_in_a_record_still_counts():
         c, conditions={**c.conditions, "engine": "llama.cpp", "method": "mtp", "chip": "Apple M1 Max"}
     )
     runs = pd.DataFrame(fleet_runs("Apple M1 Max", "a", "j1", [0.8, 0.81, 0.79, 0.8]))
-    row = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
+    row = claims.evaluate(c, fleet_db(runs)).iloc[0]
     assert (row["verdict"], row["runs"], row["tested"]) == (INCONCLUSIVE, 4, False) and "at least 6" in row["why"]
 
 
@@ -378,10 +378,10 @@ def test_runs_outside_the_conditions_do_not_count():
     decoys = fleet_runs("Apple M1 Max", "g", "j8", ratios, **server)
     decoys += fleet_runs("Apple M1 Max", "h", "j9", ratios, engine="openai", system="oMLX")
     other = pd.concat([other, pd.DataFrame(decoys)], ignore_index=True)
-    out = claims.evaluate(c, other, jobs_of(other))
+    out = claims.evaluate(c, fleet_db(other))
     assert out["chip"].tolist() == ["Apple M1 Max"] and out.iloc[0]["runs"] == 0
     assert out.iloc[0]["verdict"] == INCONCLUSIVE and out.iloc[0]["why"].startswith("no run in the fleet matches")
-    sel = claims.selection(c, other)
+    sel = claims.selection(c, fleet_db(other))
     assert (sel["selected"], sel["arm"], sel["fleet"]) == (8, 0, len(other))  # the depth-6 job's baselines
     # each condition counts the runs it leaves out (a baseline fails only the conditions of baselines)
     assert sel["excluded"] == {
@@ -396,13 +396,13 @@ def test_runs_outside_the_conditions_do_not_count():
     }
     # the claim itself, about llama-server, selects only llama-server's runs...
     c = claim("llamacpp-mtp-m1-max-net-loss-n2")
-    out = claims.evaluate(c, other, jobs_of(other))
+    out = claims.evaluate(c, fleet_db(other))
     assert out.iloc[0]["runs"] == 8 and out.iloc[0]["verdict"] == REPRODUCED and out.iloc[0]["beside"] == ""
-    assert claims.selection(c, other)["systems"] == ["llama-server"]
+    assert claims.selection(c, fleet_db(other))["systems"] == ["llama-server"]
     # ...and our loop on the same weights stands beside it, never in it
     mine = pd.DataFrame(fleet_runs("Apple M1 Max", "i", "j10", [0.9] * 8))
     both = pd.concat([other, mine], ignore_index=True)
-    out = claims.evaluate(c, both, jobs_of(both))
+    out = claims.evaluate(c, fleet_db(both))
     assert (out.iloc[0]["runs"], out.iloc[0]["figure"]) == (8, pytest.approx(0.8))
     assert out.iloc[0]["beside"].startswith("our loop, same weights (specfleet llama.cpp mtp) on Apple M1 Max: 0.9 [")
     assert out.iloc[0]["beside"].endswith("1 machine(s)")
@@ -413,7 +413,9 @@ def test_models_quantisation_and_architecture_match_exactly():
 
     def matched(model, claim=c):
         return len(
-            claims.matching_runs(claim, pd.DataFrame(fleet_runs("Apple M1 Max", "a", "j1", [0.8] * 6, model=model)))
+            claims.matching_runs(
+                claim, fleet_db(pd.DataFrame(fleet_runs("Apple M1 Max", "a", "j1", [0.8] * 6, model=model)))
+            )
         )
 
     assert matched(Q9B) == 12
@@ -462,12 +464,12 @@ def test_acceptance_and_prefill_claims():
         if r["method"] == "mtp":
             r["tokens_drafted"], r["tokens_accepted"] = 100, 62 if r["system"] == "OptiQ" else 40
     runs = pd.DataFrame(rows + loop)
-    row = claims.evaluate(acc, runs, jobs_of(runs)).iloc[0]
+    row = claims.evaluate(acc, fleet_db(runs)).iloc[0]
     assert (row["verdict"], row["figure"], row["runs"], row["machines"]) == (REPRODUCED, pytest.approx(0.62), 18, 3)
     assert not row["tested"] and "bootstrap" in row["why"]  # the median's interval; no p-value
     assert row["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 0.4 ")  # never in it
     one = runs[runs["agent_id"].isin(["mini-1", "mini-4"])]
-    assert claims.evaluate(acc, one, jobs_of(one)).iloc[0]["verdict"] == INCONCLUSIVE
+    assert claims.evaluate(acc, fleet_db(one)).iloc[0]["verdict"] == INCONCLUSIVE
 
     pre = ours("mtp-cuts-prefill-m2-ultra")
     rows = fleet_runs("Apple M2 Ultra", "studio", "j1", [1.1] * 6, depth=3)
@@ -475,7 +477,7 @@ def test_acceptance_and_prefill_claims():
     for r in rows:
         if r["method"] == "mtp":
             r["prefill_tokens_per_second"] = next(prefill)  # the baselines': 2000
-    row = claims.evaluate(pre, pd.DataFrame(rows), jobs_of(pd.DataFrame(rows))).iloc[0]
+    row = claims.evaluate(pre, fleet_db(pd.DataFrame(rows))).iloc[0]
     assert (row["verdict"], row["figure"]) == (REPRODUCED, pytest.approx(0.83, rel=0.01))
     assert 0.75 < row["ci_low"] < row["ci_high"] < 0.9
 
@@ -483,23 +485,23 @@ def test_acceptance_and_prefill_claims():
 def test_absence_claim_is_contradicted_by_the_first_mac_run_of_its_system():
     c = claim("no-mac-ngram-mod-benchmark")  # llama-server ngram-mod at any depth
     assert c.depths == [] and c.label == "llama-server ngram-mod"
-    assert claims.evaluate(c, pd.DataFrame(), jobs_of(pd.DataFrame())).iloc[0]["verdict"] == REPRODUCED
+    assert claims.evaluate(c, fleet_db(pd.DataFrame())).iloc[0]["verdict"] == REPRODUCED
     # specfleet's own n-gram loop (prompt lookup) on a Mac is not ngram-mod; our ngram-mod loop is
     # not llama.cpp's either: it stands beside the verdict
     loop = pd.DataFrame(
         fleet_runs("Apple M3", "air", "j0", [1.05] * 3, method="ngram", depth=3)
         + fleet_runs("Apple M3", "air", "j00", [1.05] * 3, method="ngram-mod", depth=64)
     )
-    row = claims.evaluate(c, loop, jobs_of(loop)).iloc[0]
+    row = claims.evaluate(c, fleet_db(loop)).iloc[0]
     assert row["verdict"] == REPRODUCED and row["runs"] == 0
     assert (
         row["beside"] == "our loop, same weights (specfleet llama.cpp ngram-mod) on Apple M3: 3 run(s) on 1 machine(s)"
     )
     mod = dict(engine="llama-server", method="ngram-mod", system="llama-server")
     linux = pd.DataFrame(fleet_runs("AMD EPYC", "box", "j1", [1.05] * 3, depth=64, **mod))
-    assert claims.evaluate(c, linux, jobs_of(linux)).iloc[0]["verdict"] == REPRODUCED  # not a Mac
+    assert claims.evaluate(c, fleet_db(linux)).iloc[0]["verdict"] == REPRODUCED  # not a Mac
     mac = pd.DataFrame(fleet_runs("Apple M3", "air", "j2", [1.05] * 3, depth=24, **mod))  # any n_max counts
-    row = claims.evaluate(c, mac, jobs_of(mac)).iloc[0]
+    row = claims.evaluate(c, fleet_db(mac)).iloc[0]
     assert (row["chip"], row["verdict"], row["machines"], row["runs"]) == ("Apple M3", CONTRADICTED, 1, 3)
 
 
@@ -507,7 +509,7 @@ def test_a_claim_about_a_system_waits_for_its_runs_and_says_so():
     c = claim("mtplx-m4-pro-2.6x")
     mlx = dict(engine="mlx", model=MLX_27B, depth=3)
     ours_only = pd.DataFrame(fleet_runs("Apple M4 Pro", "mini", "j1", [2.5] * 4, **mlx))
-    row = claims.evaluate(c, ours_only, jobs_of(ours_only)).iloc[0]
+    row = claims.evaluate(c, fleet_db(ours_only)).iloc[0]
     assert (row["verdict"], row["runs"]) == (INCONCLUSIVE, 0)
     assert row["why"].startswith("no runs of MTPLX (openai) mtp in the fleet yet")
     assert row["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 2.5")
@@ -516,7 +518,7 @@ def test_a_claim_about_a_system_waits_for_its_runs_and_says_so():
     elsewhere = pd.DataFrame(
         fleet_runs("Apple M4 Pro", "mini", "j2", [2.5] * 4, engine="openai", system="MTPLX", depth=3, model=other)
     )
-    row = claims.evaluate(c, elsewhere, jobs_of(elsewhere)).iloc[0]
+    row = claims.evaluate(c, fleet_db(elsewhere)).iloc[0]
     assert row["why"].startswith("no run of MTPLX (openai) mtp in the fleet matches its other conditions")
 
 
@@ -566,7 +568,7 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
     rows = fleet_runs("Apple M4 Pro", "a", "j1", base, model=MLX_27B, **base_fields)
     rows += fleet_runs("Apple M4 Pro", "b", "j2", variant, **{"engine": "mlx", "model": MLX_27B, **variant_fields})
     runs = pd.DataFrame(rows)
-    out = claims.evaluate(c, runs, jobs_of(runs)).set_index("group")
+    out = claims.evaluate(c, fleet_db(runs)).set_index("group")
     con = duckdb.connect()
     register_runs(con, runs)
     truth = speedup.speedups(con).set_index("comparable")
@@ -577,7 +579,7 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
         assert list(out.index) == mine.tolist()
         named = {k: variant_fields[k] for k in ("engine", "system") if k in variant_fields}
         other = claims.parse_claims(yaml.safe_dump([{**GOOD, "conditions": {**conditions, **named}}]))[0]
-        theirs = claims.evaluate(other, runs, jobs_of(runs))
+        theirs = claims.evaluate(other, fleet_db(runs))
         assert theirs["group"].tolist() == sorted(set(truth.index) - set(out.index))  # and the other's is that
         assert theirs.iloc[0]["figure"] == pytest.approx(geometric(variant))
     else:

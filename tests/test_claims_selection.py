@@ -17,7 +17,7 @@ import yaml
 
 from dashboard import claims, inference
 from specfleet.record import MAX_DEPTH, ModelIdentity, Sampler, is_method
-from tests.fleet import jobs_of
+from tests.fleet import fleet_db, jobs_of
 from tests.test_claims import GOOD, claim, ours
 from tests.test_dashboard import MLX_27B, record, row, sha
 
@@ -82,38 +82,38 @@ def blended():
 def test_optiq_claims_select_only_the_optiq_model(blended, depth):
     runs, jobs = blended
     c = ours(f"optiq-depth-k{depth}")  # the claim on our loop, as it stands beside OptiQ's verdict
-    matched = claims.matching_runs(c, runs)
+    matched = claims.matching_runs(c, fleet_db(runs))
     assert set(matched["target_reference"]) == {OPTIQ_27B.reference}
     assert len(matched) == len(MACS) * 4 * 2  # each machine's baselines and arm at this depth
-    out = claims.evaluate(c, runs, jobs)
+    out = claims.evaluate(c, fleet_db(runs, jobs))
     assert len(out) == 1  # one comparable group: the MTPLX build is not in it
     r = out.iloc[0]
     assert r["figure"] == pytest.approx(OPTIQ[depth], rel=0.02)
     assert (r["machines"], r["prompts"], r["runs"]) == (3, 4, 12)
     assert r["verdict"] == inference.REPRODUCED and r["ci_low"] < OPTIQ[depth] < r["ci_high"]
-    sel = claims.selection(c, runs)
+    sel = claims.selection(c, fleet_db(runs))
     assert sel["models"] == [OPTIQ_27B.reference] and sel["systems"] == ["specfleet mlx"]
     assert sel["excluded"]["models"] == len(MACS) * 4 * 5  # every MTPLX-build run, baselines included
     # the claim itself is OptiQ's: our loop's runs never settle it, and stand beside it on its model only
-    r = claims.evaluate(claim(f"optiq-depth-k{depth}"), runs, jobs).iloc[0]
+    r = claims.evaluate(claim(f"optiq-depth-k{depth}"), fleet_db(runs, jobs)).iloc[0]
     assert (r["verdict"], r["runs"]) == (inference.INCONCLUSIVE, 0) and r["why"].startswith("no runs of OptiQ")
-    ours_figure = f"{claims.evaluate(c, runs, jobs).iloc[0]['figure']:.3g}"
+    ours_figure = f"{claims.evaluate(c, fleet_db(runs, jobs)).iloc[0]['figure']:.3g}"
     assert r["beside"].startswith(f"our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: {ours_figure} [")
 
 
 def test_mtplx_claims_select_no_run_of_our_loop_and_show_it_beside(blended):
     runs, jobs = blended
     c = claim("mtplx-2-3x")
-    r = claims.evaluate(c, runs, jobs).iloc[0]
+    r = claims.evaluate(c, fleet_db(runs, jobs)).iloc[0]
     assert (r["verdict"], r["runs"], r["chip"]) == (inference.INCONCLUSIVE, 0, "any Mac")
     assert r["why"].startswith("no runs of MTPLX (openai) mtp")
     # beside it, never as the verdict: our loop on the MTPLX build only (2.6x, not blended with OptiQ's 0.94x)
     assert r["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 2.6")
-    excluded = claims.selection(c, runs)["excluded"]
+    excluded = claims.selection(c, fleet_db(runs))["excluded"]
     assert excluded["engine"] == excluded["system"] == len(runs)
     mine = ours("mtplx-2-3x")
-    assert set(claims.matching_runs(mine, runs)["target_reference"]) == {MTPLX_27B.reference}
-    r = claims.evaluate(mine, runs, jobs).iloc[0]
+    assert set(claims.matching_runs(mine, fleet_db(runs))["target_reference"]) == {MTPLX_27B.reference}
+    r = claims.evaluate(mine, fleet_db(runs, jobs)).iloc[0]
     assert r["figure"] == pytest.approx(MTPLX[3], rel=0.02) and r["verdict"] == inference.REPRODUCED
 
 
@@ -134,10 +134,10 @@ def systems():
 def test_a_system_claim_is_settled_by_that_system_only(systems):
     runs, jobs = systems
     c = claim("mtplx-2-3x")
-    matched = claims.matching_runs(c, runs)
+    matched = claims.matching_runs(c, fleet_db(runs))
     assert set(matched["system"]) == {"MTPLX"} and set(matched["engine"]) == {"openai"}
     assert set(matched["job_id"]) == {f"mtplx-{agent}" for agent in MACS}
-    out = claims.evaluate(c, runs, jobs)
+    out = claims.evaluate(c, fleet_db(runs, jobs))
     assert len(out) == 1
     r = out.iloc[0]
     assert r["figure"] == pytest.approx(2.6, rel=0.02) and r["verdict"] == inference.REPRODUCED
@@ -145,7 +145,7 @@ def test_a_system_claim_is_settled_by_that_system_only(systems):
     # our loop beside it, even though the system has runs of its own; OptiQ's server in neither
     assert r["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 1.8")
     assert "3 machine(s)" in r["beside"]
-    sel = claims.selection(c, runs)
+    sel = claims.selection(c, fleet_db(runs))
     assert sel["systems"] == ["MTPLX (openai)"] and sel["of_system"] == len(MACS) * 4
     assert sel["excluded"]["system"] == 2 * len(MACS) * 4 * 2  # OptiQ's and our loop's, baselines included
     # a claim about OptiQ on the same weights is OptiQ's runs' alone
@@ -160,14 +160,14 @@ def test_a_system_claim_is_settled_by_that_system_only(systems):
             ]
         )
     )[0]
-    r = claims.evaluate(optiq, runs, jobs).iloc[0]
+    r = claims.evaluate(optiq, fleet_db(runs, jobs)).iloc[0]
     assert r["figure"] == pytest.approx(1.3, rel=0.02) and r["verdict"] == inference.REPRODUCED
-    assert set(claims.matching_runs(optiq, runs)["system"]) == {"OptiQ"}
+    assert set(claims.matching_runs(optiq, fleet_db(runs))["system"]) == {"OptiQ"}
 
 
 def test_best_depth_of_one_model_with_its_confidence_set(blended):
     runs, jobs = blended
-    r = claims.evaluate(claim("depth-1-3-optimal-on-metal"), runs, jobs).iloc[0]
+    r = claims.evaluate(claim("depth-1-3-optimal-on-metal"), fleet_db(runs, jobs)).iloc[0]
     assert r["figure"] == 1 and r["runs"] == len(MACS) * 4 * 4  # OptiQ's depths 1-4 only
     assert r["verdict"] == inference.REPRODUCED and r["tested"] and r["p_value"] <= 0.05
     assert 0.95 <= r["probability"] <= 1 and "95% set for the best depth" in r["why"]
@@ -183,7 +183,7 @@ def test_an_interval_across_the_band_edge_is_inconclusive():
         rng = np.random.default_rng(1)
         rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=rng, **OPTIQ_SERVER)
     runs = frame(rows)
-    r = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
+    r = claims.evaluate(c, fleet_db(runs)).iloc[0]
     assert r["ci_low"] < 1.22 < r["ci_high"] < 1.5
     assert (r["verdict"], r["machines"], r["tested"], r["p_value"]) == (inference.INCONCLUSIVE, 3, True, 1.0)
     assert "reaches across an edge of 1.22-1.5x" in r["why"] and "3 machine(s), fewest 4 prompt(s)" in r["why"]
@@ -197,14 +197,14 @@ def test_a_claim_about_any_mac_needs_three_machines():
         rng = np.random.default_rng(2)
         rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=rng, **OPTIQ_SERVER)
     runs = frame(rows)
-    r = claims.evaluate(c, runs, jobs_of(runs)).iloc[0]
+    r = claims.evaluate(c, fleet_db(runs)).iloc[0]
     assert (r["verdict"], r["machines"], r["tested"]) == (inference.INCONCLUSIVE, 2, False)
     assert "needs at least 3 machines" in r["why"]
     # min_machines in the record overrides the default
     rec = yaml.safe_load(claims.LEDGER.read_text())
     k1 = next(x for x in rec if x["id"] == "optiq-depth-k1")
     two = claims.parse_claims(yaml.safe_dump([{**k1, "verdict": {**k1["verdict"], "min_machines": 2}}]))[0]
-    r = claims.evaluate(two, runs, jobs_of(runs)).iloc[0]
+    r = claims.evaluate(two, fleet_db(runs)).iloc[0]
     assert r["machines"] == 2 and "needs at least" not in r["why"] and r["tested"]
 
 
@@ -310,7 +310,7 @@ def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     w = _wanted(c)
     variants = _variants(c, w)
     fleet = pd.concat([_job("wanted", w)] + [_job(name, f) for name, f, _ in variants], ignore_index=True)
-    matched = claims.matching_runs(c, fleet)
+    matched = claims.matching_runs(c, fleet_db(fleet))
     expected = {"job-wanted"} | {f"job-{name}" for name, _, selected in variants if selected}
     arm = matched[matched["method"] == c.method]
     assert set(arm["job_id"]) == expected and len(arm) == 2 * len(expected)
@@ -319,14 +319,14 @@ def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     baselines = expected | ({"job-depth"} if c.depths else set())
     assert set(matched.loc[matched["method"] == "baseline", "job_id"]) == baselines
     assert len(matched) == len(arm) + 2 * len(baselines)
-    sel = claims.selection(c, fleet)
+    sel = claims.selection(c, fleet_db(fleet))
     assert sel["selected"] == len(matched) and sel["fleet"] == len(fleet)
     for name, _, selected in variants:  # each decoy is left out by its own condition, and counted
         if selected:
             continue
         left_out = sum(n for k, n in sel["excluded"].items() if k == name or k.startswith(name + "."))
         assert left_out >= (2 if name == "depth" else 4), (name, sel["excluded"])  # a depth leaves baselines in
-    out = claims.evaluate(c, fleet, jobs_of(fleet))
+    out = claims.evaluate(c, fleet_db(fleet))
     if c.metric not in ("runs", "acceptance_rate"):
         assert (out["runs"] > 0).any()  # the wanted job is settled...
         assert out["machines"].max() <= len(expected)  # ...with none of the decoys in it
@@ -365,18 +365,18 @@ def _fleet_claim(low: float, high: float) -> claims.Claim:
 
 def test_the_false_discovery_step_turns_a_lone_marginal_verdict_inconclusive():
     marginal = frame(_chip_runs("Chip 00", [0.17, 0.20, 0.23], seed=1))
-    wide = claims.evaluate(_fleet_claim(0.5, 2.0), marginal, jobs_of(marginal)).iloc[0]
+    wide = claims.evaluate(_fleet_claim(0.5, 2.0), fleet_db(marginal)).iloc[0]
     # a band just wider than the interval: reproduced alone, with a p-value just under 0.025
     low, high = float(wide["ci_low"]) / 1.003, float(wide["ci_high"]) * 1.003
     c = _fleet_claim(low, high)
-    alone = claims.evaluate_all([c], marginal, jobs_of(marginal)).iloc[0]
+    alone = claims.evaluate_all([c], fleet_db(marginal)).iloc[0]
     assert alone["verdict"] == alone["adjusted_verdict"] == inference.REPRODUCED
     assert 0.01 < alone["p_value"] < 0.025 and alone["adjusted_p"] == pytest.approx(alone["p_value"])
     # nineteen more chips whose truth sits on the band's lower edge: tested, inconclusive, p 1
     edge = math.log(low)
     nulls = [_chip_runs(f"Chip {k:02d}", [edge - 0.05, edge, edge + 0.05], seed=k) for k in range(1, 20)]
     fleet = frame(_chip_runs("Chip 00", [0.17, 0.20, 0.23], seed=1) + sum(nulls, []))
-    out = claims.evaluate_all([c], fleet, jobs_of(fleet)).set_index("chip")
+    out = claims.evaluate_all([c], fleet_db(fleet)).set_index("chip")
     assert len(out) == 20 and out["tested"].all()
     assert (out.drop(index="Chip 00")["verdict"] == inference.INCONCLUSIVE).all()
     m = out.loc["Chip 00"]

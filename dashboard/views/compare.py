@@ -23,7 +23,7 @@ st.title("Compare chips")
 v = data.version()
 f = widgets.filters(v, "compare")
 chips = data.chips(v)
-if data.all_runs(v).empty:
+if not data.run_count(v):
     st.info("No results yet: submit a sweep with `specfleet sweep submit FILE`.")
     st.stop()
 f, groups = widgets.comparable_group(v, f, "compare-group")

@@ -1,6 +1,7 @@
 """Runs: every run with every recorded field (the typed run record) and the names it goes by (the
 system and method it measured, its flags), server runs' own figures, version and command beside
-the client's; CSV and Parquet downloads."""
+the client's; the latest runs of the selection in the table, every one of them in the CSV and
+Parquet downloads."""
 
 import streamlit as st
 
@@ -9,31 +10,35 @@ from dashboard import data, widgets
 st.title("Runs")
 v = data.version()
 f = widgets.filters(v, "runs")
-runs = data.runs_table(v, f)
-if runs.empty:
+every = data.runs_summary(v, f)
+if not every.get("runs"):
     st.info("No results yet: submit a sweep with `specfleet sweep submit FILE`.")
     st.stop()
 
-chips = st.multiselect("chip", sorted(runs["chip"].unique()), placeholder="all", key="runs-chip")
-states = st.multiselect("environment", ["nominal", "unknown", "degraded"], placeholder="all", key="runs-nominal")
-if chips:
-    runs = runs[runs["chip"].isin(chips)]
-if states:
-    runs = runs[runs["nominal"].isin(states)]
-widgets.nominal_note(runs["nominal"].value_counts().to_dict())
+chips = tuple(st.multiselect("chip", every["chip_options"], placeholder="all", key="runs-chip"))
+states = tuple(st.multiselect("environment", ["nominal", "unknown", "degraded"], placeholder="all", key="runs-nominal"))
+summary = data.runs_summary(v, f, chips, states)
+widgets.nominal_note({k: summary[k] for k in ("nominal", "unknown", "degraded") if summary[k]})
 flagged = {
     "lossy": "changed the output against their reference: engine defects, in no speedup",
     "timings disagree": "were timed more than 5% apart by the client and by the server (timings_disagree)",
     "warm drafter": "started with drafter state inherited from earlier requests (drafter_warm)",
 }
 for flag, said in flagged.items():
-    n = int(runs["flags"].str.contains(flag, regex=False).sum())
-    if n:
-        st.warning(f"{n} run(s) {said}: flagged `{flag}` in the flags column.")
-st.caption(f"{len(runs)} run(s) on {runs['agent_id'].nunique()} machine(s), {runs['chip'].nunique()} chip(s).")
-st.dataframe(runs, hide_index=True)
+    if summary[flag]:
+        st.warning(f"{summary[flag]} run(s) {said}: flagged `{flag}` in the flags column.")
+shown = data.runs_table(v, f, chips, states)
+latest = f"; the table shows the latest {len(shown)}, the downloads all" if len(shown) < summary["runs"] else ""
+st.caption(f"{summary['runs']} run(s) on {summary['machines']} machine(s), {summary['chips']} chip(s){latest}.")
+st.dataframe(shown, hide_index=True)
 
-csv, parquet = data.downloads(runs)
+
+def download(fmt: str):
+    return lambda: data.runs_download(v, f, chips, states, fmt)
+
+
 c1, c2 = st.columns(2)
-c1.download_button("Download CSV", csv, file_name="runs.csv", mime="text/csv")
-c2.download_button("Download Parquet", parquet, file_name="runs.parquet", mime="application/vnd.apache.parquet")
+c1.download_button("Download CSV", download("csv"), file_name="runs.csv", mime="text/csv")
+c2.download_button(
+    "Download Parquet", download("parquet"), file_name="runs.parquet", mime="application/vnd.apache.parquet"
+)
