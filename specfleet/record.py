@@ -261,6 +261,13 @@ class RunRecord:
     # run started from a fresh server, True when it inherited state; None for stateless drafters.
     drafter_warm: bool | None = None
     interleaving: str = ""  # server arms: "rotated" (all servers up) | "blocks" (one at a time)
+    # The accelerator (migration 005): the compute backend the engine ran on (BACKENDS; "" where
+    # the engine cannot tell, as for a server), and the energy the run's generation drew, from the
+    # counter named by energy_source (ENERGY_SOURCES; "" and None where none is readable here).
+    backend: str = ""
+    energy_source: str = ""
+    energy_joules: float | None = None
+    joules_per_token: float | None = None  # energy_joules / generated_tokens
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self):
@@ -425,6 +432,13 @@ def _build(cls, data: dict[str, Any], where: str):
     return cls(**kwargs)
 
 
+# Compute backends a run can record: llama.cpp's ggml backends, MLX's devices.
+BACKENDS = ("", "cpu", "cuda", "metal")
+# Energy counters: NVIDIA's NVML total-energy counter, Linux RAPL (/sys/class/powercap), and
+# macOS IOReport's energy channels.
+ENERGY_SOURCES = ("", "nvml", "rapl", "ioreport")
+
+
 def _problems(r: RunRecord) -> list[str]:
     """Every field that is out of range, too long, or inconsistent with another."""
     problems = []
@@ -462,6 +476,14 @@ def _problems(r: RunRecord) -> list[str]:
             problems.append(f"{role}.reference {m.reference[:80]!r} is a path: a model is named by its file name")
     if not r.target.reference:
         problems.append("target.reference is required")
+    if r.backend not in BACKENDS:
+        problems.append(f"backend {r.backend!r} is not one of {', '.join(b for b in BACKENDS if b)}")
+    if r.energy_source not in ENERGY_SOURCES:
+        problems.append(f"energy_source {r.energy_source!r} is not one of {', '.join(e for e in ENERGY_SOURCES if e)}")
+    if (r.energy_joules is None) != (r.energy_source == ""):
+        problems.append("energy_joules and energy_source go together: both set or neither")
+    bounded("energy_joules", 0.0, 1e9)
+    bounded("joules_per_token", 0.0, 1e9)
     if r.engine not in ENGINES:
         problems.append(f"engine {r.engine!r} is not one of {', '.join(ENGINES)}")
     if r.method != VERIFY_COST and not is_method(r.engine, r.method):
