@@ -1,5 +1,6 @@
 """What machine this is. macOS readings come from sysctl, sw_vers and ioreg; Linux readings
-from /proc and nvidia-smi. Every reading that cannot be taken is listed as unavailable,
+from /proc and nvidia-smi (each NVIDIA GPU's model, memory, driver, CUDA version, maximum
+clocks and power limit). Every reading that cannot be taken is listed as unavailable,
 never guessed. Parsers are pure functions of command output so they can be tested on
 captured text."""
 
@@ -84,9 +85,48 @@ def parse_meminfo_bytes(text: str) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def parse_nvidia_smi(text: str) -> list[str]:
-    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader` output."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+# What the fingerprint asks nvidia-smi of each GPU, in this order (parse_nvidia_smi's fields).
+NVIDIA_SMI_QUERY = (
+    "name,memory.total,driver_version,clocks.max.sm,clocks.max.memory,power.limit,power.max_limit,pci.bus_id"
+)
+
+
+def parse_nvidia_smi(text: str, cuda: str = "") -> list[str]:
+    """`nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits` output: one line
+    per GPU, "NVIDIA H200, 143771 MiB, driver 580.159.04, CUDA 13.0, SM 1980 MHz, memory 3201 MHz,
+    power limit 700 W". `cuda` is the driver's CUDA version (parse_nvidia_smi_cuda). A value
+    nvidia-smi reports as "[N/A]" or "[Not Supported]" is left out, never guessed."""
+    gpus = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 6 or not fields[0]:
+            continue
+        name, memory, driver, sm, mem_clock, power = fields[:6]
+        parts = [name]
+        known = [
+            (memory, "{} MiB"),
+            (driver, "driver {}"),
+            (cuda, "CUDA {}"),
+            (sm, "SM {} MHz"),
+            (mem_clock, "memory {} MHz"),
+            (_watts(power), "power limit {} W"),
+        ]
+        parts += [form.format(value) for value, form in known if value and not value.startswith("[")]
+        gpus.append(", ".join(parts))
+    return gpus
+
+
+def parse_nvidia_smi_cuda(text: str) -> str:
+    """The "CUDA Version: 13.0" of plain `nvidia-smi` output's header, or ""."""
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", text)
+    return m.group(1) if m else ""
+
+
+def _watts(text: str) -> str:
+    try:
+        return f"{float(text):g}"
+    except ValueError:
+        return text
 
 
 def run_command(cmd: list[str]) -> str | None:
@@ -206,8 +246,9 @@ def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/")) -> None:
     meminfo = (root / "proc/meminfo").read_text() if (root / "proc/meminfo").exists() else ""
     fp.chip = parse_cpuinfo_model(cpuinfo) or platform.processor() or ""
     fp.memory_bytes = parse_meminfo_bytes(meminfo) or 0
-    smi = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
-    fp.gpus.extend(parse_nvidia_smi(smi or ""))
+    smi = run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"])
+    if smi:
+        fp.gpus.extend(parse_nvidia_smi(smi, parse_nvidia_smi_cuda(run(["nvidia-smi"]) or "")))
     # Apple-only readings do not exist here: say so instead of reporting zeros as facts.
     fp.unavailable.extend(
         ["gpu_cores", "performance_cores", "efficiency_cores", "model_identifier", "memory_bandwidth"]

@@ -13,6 +13,7 @@ from agent.fingerprint import (
     parse_ioreg_gpu_cores,
     parse_meminfo_bytes,
     parse_nvidia_smi,
+    parse_nvidia_smi_cuda,
     parse_sysctl,
 )
 
@@ -115,9 +116,23 @@ def test_linux_without_nvidia_smi_has_no_gpus_and_does_not_crash(tmp_path):
     fp = fingerprint(platform="linux", run=lambda cmd: None, root=tmp_path)
     assert list(fp.gpus) == [] and fp.chip == "Test CPU 9000" and fp.memory_bytes == 16384000 * 1024
     assert fpmod.run_command(["definitely-not-a-command-specfleet"]) is None
-    gpus = captured("linux-h200-nvidia-smi-query-gpu.txt")  # a real GPU host's output
-    fp = fingerprint(platform="linux", run=lambda cmd: gpus if cmd[0] == "nvidia-smi" else None, root=tmp_path)
-    assert list(fp.gpus) == parse_nvidia_smi(gpus) == ["NVIDIA H200, 143771 MiB"]
+    query, plain = captured("linux-h200-nvidia-smi-query-gpu.txt"), captured("linux-h200-nvidia-smi.txt")
+
+    def smi(cmd):  # a real GPU host's output, for the query and for plain nvidia-smi
+        return None if cmd[0] != "nvidia-smi" else query if len(cmd) > 1 else plain
+
+    fp = fingerprint(platform="linux", run=smi, root=tmp_path)
+    h200 = "NVIDIA H200, 143771 MiB, driver 580.159.04, CUDA 13.0, SM 1980 MHz, memory 3201 MHz, power limit 700 W"
+    assert list(fp.gpus) == [h200]
+    assert parse_nvidia_smi_cuda(plain) == "13.0" and parse_nvidia_smi_cuda("") == ""
+    # Without plain nvidia-smi's header the CUDA version is left out, not guessed.
+    fp = fingerprint(platform="linux", run=lambda cmd: query if cmd[0] == "nvidia-smi" and len(cmd) > 1 else None)
+    assert list(fp.gpus) == [h200.replace(", CUDA 13.0", "")]
+    # A reading nvidia-smi does not support is left out; a line with too few fields is skipped.
+    unsupported = "NVIDIA H200, 143771, 580.159.04, [N/A], 3201, [Not Supported], [N/A], 0\nNVIDIA H200, 1\n"
+    assert parse_nvidia_smi(unsupported, "13.0") == [
+        "NVIDIA H200, 143771 MiB, driver 580.159.04, CUDA 13.0, memory 3201 MHz"
+    ]
     empty = tmp_path / "empty"
     empty.mkdir()
     fp = fingerprint(platform="linux", run=lambda cmd: None, root=empty)
