@@ -24,10 +24,10 @@ from pathlib import Path
 
 import duckdb
 
+from specfleet.importers import LLAMA_BENCH_FORMATS as FORMATS
 from specfleet.importers.result import BadFile, Fields, ImportedResult, Source, at_most_rows, read_source
 
 TOOL = "llama-bench"
-FORMATS = ("json", "jsonl", "csv", "sql")
 # Backend flags of llama-bench versions before its `backends` field, in the order it printed them.
 OLD_BACKEND_FLAGS = ("cuda", "vulkan", "kompute", "metal", "sycl", "rpc", "gpu_blas", "blas")
 _CREATE = re.compile(r"\s*CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+llama_bench\s*\(", re.IGNORECASE)

@@ -167,13 +167,16 @@ class Fields:
             raise self.bad(name, f"expected a whole number, got {_shown(self.values[name])}")
         return int(number)
 
-    def numbers(self, name: str, high: float = math.inf) -> tuple[float, ...]:
-        """A list of numbers (absent: empty), each finite, at least 0 and at most `high`."""
+    def numbers(self, name: str, high: float = math.inf, until_null: bool = False) -> tuple[float, ...]:
+        """A list of numbers (absent: empty), each finite, at least 0 and at most `high`; with
+        `until_null`, the numbers before the first null (a value the tool did not have)."""
         value = self._get(name, False)
         if value is None:
             return ()
         if not isinstance(value, list):
             raise self.bad(name, f"expected a list of numbers, got {_shown(value)}")
+        if until_null and None in value:
+            value = value[: value.index(None)]
         out = []
         for i, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, int | float) or not math.isfinite(item):
