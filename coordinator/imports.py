@@ -36,10 +36,10 @@ def _json_object(text: str, where: str) -> dict:
     return value
 
 
-def import_id(result: pb.ImportedResult) -> str:
-    """The row's identity: its tool and its fields (canonical JSON), whatever file carried it."""
-    fields = json.dumps(_json_object(result.fields_json, "fields_json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(f"{result.tool}\n{fields}".encode()).hexdigest()
+def import_id(tool: str, fields: dict) -> str:
+    """A row's identity: its tool and its fields (canonical JSON), whatever file carried it."""
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{tool}\n{canonical}".encode()).hexdigest()
 
 
 def _checked(result: pb.ImportedResult, index: int) -> tuple:
@@ -50,9 +50,9 @@ def _checked(result: pb.ImportedResult, index: int) -> tuple:
         raise InvalidImport(f"{where}.method: {result.method!r} is not one of {', '.join(METHODS)}")
     if result.quality_gates_json:
         _json_object(result.quality_gates_json, f"{where}.quality_gates_json")
-    _json_object(result.fields_json, f"{where}.fields_json")
+    fields = _json_object(result.fields_json, f"{where}.fields_json")
     return (
-        import_id(result),
+        import_id(result.tool, fields),
         result.tool,
         result.tool_version,
         result.source_file,
@@ -84,8 +84,8 @@ def store_imported(store: Store, request: pb.ImportResultsRequest, imported_by: 
     now = time.time()
     with store.tx() as con:
         seen = {
-            import_id
-            for (import_id,) in con.execute(
+            known
+            for (known,) in con.execute(
                 "SELECT import_id FROM imported_results WHERE import_id IN (SELECT unnest(?))", [[r[0] for r in rows]]
             ).fetchall()
         }

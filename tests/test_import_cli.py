@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from agent.api import AdminApi, channel
+from coordinator import limits
 from coordinator.auth import hash_secret
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
@@ -23,6 +24,7 @@ from tests.fleet import start_coordinator as start_in_process
 from tests.processes import cli, start_coordinator, stop
 from tests.test_importers import MTPLX_RUN
 
+pytestmark = pytest.mark.slow  # real processes: the CLI a dozen times, a coordinator (about a minute)
 M1_MAX = pb.Fingerprint(hostname="m1", os="macos", chip="Apple M1 Max", memory_bytes=64 * 2**30)
 
 
@@ -120,7 +122,26 @@ def test_bad_files_and_requests_are_refused_whole(coord, llama_bench_output, tmp
     with pytest.raises(grpc.RpcError) as e:
         AdminApi(channel(coord[0]), "sfadm.wrong").ImportResults(pb.ImportResultsRequest(results=rows[:1]))
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as e:  # every row bad: the status names the first 20, counts the rest
+        admin.ImportResults(pb.ImportResultsRequest(results=[pb.ImportedResult()] * 30))
+    assert e.value.details().count("results[") == 20 and e.value.details().endswith(f"; and {30 * 8 - 20} more")
     assert len(imported(coord)) == before
+
+
+def test_a_file_too_large_for_one_request_is_refused_before_sending(coord, llama_bench_output, tmp_path):
+    row = llama_bench_output["jsonl"].read_text().splitlines()[0]
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(row.replace('"avg_ns": ', f'"avg_ns": {i}, "was": ') + "\n" for i in range(4000)))
+    before = len(imported(coord))
+    result = run_import(coord, "llama-bench", str(big), check=False)
+    assert result.returncode == 1 and "big.jsonl: 4000 results make a" in result.stderr
+    assert "split the file; nothing was imported" in result.stderr and len(imported(coord)) == before
+
+
+def test_at_most_max_import_rows_per_request():
+    too_many = limits.MAX_IMPORT_ROWS + 1
+    request = pb.ImportResultsRequest(results=[pb.ImportedResult()] * too_many)
+    assert limits.problems(request) == [f"results: {too_many} items; at most {limits.MAX_IMPORT_ROWS}"]
 
 
 def test_imported_results_are_not_runs_and_change_no_speedup(tmp_path, llama_bench_output):
