@@ -105,6 +105,27 @@ def test_fields_of_older_and_newer_llama_bench_versions_are_read_by_name(tmp_pat
     assert llama_bench.parse(path)[0].test == "tg128 @ d4096"
 
 
+@pytest.mark.parametrize("fmt", ("csv", "sql", "jsonl"))
+def test_outputs_appended_to_one_file_are_read_whole(tmp_path, fmt):
+    """`llama-bench -o csv >> results.csv` twice: every result of both runs, each with its line."""
+    text = (CAPTURED / f"llama-bench-cpu-target.{fmt}").read_text()
+    path = tmp_path / f"results.{fmt}"
+    path.write_text(text + text.replace("2026-12-01T", "2026-12-02T"))
+    results = llama_bench.parse(path)
+    assert [r.test for r in results] == ["pp16", "tg16"] * 2
+    assert [r.measured_at[:10] for r in results] == ["2026-12-01"] * 2 + ["2026-12-02"] * 2
+    assert len({r.line for r in results}) == 4
+
+
+def test_unquoted_sql_numbers_are_read_too(tmp_path):
+    """llama-bench quotes every value; a hand-edited or older file may not."""
+    sql = (CAPTURED / "llama-bench-cpu-target.sql").read_text()
+    values = re.findall(r"'([^']*)'", sql.splitlines()[-1])
+    path = tmp_path / "results.sql"
+    path.write_text(sql.replace(f"'{values[-2]}'", values[-2]))
+    assert llama_bench.parse(path)[1].tokens_per_second == float(values[-2])
+
+
 def test_format_is_detected_from_the_suffix_or_the_text(tmp_path):
     for fmt in FORMATS:
         copy = tmp_path / f"noext-{fmt}"

@@ -120,7 +120,7 @@ def _csv_rows(text: str, source: Source) -> list[Fields]:
             raise source.bad("empty: expected a header line of field names", 1)
         rows = []
         for values in reader:
-            if not values:
+            if not values or values == header:  # a blank line, or the header of a file appended to it
                 continue
             if len(values) != len(header):
                 raise source.bad(f"{len(values)} values for the header's {len(header)} fields", reader.line_num)
@@ -149,8 +149,10 @@ def _sql_rows(text: str, source: Source) -> list[Fields]:
                 raise source.bad("only CREATE TABLE IF NOT EXISTS llama_bench and INSERT INTO llama_bench", line)
         for statement, line in zip(statements, lines):
             try:
-                con.execute(statement.query)
-                if statement.type == duckdb.StatementType.CREATE:
+                if statement.type == duckdb.StatementType.INSERT:
+                    con.execute(statement.query)
+                elif not _has_table(con):  # a second CREATE (files concatenated) keeps the first's rows
+                    con.execute(statement.query)
                     _as_text(con, source, line)
             except duckdb.Error as e:
                 raise source.bad(str(e).splitlines()[0], line) from None
@@ -160,6 +162,10 @@ def _sql_rows(text: str, source: Source) -> list[Fields]:
         return [Fields(dict(zip(names, row)), source, line) for row, line in zip(cursor.fetchall(), inserts)]
     finally:
         con.close()
+
+
+def _has_table(con) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'llama_bench'").fetchone()[0])
 
 
 def _as_text(con, source: Source, line: int) -> None:
