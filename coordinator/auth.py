@@ -94,6 +94,13 @@ def _bearer(metadata) -> str:
     raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "missing credential (authorization metadata)")
 
 
+def admin_identity(metadata) -> str:
+    """The identity of the admin credential in `metadata`, as the coordinator knows it: admin
+    credentials carry no name, so it is "admin:" and the first 12 hex digits of the hash the
+    coordinator stores (admin_credentials.credential_hash), never the secret."""
+    return "admin:" + hash_secret(_bearer(metadata))[:12]
+
+
 def _agent_rows(store: Store, agent_ids: list[str]) -> list[tuple[str, str] | None]:
     """(credential hash, state) of each agent, None for an unknown one: one query for many."""
     with store.tx() as con:

@@ -2,8 +2,9 @@
 
 `LIMITS` names each field as `Message.field`: a string is bounded in characters, a repeated
 field in items (each item a string bounded too), a map in entries (keys and values bounded),
-a number by its range (and finite). Nested messages (Fingerprint) are walked, booleans need no
-bound. `problems(request)` names every field out of bounds by its path in the request
+a number by its range (and finite), a repeated number field in items (each in its range), a
+repeated message field in items. Nested messages (Fingerprint, each ImportedResult) are walked,
+booleans need no bound. `problems(request)` names every field out of bounds by its path in the request
 ("fingerprint.chip: 1048576 characters; at most 128"); the service refuses such a request with
 INVALID_ARGUMENT before it reads anything else of it, so nothing of it is stored. `unbounded()`
 lists the fields of request messages missing from the table: a test keeps it empty, so that a
@@ -24,6 +25,8 @@ MAX_RECORD_CHARS = 256 * 1024  # a run record's JSON (ingest validates what is i
 MAX_SWEEP_YAML_CHARS = 1024 * 1024
 MAX_REASON_CHARS = 4096  # an agent's reason holds up to 2000 characters of its worker's stderr
 MAX_STATUS_CHARS = 1024
+MAX_IMPORT_ROWS = 10_000  # results of one import (one file); the message size bounds it too
+MAX_IMPORT_FIELDS_CHARS = 16 * 1024  # one imported row as its file gives it, as JSON
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,22 @@ class Number:
     high: float
 
 
+@dataclass(frozen=True)
+class Numbers:
+    max_items: int
+    item: Number
+
+
+@dataclass(frozen=True)
+class Messages:
+    max_items: int
+
+
 ID = Text(MAX_ID_CHARS)
 COUNT = Number(0, 1_000_000)
+TOKENS = Number(0, 2**31 - 1)
 
-LIMITS: dict[str, Text | Items | Entries | Number] = {
+LIMITS: dict[str, Text | Items | Entries | Number | Numbers | Messages] = {
     "Fingerprint.hostname": Text(255),
     "Fingerprint.os": Text(32),
     "Fingerprint.os_version": Text(64),
@@ -97,6 +112,29 @@ LIMITS: dict[str, Text | Items | Entries | Number] = {
     "ExportRequest.table": Text(16),
     "ExportRequest.after_seq": Number(0, 2**63 - 1),
     "ExportRequest.limit": Number(0, 2**31 - 1),
+    "ImportResultsRequest.results": Messages(MAX_IMPORT_ROWS),
+    "ImportResultsRequest.machine_note": Text(256),
+    "ImportResultsRequest.local_user": Text(64),
+    "ImportedResult.tool": Text(32, min_chars=1),
+    "ImportedResult.tool_version": Text(128),
+    "ImportedResult.source_file": Text(255, min_chars=1),
+    "ImportedResult.source_sha256": Text(64, min_chars=64),
+    "ImportedResult.source_line": Number(1, 2**31 - 1),
+    "ImportedResult.machine": Text(512),
+    "ImportedResult.model": Text(512, min_chars=1),
+    "ImportedResult.test": Text(128, min_chars=1),
+    "ImportedResult.method": Text(16, min_chars=1),
+    "ImportedResult.draft_depth": Number(0, 64),
+    "ImportedResult.n_prompt": TOKENS,
+    "ImportedResult.n_gen": TOKENS,
+    "ImportedResult.n_depth": TOKENS,
+    "ImportedResult.tokens_per_second": Number(0, 1e9),
+    "ImportedResult.tokens_per_second_stddev": Number(0, 1e9),
+    "ImportedResult.samples_tokens_per_second": Numbers(1000, Number(0, 1e9)),
+    "ImportedResult.acceptance_by_depth": Numbers(64, Number(0, 1)),
+    "ImportedResult.quality_gates_json": Text(4096),
+    "ImportedResult.measured_at": Text(64),
+    "ImportedResult.fields_json": Text(MAX_IMPORT_FIELDS_CHARS, min_chars=2),
 }
 
 SERVICES = ("AgentService", "AdminService")
@@ -120,9 +158,13 @@ def messages() -> dict[str, Descriptor]:
     return found
 
 
+def _repeated(field: FieldDescriptor) -> bool:
+    return field.is_repeated
+
+
 def _needs_bound(field: FieldDescriptor) -> bool:
     nested = field.message_type is not None and not field.message_type.GetOptions().map_entry
-    return field.type != FieldDescriptor.TYPE_BOOL and not nested
+    return field.type != FieldDescriptor.TYPE_BOOL and (not nested or _repeated(field))
 
 
 def unbounded() -> list[str]:
@@ -161,17 +203,29 @@ def problems(message, prefix: str = "") -> list[str]:
         path = prefix + field.name
         value = getattr(message, field.name)
         nested = field.message_type is not None and not field.message_type.GetOptions().map_entry
+        bound = LIMITS.get(f"{name}.{field.name}")
+        if nested and _repeated(field):
+            if len(value) > bound.max_items:
+                out.append(f"{path}: {len(value)} items; at most {bound.max_items}")
+            else:
+                for i, item in enumerate(value):
+                    out.extend(problems(item, f"{path}[{i}]."))
+            continue
         if nested:
             if message.HasField(field.name):
                 out.extend(problems(value, path + "."))
             continue
-        bound = LIMITS.get(f"{name}.{field.name}")
         if bound is None:  # a boolean (unbounded() keeps the rest in the table)
             continue
         if isinstance(bound, Text):
             out.append(_text(path, value, bound))
         elif isinstance(bound, Number):
             out.append(_number(path, value, bound))
+        elif isinstance(bound, Numbers):
+            if len(value) > bound.max_items:
+                out.append(f"{path}: {len(value)} items; at most {bound.max_items}")
+            else:
+                out.extend(_number(f"{path}[{i}]", item, bound.item) for i, item in enumerate(value))
         elif isinstance(bound, Items):
             if len(value) > bound.max_items:
                 out.append(f"{path}: {len(value)} items; at most {bound.max_items}")

@@ -19,6 +19,7 @@ from google.protobuf import json_format
 
 from coordinator import agents, auth, limits
 from coordinator.batching import Batcher, Database
+from coordinator.imports import InvalidImport, store_imported
 from coordinator.ingest import InvalidRun, Report, ingest_many
 from coordinator.metrics import Metrics
 from coordinator.scheduler import (
@@ -49,7 +50,9 @@ EXPORT_COLUMNS = {
     "sweeps": "sweep_id, name, state, created_at, yaml, seq",
     "agents": "agent_id, name, chip, memory_bytes, state, status, current_job_id, labels, engines, fingerprint,"
     " enrolled_at, last_seen, seq",
+    "imported_results": "*",
 }
+MAX_SHOWN_PROBLEMS = 20  # of a refused request, in its status
 
 
 def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
@@ -60,7 +63,8 @@ async def bounded(request, context) -> None:
     """Abort the call with INVALID_ARGUMENT naming every field of `request` out of bounds."""
     problems = limits.problems(request)
     if problems:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        more = f"; and {len(problems) - MAX_SHOWN_PROBLEMS} more" if len(problems) > MAX_SHOWN_PROBLEMS else ""
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems[:MAX_SHOWN_PROBLEMS]) + more)
 
 
 async def each_bounded(requests, context):
@@ -374,6 +378,17 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self.credentials.forget(request.agent_id)
         self.agent_service.set_state(request.agent_id, state)
         return pb.SetAgentStateResponse()
+
+    async def ImportResults(self, request, context):
+        """Store results another tool measured, all in one transaction or none, as the admin
+        whose credential the call carries."""
+        await bounded(request, context)
+        imported_by = auth.admin_identity(context.invocation_metadata())
+        try:
+            stored, duplicates = await self.db.run(store_imported, self.store, request, imported_by)
+        except InvalidImport as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.ImportResultsResponse(stored=stored, duplicates=duplicates, imported_by=imported_by)
 
     async def Export(self, request, context):
         await bounded(request, context)

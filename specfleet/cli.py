@@ -370,6 +370,41 @@ def cmd_agent_status(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- import
+
+
+def cmd_import(args) -> int:
+    """Parse another tool's results here, every row checked, then store them all through the
+    coordinator in one call (or none: a bad row refuses the whole file)."""
+    import getpass
+
+    from coordinator.server import MAX_MESSAGE_BYTES
+    from protos.specfleet.v1 import fleet_pb2 as pb
+    from specfleet.importers import llama_bench, mtplx
+
+    path = Path(args.path)
+    results = llama_bench.parse(path, args.format) if args.tool == "llama-bench" else mtplx.parse(path)
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name on this machine: the admin identity still says who
+        user = ""
+    request = pb.ImportResultsRequest(
+        results=[r.to_proto() for r in results], machine_note=args.machine_note, local_user=user
+    )
+    if request.ByteSize() > MAX_MESSAGE_BYTES - 4096:
+        raise ValueError(
+            f"{path.name}: {len(results)} results make a {request.ByteSize()}-byte request; the coordinator takes "
+            f"at most {MAX_MESSAGE_BYTES - 4096}: split the file; nothing was imported"
+        )
+    resp = _admin(args).ImportResults(request, timeout=120)
+    print(
+        f"imported {resp.stored} result(s) from {path} as {resp.imported_by}"
+        f"{f' ({resp.duplicates} already stored)' if resp.duplicates else ''}; "
+        "they are shown as imported and unpaired, never pooled into the fleet's speedups"
+    )
+    return 0
+
+
 # ---------------------------------------------------------------- other
 
 
@@ -523,6 +558,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = ag.add_parser("status", help="current job, spool depth, last contact")
     flag(p, "--config-dir", **config_dir)
     p.set_defaults(fn=cmd_agent_status)
+
+    from specfleet.importers import LLAMA_BENCH_FORMATS
+
+    imports = sub.add_parser("import", help="results measured by other tools, stored apart from the fleet's runs")
+    imports = imports.add_subparsers(dest="sub", required=True)
+    for tool, what, metavar in (
+        ("llama-bench", "llama-bench's -o json, jsonl, csv or sql output", "FILE"),
+        ("mtplx", "a `mtplx bench run` directory (envelope.json) and `mtplx tune` results in it", "DIR"),
+    ):
+        p = imports.add_parser(tool, help=what)
+        p.add_argument("path", metavar=metavar)
+        if tool == "llama-bench":
+            flag(p, "--format", env="IMPORT_FORMAT", choices=("auto", *LLAMA_BENCH_FORMATS), default="auto")
+        flag(p, "--machine-note", env="IMPORT_MACHINE_NOTE", default="", help="your words on the machine that ran it")
+        _add_admin_flags(p)
+        p.set_defaults(fn=cmd_import, tool=tool)
 
     p = sub.add_parser("export", help="one row per run, every parameter and metric")
     flag(p, "--format", env="EXPORT_FORMAT", choices=("parquet", "csv"), default="parquet")

@@ -38,3 +38,23 @@ def page(fleet, monkeypatch):
 
     open_page.truth = truth
     return open_page
+
+
+LLAMA_BENCH = Path(__file__).resolve().parent.parent / ".data" / "llama.cpp" / "bin" / "llama-bench"
+
+
+@pytest.fixture(scope="session")
+def llama_bench_output(tiny_models, tmp_path_factory):
+    """Real llama-bench output on the tiny target, once per session: {format: file} for -o json,
+    jsonl, csv and sql (two repetitions of pp16 and tg16, a second or so in all)."""
+    import subprocess
+
+    if not LLAMA_BENCH.exists():
+        pytest.fail(f"no llama-bench at {LLAMA_BENCH}: run scripts/build-llama-cpp.sh")
+    out = tmp_path_factory.mktemp("llama-bench")
+    files = {}
+    for fmt in ("json", "jsonl", "csv", "sql"):
+        files[fmt] = out / f"results.{fmt}"
+        command = [str(LLAMA_BENCH), "-m", str(tiny_models.gguf_target), "-r", "2", "-p", "16", "-n", "16", "-o", fmt]
+        files[fmt].write_text(subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout)
+    return files

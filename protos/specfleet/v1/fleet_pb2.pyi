@@ -338,3 +338,69 @@ class CancelSweepResponse(_message.Message):
     JOBS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
     jobs_cancelled: int
     def __init__(self, jobs_cancelled: _Optional[int] = ...) -> None: ...
+
+class ImportedResult(_message.Message):
+    __slots__ = ("tool", "tool_version", "source_file", "source_sha256", "source_line", "machine", "model", "test", "method", "draft_depth", "n_prompt", "n_gen", "n_depth", "tokens_per_second", "tokens_per_second_stddev", "has_stddev", "samples_tokens_per_second", "acceptance_by_depth", "quality_gates_json", "measured_at", "fields_json")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FILE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LINE_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEST_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    N_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    N_GEN_FIELD_NUMBER: _ClassVar[int]
+    N_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_STDDEV_FIELD_NUMBER: _ClassVar[int]
+    HAS_STDDEV_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_BY_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_GATES_JSON_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    tool_version: str
+    source_file: str
+    source_sha256: str
+    source_line: int
+    machine: str
+    model: str
+    test: str
+    method: str
+    draft_depth: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    tokens_per_second: float
+    tokens_per_second_stddev: float
+    has_stddev: bool
+    samples_tokens_per_second: _containers.RepeatedScalarFieldContainer[float]
+    acceptance_by_depth: _containers.RepeatedScalarFieldContainer[float]
+    quality_gates_json: str
+    measured_at: str
+    fields_json: str
+    def __init__(self, tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., source_file: _Optional[str] = ..., source_sha256: _Optional[str] = ..., source_line: _Optional[int] = ..., machine: _Optional[str] = ..., model: _Optional[str] = ..., test: _Optional[str] = ..., method: _Optional[str] = ..., draft_depth: _Optional[int] = ..., n_prompt: _Optional[int] = ..., n_gen: _Optional[int] = ..., n_depth: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., tokens_per_second_stddev: _Optional[float] = ..., has_stddev: _Optional[bool] = ..., samples_tokens_per_second: _Optional[_Iterable[float]] = ..., acceptance_by_depth: _Optional[_Iterable[float]] = ..., quality_gates_json: _Optional[str] = ..., measured_at: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...
+
+class ImportResultsRequest(_message.Message):
+    __slots__ = ("results", "machine_note", "local_user")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_NOTE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_USER_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ImportedResult]
+    machine_note: str
+    local_user: str
+    def __init__(self, results: _Optional[_Iterable[_Union[ImportedResult, _Mapping]]] = ..., machine_note: _Optional[str] = ..., local_user: _Optional[str] = ...) -> None: ...
+
+class ImportResultsResponse(_message.Message):
+    __slots__ = ("stored", "duplicates", "imported_by")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    IMPORTED_BY_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    duplicates: int
+    imported_by: str
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., imported_by: _Optional[str] = ...) -> None: ...

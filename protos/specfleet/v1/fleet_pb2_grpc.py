@@ -366,6 +366,11 @@ class AdminServiceStub:
                 request_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ExportRequest.SerializeToString,
                 response_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ExportResponse.FromString,
                 _registered_method=True)
+        self.ImportResults = channel.unary_unary(
+                '/specfleet.v1.AdminService/ImportResults',
+                request_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ImportResultsRequest.SerializeToString,
+                response_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ImportResultsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -419,6 +424,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportResults(self, request, context):
+        """Results measured elsewhere (llama-bench, mtplx), stored apart from the fleet's runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -461,6 +473,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ExportRequest.FromString,
                     response_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ExportResponse.SerializeToString,
+            ),
+            'ImportResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportResults,
+                    request_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ImportResultsRequest.FromString,
+                    response_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.ImportResultsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -679,6 +696,33 @@ class AdminService:
             '/specfleet.v1.AdminService/Export',
             protos_dot_specfleet_dot_v1_dot_fleet__pb2.ExportRequest.SerializeToString,
             protos_dot_specfleet_dot_v1_dot_fleet__pb2.ExportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specfleet.v1.AdminService/ImportResults',
+            protos_dot_specfleet_dot_v1_dot_fleet__pb2.ImportResultsRequest.SerializeToString,
+            protos_dot_specfleet_dot_v1_dot_fleet__pb2.ImportResultsResponse.FromString,
             options,
             channel_credentials,
             insecure,
