@@ -12,5 +12,6 @@ st.navigation(
         st.Page("views/compare.py", title="Compare", url_path="compare"),
         st.Page("views/questions.py", title="Questions", url_path="questions"),
         st.Page("views/runs.py", title="Runs", url_path="runs"),
+        st.Page("views/imported.py", title="Imported", url_path="imported"),
     ]
 ).run()

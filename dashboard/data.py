@@ -146,6 +146,7 @@ class Version:
     sweeps: int = 0
     jobs: int = 0
     runs: int = 0
+    imported_results: int = 0
 
 
 def version() -> Version:

@@ -5,14 +5,12 @@ Imported figures are shown beside the fleet's, each marked imported and unpaired
 pooled: nothing here feeds specfleet/speedup.py, a verdict or a metric, and no query joins them
 with `runs`. `beside` puts the two in one table only for reading side by side: one row per
 imported figure, one row per fleet group (the median decode speed of its runs), each with its
-source. The mirror copies the table once dashboard/mirror.py's TABLES has
-`"imported_results": "import_id"`.
+source.
 """
 
 from __future__ import annotations
 
 import pandas as pd
-import streamlit as st
 
 from dashboard import data
 from dashboard.mirror import Mirror
@@ -51,11 +49,11 @@ def beside(mirror: Mirror) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).sort_values(["model", "machine", "source"], ignore_index=True)
 
 
-@st.cache_data(ttl=data.REFRESH_SECONDS)
-def imported_results(v: tuple[str, str, int], tool: str | None = None) -> pd.DataFrame:
-    return rows(data.mirror(v[0], v[1]), tool)
+@data.cached_on("imported_results")
+def imported_results(v: data.Version, tool: str | None = None) -> pd.DataFrame:
+    return rows(data.mirror(v.address, v.token), tool)
 
 
-@st.cache_data(ttl=data.REFRESH_SECONDS)
-def side_by_side(v: tuple[str, str, int]) -> pd.DataFrame:
-    return beside(data.mirror(v[0], v[1]))
+@data.cached_on("imported_results", "runs")
+def side_by_side(v: data.Version) -> pd.DataFrame:
+    return beside(data.mirror(v.address, v.token))

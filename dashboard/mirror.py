@@ -1,10 +1,10 @@
 """The dashboard's own DuckDB, mirrored from the coordinator through its read path.
 
 The coordinator stays the only writer of its file; the dashboard asks for rows whose ingest
-sequence is above the last one it saw, per table, and adds them locally: runs are stored once
-and never change, so new runs are appended; agents, sweeps and jobs change, so their rows are
-replaced. A sync moves only what changed since the last one, and works while the coordinator
-runs and from another host.
+sequence is above the last one it saw, per table, and adds them locally: runs and imported
+results are stored once and never change, so new ones are appended; agents, sweeps and jobs
+change, so their rows are replaced. A sync moves only what changed since the last one, and works
+while the coordinator runs and from another host.
 
 The mirror is a file in a temporary directory (removed on close), not an in-memory database:
 DuckDB keeps it compressed on disk and holds in memory, within MEMORY_LIMIT, what the queries
@@ -23,8 +23,14 @@ import duckdb
 
 from coordinator.export import fetch_table
 
-TABLES = {"agents": "agent_id", "sweeps": "sweep_id", "jobs": "job_id", "runs": "run_id"}
-APPEND_ONLY = {"runs"}
+TABLES = {
+    "agents": "agent_id",
+    "sweeps": "sweep_id",
+    "jobs": "job_id",
+    "runs": "run_id",
+    "imported_results": "import_id",  # `specfleet import`: stored once, never changed
+}
+APPEND_ONLY = {"runs", "imported_results"}
 MEMORY_LIMIT = "512MB"
 
 

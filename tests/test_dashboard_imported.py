@@ -1,7 +1,6 @@
 """The Imported page and its queries (dashboard/imported.py) on a real coordinator's read path:
 imported figures listed with their provenance and set beside the fleet's, each row with its
-source, never combined with a run. The mirror's TABLES entry for imported_results is the
-lead's one-line hook in dashboard/mirror.py; until it is merged the test adds it itself."""
+source, never combined with a run."""
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -31,11 +30,6 @@ def fleet(tmp_path_factory):
     assert admin.ImportResults(request).stored == 7
     yield coordinator, admin
     coordinator.stop()
-
-
-@pytest.fixture(autouse=True)
-def mirrored(monkeypatch):
-    monkeypatch.setitem(mirror.TABLES, "imported_results", "import_id")
 
 
 def test_rows_and_beside(fleet):
