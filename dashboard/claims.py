@@ -577,18 +577,19 @@ def _chip_label(pattern: str | None) -> str:
 _FLEET = f"(SELECT * FROM runs WHERE method != '{VERIFY_COST}')"
 
 
-def fleet_size(con: duckdb.DuckDBPyConnection) -> int:
-    """The generation runs on the connection; 0 when it holds no `runs` yet."""
+def has_runs(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection holds a generation run; False when it holds no `runs` yet. Stops
+    at the first run found: a count of a million runs for every claim cost seconds."""
     try:
-        return con.execute(f"SELECT count(*) FROM {_FLEET}").fetchone()[0]
+        return bool(con.execute(f"SELECT 1 FROM {_FLEET} LIMIT 1").fetchall())
     except duckdb.CatalogException:
-        return 0
+        return False
 
 
 def matching_runs(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """The runs inside the claim's conditions (its arm and the baselines), the columns
     evaluate() reads and each run's comparable group."""
-    if not fleet_size(con):
+    if not has_runs(con):
         return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "comparable"])
     _matched(claim, con)
     return con.execute("SELECT * FROM matched").df()
@@ -611,7 +612,7 @@ def selection(claim: Claim, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     (the fleet's runs of the claim's system, engine and method, whatever their other fields),
     and excluded: for each condition, the generation runs of the fleet that fail it (a run may
     fail several)."""
-    if not fleet_size(con):
+    if not has_runs(con):
         return dict(selected=0, arm=0, models=[], systems=[], of_system=0, excluded={}, fleet=0)
     conds, params = conditions(claim)
     every = " AND ".join(f"coalesce({sql}, false)" for _, sql in conds)
@@ -862,7 +863,7 @@ def beside(claim: Claim, con: duckdb.DuckDBPyConnection) -> str:
     same weights (specfleet llama.cpp mtp) on Apple M1 Max: 0.87 [0.84, 0.9], 2 machine(s)").
     Shown beside the claim's verdict, never as it; '' when there is no such loop or run."""
     ours = our_loop(claim)
-    if ours is None or not fleet_size(con):
+    if ours is None or not has_runs(con):
         return ""
     out = _evaluate(ours, con)
     out = out[out["runs"] > 0]
@@ -900,7 +901,7 @@ def evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def _evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     pattern = claim.conditions.get("chip")
     none = dict(chip=_chip_label(pattern), group="", machines=0, prompts=0, runs=0, excluded_runs=0, differs="")
-    if not fleet_size(con):
+    if not has_runs(con):
         return _rows(claim, [_no_run(claim, none, {})])
     _matched(claim, con)
     cells = con.execute(
