@@ -13,7 +13,8 @@ reference for `lossless`. Sampled runs take a seed per prompt and repeat, derive
 sweep's (`run_seed`), shared by the repeat's arms; on engines whose loops reproduce the baseline
 with the same seed a sampled arm must emit the same-seed baseline's tokens. With
 `cooldown_seconds` the machine rests that long before every measured run.
-Environment readings are taken before and after every run (agent/environment.py). Every run is
+Environment readings are taken before and after every run (agent/environment.py), and the energy
+the run drew where the machine has a readable counter (agent/energy.py). Every run is
 emitted as a `RunRecord`, built here once, naming the system under test (`system_of`).
 """
 
@@ -26,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from agent import environment, prompts
+from agent import energy, environment, prompts
 from agent.engines.base import Engine, EngineError, Generation, Request
 from agent.summary import acceptance_flags, relative_spread, summarise
 from specfleet.design import rounded_repeats, williams
@@ -91,19 +92,22 @@ def run_job(
     sample: Callable[[], dict[str, str]] = environment.sample,
     sleep: Callable[[float], None] = time.sleep,
     memory_total_bytes: int | None = None,
+    meter: energy.Meter | None = None,
 ) -> int:
     """Run a job spec on an engine, calling emit(record) for every measured run. `sample` reads
-    the environment, `sleep` cools down. Returns the number of runs emitted. The engine is closed
-    at the end, whatever happens (a server engine stops its servers)."""
+    the environment, `sleep` cools down, `meter` reads the energy of every measured run (by
+    default this machine's counter, agent/energy.py). Returns the number of runs emitted. The
+    engine is closed at the end, whatever happens (a server engine stops its servers)."""
+    meter = meter or energy.Meter(energy.detect())
     try:
-        return _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes)
+        return _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter)
     finally:
         close = getattr(engine, "close", None)
         if close is not None:
             close()
 
 
-def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes) -> int:
+def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter) -> int:
     load_seconds = engine.load(spec.model["target"], spec.model.get("draft"))
     arms = list(spec.arms)
     prefix = prompts.context(engine.tokenize, spec.documents, spec.context_tokens)
@@ -121,6 +125,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
         attempt=attempt,
         engine=spec.engine,
         engine_version=engine_version(engine.versions()),
+        backend=engine.backend() if hasattr(engine, "backend") else "",
         system=system_of(spec),
         target=target,
         draft=draft or ModelIdentity(),
@@ -177,7 +182,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
             sleep(spec.cooldown_seconds)
         env_before = sample()
         started = time.time()
-        gen = engine.generate(request(arm, prompt_tokens[pid], sampler))
+        gen, drawn = meter.measure(lambda: engine.generate(request(arm, prompt_tokens[pid], sampler)))
         env_after = sample()
         nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), memory_total_bytes)
         return (
@@ -190,6 +195,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
                 env_after=environment.reading(env_after),
                 env_nominal=nominal,
                 env_reasons=tuple(reasons),
+                **energy_fields(drawn, len(gen.tokens)),
             ),
         )
 
@@ -250,6 +256,17 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
     if spec.verify_cost is not None:
         emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted
+
+
+def energy_fields(drawn: energy.Energy | None, tokens: int) -> dict:
+    """A run record's energy fields: nothing where no counter was read."""
+    if drawn is None:
+        return {}
+    return dict(
+        energy_source=drawn.source,
+        energy_joules=drawn.joules,
+        joules_per_token=drawn.joules / tokens if tokens else None,
+    )
 
 
 def losslessness(spec: JobSpec, tokens, greedy_reference, same_seed_baseline) -> tuple[bool | None, str]:

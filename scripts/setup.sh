@@ -3,7 +3,7 @@
 # uv (pinned), the locked environment in .venv (llama-cpp-python is built from source once;
 # uv keeps the built wheel in its cache, so later syncs reuse it), llama-server and llama-bench
 # built from the same llama.cpp source (scripts/build-llama-cpp.sh, cached likewise), and the
-# tiny models.
+# tiny models. SPECFLEET_ACCEL=cuda builds llama.cpp for NVIDIA GPUs (scripts/build-llama-cpp.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

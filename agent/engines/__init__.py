@@ -8,6 +8,9 @@ from importlib import import_module
 from specfleet.record import ENGINE_METHODS  # noqa: F401  (what each engine's generate() accepts)
 
 from .base import Engine, EngineError
+from .llamacpp_lib import use_project_build
+
+use_project_build()  # before llama_cpp is imported: a CUDA build of this checkout, if there is one
 
 # name -> "module:class", relative to this package; the names are specfleet.record.ENGINES
 ENGINES = {

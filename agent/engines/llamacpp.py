@@ -48,6 +48,7 @@ from .base import (
     record_round,
     validate,
 )
+from .llamacpp_lib import backend, library_dir
 
 GPU_LAYERS_ALL = 0x7FFFFFFF  # offload every layer (Metal on a Mac); ignored by CPU-only builds
 VOCAB_SIZE_SLACK = 128  # llama.cpp's own draft check allows padded vocabularies to differ this much
@@ -79,8 +80,8 @@ def _peak_rss_bytes() -> int:
 
 
 def _ggml_build() -> dict[str, str]:
-    """ggml's version and the llama.cpp commit it was built from, read from the bundled library."""
-    for lib in sorted((Path(ll.__file__).parent / "lib").glob("*ggml-base*")):
+    """ggml's version and the llama.cpp commit it was built from, read from the loaded library."""
+    for lib in sorted(library_dir(Path(ll.__file__).parent).glob("*ggml-base*")):
         try:
             ggml = ctypes.CDLL(str(lib))
             ggml.ggml_commit.restype = ggml.ggml_version.restype = ctypes.c_char_p
@@ -88,6 +89,16 @@ def _ggml_build() -> dict[str, str]:
         except (OSError, AttributeError):
             continue
     return {}
+
+
+def _backend() -> str:
+    """The compute backend the loaded llama.cpp runs on (llamacpp_lib.backend), "" if unreadable."""
+    for lib in sorted(library_dir(Path(ll.__file__).parent).glob("libggml.*")):
+        try:
+            return backend(ctypes.CDLL(str(lib)))
+        except (OSError, AttributeError):
+            continue
+    return ""
 
 
 class _Context:
@@ -399,6 +410,9 @@ class LlamaCppEngine:
 
     def versions(self) -> dict[str, str]:
         return {"llama-cpp-python": ll.__version__, "llama.cpp": ll.llama_version().decode(), **_ggml_build()}
+
+    def backend(self) -> str:
+        return _backend()
 
     def _loaded(self) -> _Context:
         if self._target is None:

@@ -271,6 +271,12 @@ class MlxEngine:
     def versions(self) -> dict[str, str]:
         return {"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__, "mlx.device": str(mx.default_device())}
 
+    def backend(self) -> str:
+        """MLX's default device: "metal" or "cuda" (mlx[cuda]) on a GPU, else "cpu"."""
+        if mx.default_device().type != mx.DeviceType.gpu:
+            return "cpu"
+        return "metal" if mx.metal.is_available() else "cuda"
+
     def generate(self, request: Request) -> Generation:
         self._require_loaded()
         validate(request, self.name, self.methods, self._vocab_size, self._draft is not None)

@@ -1,0 +1,137 @@
+"""Energy a run draws, from the machine's own cumulative energy counter.
+
+Counters, tried in this order by `detect()`:
+
+    nvml  NVIDIA's total-energy counter of every GPU (nvmlDeviceGetTotalEnergyConsumption,
+          millijoules since the driver loaded), through the nvidia-ml-py package. On the lent
+          H200 it advances every 100 ms (tests/captured/README.md).
+    rapl  Linux RAPL package domains under /sys/class/powercap (intel-rapl:N/energy_uj,
+          microjoules, wrapping at max_energy_range_uj), where this user may read them (recent
+          kernels make energy_uj root-only).
+
+macOS IOReport's energy channels are not read yet: `detect()` returns None there, and so does
+any machine where no counter is readable, so a run records no energy rather than a guess.
+
+A counter ticks coarsely (NVML every 100 ms, longer than a tiny model's run), so `Meter.measure`
+waits for a tick before the run and for the first tick after it, and charges the run the average
+power between those two ticks times its own duration. The counters cover the whole device or
+package, not one process: other work on the machine in that window is counted too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+POWERCAP = Path("/sys/class/powercap")
+TICK_TIMEOUT_SECONDS = 0.5  # a counter that has not moved for this long is stuck: no reading
+POLL_SECONDS = 0.001
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Counter:
+    """A cumulative energy counter: `read()` gives joules since some origin, never decreasing."""
+
+    source: str  # specfleet/record.py ENERGY_SOURCES
+    read: Callable[[], float]
+
+
+def nvml_counter() -> Counter | None:
+    """The sum of every NVIDIA GPU's energy counter, or None without NVML or a GPU that has one."""
+    try:
+        import pynvml  # nvidia-ml-py; absent on a Mac
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        for handle in handles:
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # NVML_ERROR_NOT_SUPPORTED on older GPUs
+    except pynvml.NVMLError:
+        return None
+    if not handles:
+        return None
+    return Counter("nvml", lambda: sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles) / 1000.0)
+
+
+def rapl_domains(root: Path = POWERCAP) -> list[tuple[Path, int]]:
+    """(energy_uj file, wrap range in microjoules) of each readable RAPL package domain
+    (intel-rapl:N, not its sub-zones intel-rapl:N:M, which the package already counts)."""
+    domains = []
+    for zone in sorted(root.glob("intel-rapl:*")):
+        if zone.name.count(":") != 1:
+            continue
+        try:
+            int((zone / "energy_uj").read_text())
+            wrap = int((zone / "max_energy_range_uj").read_text())
+        except (OSError, ValueError):
+            continue  # unreadable by this user, or not a counter
+        domains.append((zone / "energy_uj", wrap))
+    return domains
+
+
+def rapl_counter(root: Path = POWERCAP) -> Counter | None:
+    """The sum of the RAPL package counters, unwrapped, or None where none is readable."""
+    domains = rapl_domains(root)
+    if not domains:
+        return None
+    last = [int(path.read_text()) for path, _ in domains]
+    total = [0]
+
+    def read() -> float:
+        for i, (path, wrap) in enumerate(domains):
+            now = int(path.read_text())
+            total[0] += now - last[i] if now >= last[i] else now + wrap - last[i]
+            last[i] = now
+        return total[0] / 1e6
+
+    return Counter("rapl", read)
+
+
+def detect() -> Counter | None:
+    """The first readable counter of this machine (NVML, then RAPL), or None."""
+    return nvml_counter() or rapl_counter()
+
+
+@dataclass(frozen=True)
+class Energy:
+    source: str
+    joules: float
+
+
+class Meter:
+    """Energy per run from one counter; `clock` and `sleep` are injectable for tests."""
+
+    def __init__(self, counter: Counter | None, clock=time.perf_counter, sleep=time.sleep):
+        self.counter, self.clock, self.sleep = counter, clock, sleep
+
+    def _tick(self) -> tuple[float, float] | None:
+        """(counter value, time) just after the counter next moves, or None if it does not."""
+        first = self.counter.read()
+        deadline = self.clock() + TICK_TIMEOUT_SECONDS
+        while self.clock() < deadline:
+            value = self.counter.read()
+            if value != first:
+                return value, self.clock()
+            self.sleep(POLL_SECONDS)
+        return None
+
+    def measure(self, fn: Callable[[], T]) -> tuple[T, Energy | None]:
+        """fn()'s result and the energy it drew: the average power between the counter's ticks
+        before and after it, times fn's own duration. None without a counter or on a stuck one."""
+        if self.counter is None:
+            return fn(), None
+        before = self._tick()
+        start = self.clock()
+        result = fn()
+        seconds = self.clock() - start
+        after = self._tick() if before is not None else None
+        if before is None or after is None or after[1] <= before[1] or after[0] < before[0]:
+            return result, None
+        watts = (after[0] - before[0]) / (after[1] - before[1])
+        return result, Energy(self.counter.source, watts * seconds)
