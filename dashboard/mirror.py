@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 
-from coordinator.export import fetch_table
+from coordinator.export import pages
 
 TABLES = {
     "agents": "agent_id",
@@ -47,28 +47,34 @@ class Mirror:
         self._lock = threading.Lock()
 
     def sync(self) -> dict[str, int]:
-        """Pull what changed since the last sync; return each table's highest sequence
-        mirrored, which changes exactly when that table's data does."""
+        """Pull what changed since the last sync, one Export page at a time (a first sync of a
+        million runs never holds them all in memory); return each table's highest sequence
+        mirrored, which changes exactly when that table's data does. Each page is committed
+        with its sequence: a sync cut short resumes where it stopped."""
         with self._lock:
             for table, key in TABLES.items():
                 # fetchall: a half-read result would block register() below
                 rows = self.con.execute("SELECT last_seq FROM _mirror WHERE tbl = ?", [table]).fetchall()
-                batch, last = fetch_table(self.admin, table, rows[0][0] if rows else 0)
-                if batch is None:
-                    continue
-                extra = f", {self.derived[table]}" if table in self.derived else ""
-                self.con.register("_batch", batch)
-                try:
-                    self.con.execute("BEGIN")
-                    self.con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT *{extra} FROM _batch LIMIT 0")
-                    if table not in APPEND_ONLY:
-                        self.con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _batch)")
-                    self.con.execute(f"INSERT INTO {table} BY NAME SELECT *{extra} FROM _batch")
-                    self.con.execute("INSERT OR REPLACE INTO _mirror VALUES (?, ?)", [table, last])
-                    self.con.execute("COMMIT")
-                finally:
-                    self.con.unregister("_batch")
+                for page, last in pages(self.admin, table, rows[0][0] if rows else 0):
+                    self._add(table, key, page, last)
             return {t: s for t, s in self.con.execute("SELECT tbl, last_seq FROM _mirror").fetchall()}
+
+    def _add(self, table: str, key: str, page, last: int) -> None:
+        extra = f", {self.derived[table]}" if table in self.derived else ""
+        self.con.register("_batch", page)
+        try:
+            self.con.execute("BEGIN")
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT *{extra} FROM _batch LIMIT 0")
+            if table not in APPEND_ONLY:
+                self.con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _batch)")
+            self.con.execute(f"INSERT INTO {table} BY NAME SELECT *{extra} FROM _batch")
+            self.con.execute("INSERT OR REPLACE INTO _mirror VALUES (?, ?)", [table, last])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        finally:
+            self.con.unregister("_batch")
 
     def query(self, sql: str, params: list | dict | None = None):
         """A pandas DataFrame; an empty one when the table has not arrived yet."""
