@@ -9,15 +9,16 @@ Derived tables in the coordinator's file, each a function of `runs` alone:
   geometric mean.
 - figure_runs: per run that may enter a pair (usable below), its pairing key (job, lease,
   prompt, repeat and comparable group, hashed), arm and log decode tok/s: where an arriving run
-  finds the partners stored before it. Eight narrow columns: a scan of it costs what a scan of
+  finds the partners stored before it. Six narrow columns: its scan costs about what a scan of
   one column of runs does.
 - figure_pairs: per comparable group, chip, machine, arm, prompt, job and attempt: the sum of
-  the pairs' log ratios and their number. specfleet/speedup.py's combination (the mean over a
-  prompt's repeats, then prompts, then machines) is exact on these sums; the jobs table says at
-  scrape time which job and attempt still count (speedup.counts_sql).
+  the pairs' log ratios and their number (no names: figure_groups names the group).
+  specfleet/speedup.py's combination (the mean over a prompt's repeats, then prompts, then
+  machines) is exact on these sums; the jobs table says at scrape time which job and attempt
+  still count (speedup.counts_sql).
 
-`update` adds one ingest batch (a range of sequence numbers) inside the batch's transaction;
-`ensure` rebuilds everything from runs when the tables are missing, their definition changed (a
+`update` adds one ingest batch (a range of sequence numbers), in one transaction after the
+runs' own; `ensure` rebuilds everything from runs when the tables are missing, their definition changed (a
 checked key added: every comparable id changes) or runs holds rows they have not seen.
 `speedups`, `groups` and `arms` read them: tests/test_figures.py checks that they equal
 specfleet/speedup.py's figures computed from runs, ingest by ingest.
@@ -47,8 +48,7 @@ CREATE TABLE figure_runs (
     pair_key UBIGINT, seq BIGINT, baseline BOOLEAN, method VARCHAR, depth INTEGER, log_tps DOUBLE);
 CREATE TABLE figure_pairs (
     comparable VARCHAR, chip VARCHAR, agent_id VARCHAR, method VARCHAR, depth INTEGER,
-    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, engine VARCHAR, target_reference VARCHAR,
-    draft_reference VARCHAR, prompt_set VARCHAR, log_ratio_sum DOUBLE, pairs BIGINT,
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, log_ratio_sum DOUBLE, pairs BIGINT,
     PRIMARY KEY (comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt));
 CREATE TABLE figure_state (definition VARCHAR, last_seq BIGINT);
 """
@@ -87,7 +87,7 @@ INSERT INTO figure_pairs
 WITH new AS (
     SELECT {_PAIR_KEY} AS pair_key, method = 'baseline' AS baseline, method, depth,
            ln(decode_tokens_per_second) AS log_tps, {speedup.COMPARABLE_ID} AS comparable, chip, agent_id,
-           prompt_id, job_id, attempt, engine, target_reference, draft_reference, prompt_set
+           prompt_id, job_id, attempt
     FROM {_BATCH} AND {_USABLE}),
 old AS (SELECT * FROM figure_runs WHERE seq < $lo AND pair_key IN (SELECT pair_key FROM new)),
 baselines AS (
@@ -98,8 +98,7 @@ pairs AS (
     UNION ALL BY NAME
     SELECT n.* EXCLUDE (log_tps, method, depth), o.method, o.depth, o.log_tps - n.log_tps AS log_ratio
     FROM new n JOIN old o USING (pair_key) WHERE n.baseline AND NOT o.baseline)
-SELECT comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt, any_value(engine),
-       any_value(target_reference), any_value(draft_reference), any_value(prompt_set), sum(log_ratio), count(*)
+SELECT comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt, sum(log_ratio), count(*)
 FROM pairs GROUP BY comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt
 ON CONFLICT DO UPDATE SET log_ratio_sum = log_ratio_sum + excluded.log_ratio_sum, pairs = pairs + excluded.pairs
 """
@@ -149,28 +148,29 @@ def ensure(con: duckdb.DuckDBPyConnection) -> bool:
     return True
 
 
+# specfleet/speedup.py's combination on the sums: per prompt (its repeats, over the valid
+# attempts), per machine (its prompts), per arm (its machines). The names come from the group.
 SPEEDUPS_SQL = f"""
 WITH per_prompt AS (
-    SELECT comparable, chip, agent_id, method, depth, prompt_id, any_value(engine) AS engine,
-           any_value(target_reference) AS target_reference, any_value(draft_reference) AS draft_reference,
-           any_value(prompt_set) AS prompt_set, sum(log_ratio_sum) / sum(pairs) AS log_ratio, sum(pairs) AS pairs
+    SELECT comparable, chip, agent_id, method, depth, sum(log_ratio_sum) / sum(pairs) AS log_ratio, sum(pairs) AS pairs
     FROM figure_pairs p WHERE {speedup.counts_sql("p")}
     GROUP BY comparable, chip, agent_id, method, depth, prompt_id),
 per_machine AS (
-    SELECT comparable, chip, agent_id, method, depth, any_value(engine) AS engine,
-           any_value(target_reference) AS target_reference, any_value(draft_reference) AS draft_reference,
-           any_value(prompt_set) AS prompt_set, avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(pairs) AS pairs
-    FROM per_prompt GROUP BY comparable, chip, agent_id, method, depth)
-SELECT comparable, any_value(engine) AS engine, any_value(target_reference) AS target_reference,
-       any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
-       chip, method, depth, exp(avg(log_ratio)) AS speedup, count(*) AS machines,
-       min(prompts) AS prompts, sum(pairs) AS pairs
-FROM per_machine GROUP BY comparable, chip, method, depth ORDER BY comparable, chip, method, depth
+    SELECT comparable, chip, method, depth, avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(pairs) AS pairs
+    FROM per_prompt GROUP BY comparable, chip, agent_id, method, depth),
+per_arm AS (
+    SELECT comparable, chip, method, depth, exp(avg(log_ratio)) AS speedup, count(*) AS machines,
+           min(prompts) AS prompts, sum(pairs) AS pairs
+    FROM per_machine GROUP BY comparable, chip, method, depth)
+SELECT a.comparable, g.engine, g.target_reference, g.draft_reference, g.prompt_set, a.chip, a.method, a.depth,
+       a.speedup, a.machines, a.prompts, a.pairs
+FROM per_arm a JOIN figure_groups g USING (comparable) ORDER BY a.comparable, a.chip, a.method, a.depth
 """
 
 
 def speedups(con) -> pd.DataFrame:
-    """speedup.speedups(con) (the same rows and columns), from figure_pairs and jobs."""
+    """speedup.speedups(con) (the same rows and columns; the models and prompt set as their
+    group names them), from figure_pairs, figure_groups and jobs."""
     return con.execute(SPEEDUPS_SQL).df()
 
 

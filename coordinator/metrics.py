@@ -30,6 +30,10 @@ RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 class FleetCollector:
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
+        # The result figures and what they were computed at (the runs' and jobs' last sequence):
+        # a scrape recomputes them only when a run or a job changed since.
+        self._at: tuple | None = None
+        self._figures: tuple = ()
 
     def collect(self):
         # Its own connection: a scrape never waits for ingest's lock, nor ingest for a scrape.
@@ -41,9 +45,12 @@ class FleetCollector:
                 " count(*) FILTER (WHERE j.state IN ('done', 'failed', 'refused', 'cancelled')) / count(*)"
                 " FROM sweeps s JOIN jobs j USING (sweep_id) WHERE s.state = 'running' GROUP BY ALL"
             ).fetchall()
-            arm_speeds = figures.arms(con)
-            speedups = figures.speedups(con)
-            groups = figures.groups(con)
+            at = con.execute(
+                "SELECT (SELECT last_seq FROM figure_state), (SELECT coalesce(max(seq), 0) FROM jobs)"
+            ).fetchone()
+            if at != self._at:
+                self._figures, self._at = (figures.arms(con), figures.speedups(con), figures.groups(con)), at
+            arm_speeds, speedups, groups = self._figures
         g = GaugeMetricFamily("specfleet_agents", "Enrolled agents by state and chip", labels=["state", "chip"])
         for state, chip, n in agents:
             g.add_metric([state, chip], n)

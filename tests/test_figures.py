@@ -190,17 +190,22 @@ def test_runs_stored_behind_the_figures_back_are_caught_up_at_the_next_open(flee
         scheduler.store = Store(tmp_path)  # for the fixture to close
 
 
-def test_a_scrape_shows_the_kept_figures(fleet):
+def test_a_scrape_shows_the_kept_figures_and_follows_new_runs(fleet):
     scheduler, _, machines = fleet
+    metrics = Metrics(scheduler)  # one collector: a scrape after new runs must not show the figures cached before
     rng = random.Random(11)
-    for machine in machines:
-        job = scheduler.acquire(machine)
-        runs = job_runs(rng, job, 1.0)
-        ingest_in_batches(rng, scheduler, machine, job, runs)
-        scheduler.complete(machine, job.job_id, job.lease_id, len(runs))
-    families = {
-        f.name: f for f in text_string_to_metric_families(generate_latest(Metrics(scheduler).registry).decode())
-    }
+    for round_ in range(2):
+        for machine in machines:
+            job = scheduler.acquire(machine)
+            runs = job_runs(rng, job, 1.0 + round_)
+            ingest_in_batches(rng, scheduler, machine, job, runs)
+            scheduler.complete(machine, job.job_id, job.lease_id, len(runs))
+        for _ in range(2):  # the second scrape answers from the collector's cache: the same figures
+            assert_scrape_equals_the_table(scheduler, metrics)
+
+
+def assert_scrape_equals_the_table(scheduler, metrics: Metrics) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
     with scheduler.store.reader() as con:
         speedups, groups, arms = from_runs(con)
     shown = {

@@ -80,7 +80,11 @@ def test_metrics_after_a_scripted_fleet_run(coordinator):
     deadline = time.monotonic() + 15
     while True:
         families = scrape(coordinator)
-        if value(families, "specfleet_lease_expiries", "specfleet_lease_expiries_total") >= 1:
+        # The fleet gauges are read before the counters in one scrape: wait for both to show the expiry.
+        idle = [
+            s for s in families["specfleet_agents"].samples if s.labels == {"state": "idle", "chip": "Apple M1 Max"}
+        ]
+        if value(families, "specfleet_lease_expiries", "specfleet_lease_expiries_total") >= 1 and idle:
             break
         assert time.monotonic() < deadline, "the lease did not expire within 15 s"
         time.sleep(0.25)
