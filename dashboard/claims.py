@@ -509,7 +509,14 @@ def _norm_sql(expr: str) -> str:
 
 
 # The recorded architecture in specfleet.record.architecture_family's spelling, in SQL.
-_ARCHITECTURE = _norm_sql(f"regexp_replace(target_architecture, '{ARCHITECTURE_SUFFIX}', '')")
+_ARCHITECTURE = _norm_sql(f"regexp_replace(v, '{ARCHITECTURE_SUFFIX}', '')")
+
+
+def _spelled(column: str, normalised: str, param: str) -> str:
+    """SQL condition: the run's `column` is one of the fleet's values of it whose `normalised`
+    spelling (an expression of v) equals $param. The spelling is computed once per distinct
+    value, not once per run (a million runs hold a handful of quantisations)."""
+    return f"{column} IN (SELECT v FROM (SELECT DISTINCT {column} AS v FROM runs) WHERE {normalised} = ${param})"
 
 
 def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
@@ -540,10 +547,10 @@ def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
         out.append(("digests", "list_contains($digests::VARCHAR[], target_digest)"))
         params["digests"] = list(c["digests"])
     if c.get("quantisation"):
-        out.append(("quantisation", f"{_norm_sql('target_quantisation')} = $quantisation"))
+        out.append(("quantisation", _spelled("target_quantisation", _norm_sql("v"), "quantisation")))
         params["quantisation"] = normalise(c["quantisation"])
     if c.get("architecture"):
-        out.append(("architecture", f"{_ARCHITECTURE} = $architecture"))
+        out.append(("architecture", _spelled("target_architecture", _ARCHITECTURE, "architecture")))
         params["architecture"] = architecture_family(c["architecture"])
     for key, value in c.get("sampler", {}).items():
         out.append((f"sampler.{key}", f"abs(sampler_{key} - $sampler_{key}) < 1e-9"))
