@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specfleet/v1/fleet.proto\x12\x0cspecfleet.v1\"\xa5\x03\n\x0b\x46ingerprint\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\n\n\x02os\x18\x02 \x01(\t\x12\x12\n\nos_version\x18\x03 \x01(\t\x12\x0c\n\x04\x63hip\x18\x04 \x01(\t\x12\x11\n\tgpu_cores\x18\x05 \x01(\x05\x12\x19\n\x11performance_cores\x18\x06 \x01(\x05\x12\x18\n\x10\x65\x66\x66iciency_cores\x18\x07 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\x12\x18\n\x10model_identifier\x18\t \x01(\t\x12)\n!memory_bandwidth_bytes_per_second\x18\n \x01(\x01\x12\x0c\n\x04gpus\x18\x0b \x03(\t\x12\x46\n\x0f\x65ngine_versions\x18\x0c \x03(\x0b\x32-.specfleet.v1.Fingerprint.EngineVersionsEntry\x12\x13\n\x0bunavailable\x18\r \x03(\t\x12\x11\n\tcpu_cores\x18\x0e \x01(\x05\x1a\x35\n\x13\x45ngineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"t\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x10\n\x08sweep_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12\x11\n\tspec_json\x18\x06 \x01(\t\"\xd3\x01\n\x0c\x45nrolRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12.\n\x0b\x66ingerprint\x18\x03 \x01(\x0b\x32\x19.specfleet.v1.Fingerprint\x12\x36\n\x06labels\x18\x04 \x03(\x0b\x32&.specfleet.v1.EnrolRequest.LabelsEntry\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\rEnrolResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ncredential\x18\x02 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x03 \x01(\x01\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"t\n\x10HeartbeatRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12.\n\x0b\x66ingerprint\x18\x04 \x01(\x0b\x32\x19.specfleet.v1.Fingerprint\"Y\n\x11HeartbeatResponse\x12\x13\n\x0blease_valid\x18\x01 \x01(\x08\x12 \n\x18lease_expires_in_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x64rain\x18\x03 \x01(\x08\")\n\x11\x41\x63quireJobRequest\x12\x14\n\x0cwait_seconds\x18\x01 \x01(\x01\"E\n\x12\x41\x63quireJobResponse\x12\x0f\n\x07has_job\x18\x01 \x01(\x08\x12\x1e\n\x03job\x18\x02 \x01(\x0b\x32\x11.specfleet.v1.Job\"W\n\x13ReportResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x13\n\x0brecord_json\x18\x04 \x01(\tJ\x04\x08\x03\x10\x04R\x03run\"=\n\x14ReportResultResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x12\n\ningest_seq\x18\x02 \x01(\x03\"I\n\x12\x43ompleteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\trun_count\x18\x03 \x01(\x05\"\x15\n\x13\x43ompleteJobResponse\"S\n\x0e\x46\x61ilJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07refused\x18\x04 \x01(\x08\"%\n\x0f\x46\x61ilJobResponse\x12\x12\n\nwill_retry\x18\x01 \x01(\x08\"I\n\x12\x43reateTokenRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x01\x12\x10\n\x08max_uses\x18\x02 \x01(\x05\x12\x0c\n\x04note\x18\x03 \x01(\t\"E\n\x13\x43reateTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\x1f\n\x17\x65xpires_at_unix_seconds\x18\x02 \x01(\x01\"\x9f\x02\n\x05\x41gent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12.\n\x0b\x66ingerprint\x18\x04 \x01(\x0b\x32\x19.specfleet.v1.Fingerprint\x12/\n\x06labels\x18\x05 \x03(\x0b\x32\x1f.specfleet.v1.Agent.LabelsEntry\x12\x0f\n\x07\x65ngines\x18\x06 \x03(\t\x12\x1e\n\x16last_seen_unix_seconds\x18\x07 \x01(\x01\x12\x16\n\x0e\x63urrent_job_id\x18\x08 \x01(\t\x12\x0e\n\x06status\x18\t \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x13\n\x11ListAgentsRequest\"9\n\x12ListAgentsResponse\x12#\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x13.specfleet.v1.Agent\"\"\n\x12SubmitSweepRequest\x12\x0c\n\x04yaml\x18\x01 \x01(\t\"D\n\x13SubmitSweepResponse\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\x12\x0c\n\x04jobs\x18\x02 \x01(\x05\x12\r\n\x05notes\x18\x03 \x03(\t\"\xe4\x01\n\x0bSweepStatus\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x12\n\njobs_total\x18\x04 \x01(\x05\x12\x13\n\x0bjobs_queued\x18\x05 \x01(\x05\x12\x14\n\x0cjobs_running\x18\x06 \x01(\x05\x12\x11\n\tjobs_done\x18\x07 \x01(\x05\x12\x13\n\x0bjobs_failed\x18\x08 \x01(\x05\x12\x0c\n\x04runs\x18\t \x01(\x03\x12\x1f\n\x17\x63reated_at_unix_seconds\x18\n \x01(\x01\x12\x10\n\x08\x66\x61ilures\x18\x0b \x03(\t\"#\n\x0fGetSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"\x13\n\x11ListSweepsRequest\"?\n\x12ListSweepsResponse\x12)\n\x06sweeps\x18\x01 \x03(\x0b\x32\x19.specfleet.v1.SweepStatus\"@\n\rExportRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x05\"C\n\x0e\x45xportResponse\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x10\n\x08last_seq\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x05\"7\n\x14SetAgentStateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\"\x17\n\x15SetAgentStateResponse\"&\n\x12\x43\x61ncelSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"-\n\x13\x43\x61ncelSweepResponse\x12\x16\n\x0ejobs_cancelled\x18\x01 \x01(\x05\x32\xea\x03\n\x0c\x41gentService\x12@\n\x05\x45nrol\x12\x1a.specfleet.v1.EnrolRequest\x1a\x1b.specfleet.v1.EnrolResponse\x12P\n\tHeartbeat\x12\x1e.specfleet.v1.HeartbeatRequest\x1a\x1f.specfleet.v1.HeartbeatResponse(\x01\x30\x01\x12O\n\nAcquireJob\x12\x1f.specfleet.v1.AcquireJobRequest\x1a .specfleet.v1.AcquireJobResponse\x12Y\n\x0cReportResult\x12!.specfleet.v1.ReportResultRequest\x1a\".specfleet.v1.ReportResultResponse(\x01\x30\x01\x12R\n\x0b\x43ompleteJob\x12 .specfleet.v1.CompleteJobRequest\x1a!.specfleet.v1.CompleteJobResponse\x12\x46\n\x07\x46\x61ilJob\x12\x1c.specfleet.v1.FailJobRequest\x1a\x1d.specfleet.v1.FailJobResponse2\x91\x05\n\x0c\x41\x64minService\x12R\n\x0b\x43reateToken\x12 .specfleet.v1.CreateTokenRequest\x1a!.specfleet.v1.CreateTokenResponse\x12O\n\nListAgents\x12\x1f.specfleet.v1.ListAgentsRequest\x1a .specfleet.v1.ListAgentsResponse\x12R\n\x0bSubmitSweep\x12 .specfleet.v1.SubmitSweepRequest\x1a!.specfleet.v1.SubmitSweepResponse\x12\x44\n\x08GetSweep\x12\x1d.specfleet.v1.GetSweepRequest\x1a\x19.specfleet.v1.SweepStatus\x12O\n\nListSweeps\x12\x1f.specfleet.v1.ListSweepsRequest\x1a .specfleet.v1.ListSweepsResponse\x12R\n\x0b\x43\x61ncelSweep\x12 .specfleet.v1.CancelSweepRequest\x1a!.specfleet.v1.CancelSweepResponse\x12X\n\rSetAgentState\x12\".specfleet.v1.SetAgentStateRequest\x1a#.specfleet.v1.SetAgentStateResponse\x12\x43\n\x06\x45xport\x12\x1b.specfleet.v1.ExportRequest\x1a\x1c.specfleet.v1.ExportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specfleet/v1/fleet.proto\x12\x0cspecfleet.v1\"\xa5\x03\n\x0b\x46ingerprint\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\n\n\x02os\x18\x02 \x01(\t\x12\x12\n\nos_version\x18\x03 \x01(\t\x12\x0c\n\x04\x63hip\x18\x04 \x01(\t\x12\x11\n\tgpu_cores\x18\x05 \x01(\x05\x12\x19\n\x11performance_cores\x18\x06 \x01(\x05\x12\x18\n\x10\x65\x66\x66iciency_cores\x18\x07 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\x12\x18\n\x10model_identifier\x18\t \x01(\t\x12)\n!memory_bandwidth_bytes_per_second\x18\n \x01(\x01\x12\x0c\n\x04gpus\x18\x0b \x03(\t\x12\x46\n\x0f\x65ngine_versions\x18\x0c \x03(\x0b\x32-.specfleet.v1.Fingerprint.EngineVersionsEntry\x12\x13\n\x0bunavailable\x18\r \x03(\t\x12\x11\n\tcpu_cores\x18\x0e \x01(\x05\x1a\x35\n\x13\x45ngineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"t\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x10\n\x08sweep_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12\x11\n\tspec_json\x18\x06 \x01(\t\"\xd3\x01\n\x0c\x45nrolRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12.\n\x0b\x66ingerprint\x18\x03 \x01(\x0b\x32\x19.specfleet.v1.Fingerprint\x12\x36\n\x06labels\x18\x04 \x03(\x0b\x32&.specfleet.v1.EnrolRequest.LabelsEntry\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\rEnrolResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ncredential\x18\x02 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x03 \x01(\x01\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"t\n\x10HeartbeatRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12.\n\x0b\x66ingerprint\x18\x04 \x01(\x0b\x32\x19.specfleet.v1.Fingerprint\"Y\n\x11HeartbeatResponse\x12\x13\n\x0blease_valid\x18\x01 \x01(\x08\x12 \n\x18lease_expires_in_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x64rain\x18\x03 \x01(\x08\")\n\x11\x41\x63quireJobRequest\x12\x14\n\x0cwait_seconds\x18\x01 \x01(\x01\"E\n\x12\x41\x63quireJobResponse\x12\x0f\n\x07has_job\x18\x01 \x01(\x08\x12\x1e\n\x03job\x18\x02 \x01(\x0b\x32\x11.specfleet.v1.Job\"W\n\x13ReportResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x13\n\x0brecord_json\x18\x04 \x01(\tJ\x04\x08\x03\x10\x04R\x03run\"=\n\x14ReportResultResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x12\n\ningest_seq\x18\x02 \x01(\x03\"I\n\x12\x43ompleteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\trun_count\x18\x03 \x01(\x05\"\x15\n\x13\x43ompleteJobResponse\"S\n\x0e\x46\x61ilJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07refused\x18\x04 \x01(\x08\"%\n\x0f\x46\x61ilJobResponse\x12\x12\n\nwill_retry\x18\x01 \x01(\x08\"\r\n\x0bPingRequest\"P\n\x0cPingResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12 \n\x18server_time_unix_seconds\x18\x03 \x01(\x01\"I\n\x12\x43reateTokenRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x01\x12\x10\n\x08max_uses\x18\x02 \x01(\x05\x12\x0c\n\x04note\x18\x03 \x01(\t\"E\n\x13\x43reateTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\x1f\n\x17\x65xpires_at_unix_seconds\x18\x02 \x01(\x01\"\x9f\x02\n\x05\x41gent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12.\n\x0b\x66ingerprint\x18\x04 \x01(\x0b\x32\x19.specfleet.v1.Fingerprint\x12/\n\x06labels\x18\x05 \x03(\x0b\x32\x1f.specfleet.v1.Agent.LabelsEntry\x12\x0f\n\x07\x65ngines\x18\x06 \x03(\t\x12\x1e\n\x16last_seen_unix_seconds\x18\x07 \x01(\x01\x12\x16\n\x0e\x63urrent_job_id\x18\x08 \x01(\t\x12\x0e\n\x06status\x18\t \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x13\n\x11ListAgentsRequest\"9\n\x12ListAgentsResponse\x12#\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x13.specfleet.v1.Agent\"\"\n\x12SubmitSweepRequest\x12\x0c\n\x04yaml\x18\x01 \x01(\t\"D\n\x13SubmitSweepResponse\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\x12\x0c\n\x04jobs\x18\x02 \x01(\x05\x12\r\n\x05notes\x18\x03 \x03(\t\"\xbd\x02\n\x0bSweepStatus\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x12\n\njobs_total\x18\x04 \x01(\x05\x12\x13\n\x0bjobs_queued\x18\x05 \x01(\x05\x12\x14\n\x0cjobs_running\x18\x06 \x01(\x05\x12\x11\n\tjobs_done\x18\x07 \x01(\x05\x12\x13\n\x0bjobs_failed\x18\x08 \x01(\x05\x12\x0c\n\x04runs\x18\t \x01(\x03\x12\x1f\n\x17\x63reated_at_unix_seconds\x18\n \x01(\x01\x12\x10\n\x08\x66\x61ilures\x18\x0b \x03(\t\x12\x15\n\rruns_expected\x18\x0c \x01(\x03\x12\x13\n\x0b\x65ta_seconds\x18\r \x01(\x01\x12+\n\x06\x61gents\x18\x0e \x03(\x0b\x32\x1b.specfleet.v1.AgentProgress\"\x7f\n\rAgentProgress\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04\x63\x65ll\x18\x04 \x01(\t\x12\x0b\n\x03\x61rm\x18\x05 \x01(\t\x12\x0c\n\x04runs\x18\x06 \x01(\x03\x12\x15\n\rruns_expected\x18\x07 \x01(\x03\"#\n\x0fGetSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"\x13\n\x11ListSweepsRequest\"?\n\x12ListSweepsResponse\x12)\n\x06sweeps\x18\x01 \x03(\x0b\x32\x19.specfleet.v1.SweepStatus\"@\n\rExportRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x05\"C\n\x0e\x45xportResponse\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x10\n\x08last_seq\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x05\"7\n\x14SetAgentStateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\"\x17\n\x15SetAgentStateResponse\"&\n\x12\x43\x61ncelSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"-\n\x13\x43\x61ncelSweepResponse\x12\x16\n\x0ejobs_cancelled\x18\x01 \x01(\x05\x32\xa9\x04\n\x0c\x41gentService\x12@\n\x05\x45nrol\x12\x1a.specfleet.v1.EnrolRequest\x1a\x1b.specfleet.v1.EnrolResponse\x12P\n\tHeartbeat\x12\x1e.specfleet.v1.HeartbeatRequest\x1a\x1f.specfleet.v1.HeartbeatResponse(\x01\x30\x01\x12O\n\nAcquireJob\x12\x1f.specfleet.v1.AcquireJobRequest\x1a .specfleet.v1.AcquireJobResponse\x12Y\n\x0cReportResult\x12!.specfleet.v1.ReportResultRequest\x1a\".specfleet.v1.ReportResultResponse(\x01\x30\x01\x12R\n\x0b\x43ompleteJob\x12 .specfleet.v1.CompleteJobRequest\x1a!.specfleet.v1.CompleteJobResponse\x12\x46\n\x07\x46\x61ilJob\x12\x1c.specfleet.v1.FailJobRequest\x1a\x1d.specfleet.v1.FailJobResponse\x12=\n\x04Ping\x12\x19.specfleet.v1.PingRequest\x1a\x1a.specfleet.v1.PingResponse2\x91\x05\n\x0c\x41\x64minService\x12R\n\x0b\x43reateToken\x12 .specfleet.v1.CreateTokenRequest\x1a!.specfleet.v1.CreateTokenResponse\x12O\n\nListAgents\x12\x1f.specfleet.v1.ListAgentsRequest\x1a .specfleet.v1.ListAgentsResponse\x12R\n\x0bSubmitSweep\x12 .specfleet.v1.SubmitSweepRequest\x1a!.specfleet.v1.SubmitSweepResponse\x12\x44\n\x08GetSweep\x12\x1d.specfleet.v1.GetSweepRequest\x1a\x19.specfleet.v1.SweepStatus\x12O\n\nListSweeps\x12\x1f.specfleet.v1.ListSweepsRequest\x1a .specfleet.v1.ListSweepsResponse\x12R\n\x0b\x43\x61ncelSweep\x12 .specfleet.v1.CancelSweepRequest\x1a!.specfleet.v1.CancelSweepResponse\x12X\n\rSetAgentState\x12\".specfleet.v1.SetAgentStateRequest\x1a#.specfleet.v1.SetAgentStateResponse\x12\x43\n\x06\x45xport\x12\x1b.specfleet.v1.ExportRequest\x1a\x1c.specfleet.v1.ExportResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -69,44 +69,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FAILJOBREQUEST']._serialized_end=1575
   _globals['_FAILJOBRESPONSE']._serialized_start=1577
   _globals['_FAILJOBRESPONSE']._serialized_end=1614
-  _globals['_CREATETOKENREQUEST']._serialized_start=1616
-  _globals['_CREATETOKENREQUEST']._serialized_end=1689
-  _globals['_CREATETOKENRESPONSE']._serialized_start=1691
-  _globals['_CREATETOKENRESPONSE']._serialized_end=1760
-  _globals['_AGENT']._serialized_start=1763
-  _globals['_AGENT']._serialized_end=2050
+  _globals['_PINGREQUEST']._serialized_start=1616
+  _globals['_PINGREQUEST']._serialized_end=1629
+  _globals['_PINGRESPONSE']._serialized_start=1631
+  _globals['_PINGRESPONSE']._serialized_end=1711
+  _globals['_CREATETOKENREQUEST']._serialized_start=1713
+  _globals['_CREATETOKENREQUEST']._serialized_end=1786
+  _globals['_CREATETOKENRESPONSE']._serialized_start=1788
+  _globals['_CREATETOKENRESPONSE']._serialized_end=1857
+  _globals['_AGENT']._serialized_start=1860
+  _globals['_AGENT']._serialized_end=2147
   _globals['_AGENT_LABELSENTRY']._serialized_start=758
   _globals['_AGENT_LABELSENTRY']._serialized_end=803
-  _globals['_LISTAGENTSREQUEST']._serialized_start=2052
-  _globals['_LISTAGENTSREQUEST']._serialized_end=2071
-  _globals['_LISTAGENTSRESPONSE']._serialized_start=2073
-  _globals['_LISTAGENTSRESPONSE']._serialized_end=2130
-  _globals['_SUBMITSWEEPREQUEST']._serialized_start=2132
-  _globals['_SUBMITSWEEPREQUEST']._serialized_end=2166
-  _globals['_SUBMITSWEEPRESPONSE']._serialized_start=2168
-  _globals['_SUBMITSWEEPRESPONSE']._serialized_end=2236
-  _globals['_SWEEPSTATUS']._serialized_start=2239
-  _globals['_SWEEPSTATUS']._serialized_end=2467
-  _globals['_GETSWEEPREQUEST']._serialized_start=2469
-  _globals['_GETSWEEPREQUEST']._serialized_end=2504
-  _globals['_LISTSWEEPSREQUEST']._serialized_start=2506
-  _globals['_LISTSWEEPSREQUEST']._serialized_end=2525
-  _globals['_LISTSWEEPSRESPONSE']._serialized_start=2527
-  _globals['_LISTSWEEPSRESPONSE']._serialized_end=2590
-  _globals['_EXPORTREQUEST']._serialized_start=2592
-  _globals['_EXPORTREQUEST']._serialized_end=2656
-  _globals['_EXPORTRESPONSE']._serialized_start=2658
-  _globals['_EXPORTRESPONSE']._serialized_end=2725
-  _globals['_SETAGENTSTATEREQUEST']._serialized_start=2727
-  _globals['_SETAGENTSTATEREQUEST']._serialized_end=2782
-  _globals['_SETAGENTSTATERESPONSE']._serialized_start=2784
-  _globals['_SETAGENTSTATERESPONSE']._serialized_end=2807
-  _globals['_CANCELSWEEPREQUEST']._serialized_start=2809
-  _globals['_CANCELSWEEPREQUEST']._serialized_end=2847
-  _globals['_CANCELSWEEPRESPONSE']._serialized_start=2849
-  _globals['_CANCELSWEEPRESPONSE']._serialized_end=2894
-  _globals['_AGENTSERVICE']._serialized_start=2897
-  _globals['_AGENTSERVICE']._serialized_end=3387
-  _globals['_ADMINSERVICE']._serialized_start=3390
-  _globals['_ADMINSERVICE']._serialized_end=4047
+  _globals['_LISTAGENTSREQUEST']._serialized_start=2149
+  _globals['_LISTAGENTSREQUEST']._serialized_end=2168
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=2170
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=2227
+  _globals['_SUBMITSWEEPREQUEST']._serialized_start=2229
+  _globals['_SUBMITSWEEPREQUEST']._serialized_end=2263
+  _globals['_SUBMITSWEEPRESPONSE']._serialized_start=2265
+  _globals['_SUBMITSWEEPRESPONSE']._serialized_end=2333
+  _globals['_SWEEPSTATUS']._serialized_start=2336
+  _globals['_SWEEPSTATUS']._serialized_end=2653
+  _globals['_AGENTPROGRESS']._serialized_start=2655
+  _globals['_AGENTPROGRESS']._serialized_end=2782
+  _globals['_GETSWEEPREQUEST']._serialized_start=2784
+  _globals['_GETSWEEPREQUEST']._serialized_end=2819
+  _globals['_LISTSWEEPSREQUEST']._serialized_start=2821
+  _globals['_LISTSWEEPSREQUEST']._serialized_end=2840
+  _globals['_LISTSWEEPSRESPONSE']._serialized_start=2842
+  _globals['_LISTSWEEPSRESPONSE']._serialized_end=2905
+  _globals['_EXPORTREQUEST']._serialized_start=2907
+  _globals['_EXPORTREQUEST']._serialized_end=2971
+  _globals['_EXPORTRESPONSE']._serialized_start=2973
+  _globals['_EXPORTRESPONSE']._serialized_end=3040
+  _globals['_SETAGENTSTATEREQUEST']._serialized_start=3042
+  _globals['_SETAGENTSTATEREQUEST']._serialized_end=3097
+  _globals['_SETAGENTSTATERESPONSE']._serialized_start=3099
+  _globals['_SETAGENTSTATERESPONSE']._serialized_end=3122
+  _globals['_CANCELSWEEPREQUEST']._serialized_start=3124
+  _globals['_CANCELSWEEPREQUEST']._serialized_end=3162
+  _globals['_CANCELSWEEPRESPONSE']._serialized_start=3164
+  _globals['_CANCELSWEEPRESPONSE']._serialized_end=3209
+  _globals['_AGENTSERVICE']._serialized_start=3212
+  _globals['_AGENTSERVICE']._serialized_end=3765
+  _globals['_ADMINSERVICE']._serialized_start=3768
+  _globals['_ADMINSERVICE']._serialized_end=4425
 # @@protoc_insertion_point(module_scope)
