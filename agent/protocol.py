@@ -190,6 +190,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
                 env_after=environment.reading(env_after),
                 env_nominal=nominal,
                 env_reasons=tuple(reasons),
+                power_mode=environment.power_mode(env_before),
             ),
         )
 
