@@ -387,6 +387,14 @@ def cmd_agent_status(args) -> int:
     return 0
 
 
+def cmd_agent_doctor(args) -> int:
+    from agent import doctor
+
+    checks = doctor.run_checks(Path(args.config_dir), args.model_dir, args.llama_server)
+    print(doctor.report(checks))
+    return 1 if any(c.verdict == doctor.FAIL for c in checks) else 0
+
+
 # ---------------------------------------------------------------- other
 
 
@@ -549,6 +557,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = ag.add_parser("status", help="current job, spool depth, last contact")
     flag(p, "--config-dir", **config_dir)
     p.set_defaults(fn=cmd_agent_status)
+    p = ag.add_parser(
+        "doctor", help="should this machine measure now? each check with a verdict and a fix; exit 1 if one fails"
+    )
+    flag(p, "--config-dir", **config_dir)
+    flag(
+        p,
+        "--model-dir",
+        env="MODEL_DIRS",
+        separator=os.pathsep,
+        action="append",
+        help="directory whose models jobs may use, as for `agent run` (default: those given at enrolment)",
+    )
+    flag(p, "--llama-server", metavar="PATH", help="the llama-server llama-server jobs run, as for `agent run`")
+    p.set_defaults(fn=cmd_agent_doctor)
 
     p = sub.add_parser("export", help="one row per run, every parameter and metric")
     flag(p, "--format", env="EXPORT_FORMAT", choices=("parquet", "csv"), default="parquet")
