@@ -74,12 +74,12 @@ class Lines:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def update(self, statuses: list[pb.SweepStatus]) -> None:
-        for s in statuses:
+        for s in statuses:  # a sweep's new failures first: its last line is the state it ended in
+            for failure in s.failures:
+                self._print(("failure", s.sweep_id, failure), failure_line(s, failure))
             self._print(("sweep", s.sweep_id), sweep_line(s))
             for a in s.agents:  # a line when the agent's job or arm changes, not at each run
                 self._print(("agent", s.sweep_id, a.agent_id), agent_line(s, a), f"{a.job_id} {a.arm}")
-            for failure in s.failures:
-                self._print(("failure", s.sweep_id, failure), failure_line(s, failure))
 
 
 class Bars:

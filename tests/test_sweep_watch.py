@@ -83,7 +83,7 @@ def test_watch_piped_prints_a_line_per_change_of_a_real_sweep(tmp_path, tiny_mod
     assert runs == sorted(runs), texts
     # 4 runs a cell; once the llama.cpp cell is refused, only the MLX cell's 4 are to come.
     assert expected == sorted(expected, reverse=True) and set(expected) <= {8, 4}, texts
-    assert sweeps[-1].group(0) == f"sweep {sweep_id} watched: done, 2/2 jobs finished (1 failed), 4/4 runs stored"
+    assert lines[-1] == f"sweep {sweep_id} watched: done, 2/2 jobs finished (1 failed), 4/4 runs stored"
     assert any(m.group(7) and m.group(8) != "unknown" for m in sweeps[:-1]), "no ETA was ever estimated"
     # The agent on each cell it took (the llama.cpp one until it refused it), with the arm of
     # its latest run once one was stored.
