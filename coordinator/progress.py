@@ -5,13 +5,13 @@ The pace of a job is the median time between the starts of its consecutive store
 and cool-downs included, as they take the agent's time), or its runs' median wall time while it
 has one run only; a job without runs takes the pace of the same cell on other agents, else the
 sweep's. Each agent runs its jobs one at a time, so its time left is the sum over its open jobs
-of runs left times pace; the sweep's ETA is the longest of its agents'. Pure functions but
+of runs left times pace; the sweep's ETA is the longest of its agents'. Only running sweeps
+need this: an ended sweep expects no more runs than it stored. Pure functions but
 `sweep_progress`, which reads the store.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,21 +21,15 @@ from specfleet.design import rounded_repeats
 OPEN_STATES = ("queued", "leased")
 
 
-def expected_runs(spec: dict) -> int:
+def expected_runs(prompts: int, arms: int, repeats: int, verify_contexts: int) -> int:
     """The runs a job's worker stores when it completes: every prompt x arm x repeat (repeats
     rounded up as agent/protocol.py runs them), and one verify-cost run per context depth."""
-    arms = len(spec.get("arms", ()))
-    runs = len(spec.get("prompts", ())) * arms * rounded_repeats(spec.get("repeats", 3), arms) if arms else 0
-    if spec.get("verify_cost"):
-        runs += len(spec["verify_cost"].get("context_tokens", ()))
-    return runs
+    return (prompts * arms * rounded_repeats(repeats, arms) if arms else 0) + verify_contexts
 
 
-def cell_label(spec: dict) -> str:
+def cell_label(engine: str, target: str, prompt_set: str, context_tokens: int, temperature: float) -> str:
     """A cell in a few words: engine, target model's name, prompt set, context, a sampled temperature."""
-    target = Path(spec.get("model", {}).get("target", "?")).name
-    label = f"{spec.get('engine', '?')} {target} {spec.get('prompt_set', '?')}, context {spec.get('context_tokens', 0)}"
-    temperature = spec.get("sampler", {}).get("temperature", 0.0)
+    label = f"{engine} {Path(target).name} {prompt_set}, context {context_tokens}"
     return label + (f", T={temperature:g}" if temperature else "")
 
 
@@ -50,7 +44,7 @@ class JobProgress:
     job_id: str
     agent_id: str
     state: str
-    cell: str  # the job's spec as stored: equal for the same cell on every agent
+    cell: str  # a digest of the job's spec: equal for the same cell on every agent
     runs: int  # stored by its current (or, once ended, its last) attempt
     runs_expected: int
     pace_seconds: float | None  # its own; None before its first run
@@ -96,31 +90,47 @@ class SweepProgress:
     agents: list[AgentOnSweep]
 
 
+# Each job of the sweeps with what its spec says (read by DuckDB: a spec holds its prompts and
+# context documents, long texts) and its current attempt's runs: how many, their pace, the arm
+# of the latest.
+_JOBS_SQL = """
+WITH r AS (
+    SELECT job_id, lease_id, started_at_unix_seconds AS t, wall_seconds, method, depth,
+           t - lag(t) OVER (PARTITION BY job_id, lease_id ORDER BY t) AS gap
+    FROM runs WHERE sweep_id IN (SELECT unnest(?))),
+per_attempt AS (
+    SELECT job_id, lease_id, count(*) AS runs, median(gap) AS gap, median(wall_seconds) AS wall,
+           arg_max(method, t) AS method, arg_max(depth, t) AS depth
+    FROM r GROUP BY job_id, lease_id)
+SELECT j.sweep_id, j.job_id, j.agent_id, a.name, j.state, md5(CAST(j.spec AS VARCHAR)),
+       coalesce(json_array_length(j.spec, '$.prompts'), 0), coalesce(json_array_length(j.spec, '$.arms'), 0),
+       coalesce(CAST(j.spec ->> '$.repeats' AS INTEGER), 3),
+       coalesce(json_array_length(j.spec, '$.verify_cost.context_tokens'), 0),
+       j.spec ->> '$.engine', j.spec ->> '$.model.target', j.spec ->> '$.prompt_set',
+       coalesce(CAST(j.spec ->> '$.context_tokens' AS INTEGER), 0),
+       coalesce(CAST(j.spec ->> '$.sampler.temperature' AS DOUBLE), 0.0),
+       coalesce(p.runs, 0), coalesce(p.gap, p.wall), p.method, p.depth
+FROM jobs j JOIN agents a USING (agent_id)
+LEFT JOIN per_attempt p ON p.job_id = j.job_id AND p.lease_id = j.lease_id
+WHERE j.sweep_id IN (SELECT unnest(?)) ORDER BY a.name, j.job_id
+"""
+
+
 def sweep_progress(con, sweep_ids: list[str]) -> dict[str, SweepProgress]:
-    """Each sweep's progress, read in the caller's transaction `con`."""
+    """The progress of each (running) sweep, read in the caller's transaction `con`."""
     if not sweep_ids:
         return {}
-    jobs = con.execute(
-        "WITH r AS (SELECT job_id, lease_id, started_at_unix_seconds AS t, wall_seconds, method, depth,"
-        "   t - lag(t) OVER (PARTITION BY job_id, lease_id ORDER BY t) AS gap"
-        "   FROM runs WHERE sweep_id IN (SELECT unnest(?))),"
-        " per_attempt AS (SELECT job_id, lease_id, count(*) AS runs, median(gap) AS gap, median(wall_seconds) AS wall,"
-        "   arg_max(method, t) AS method, arg_max(depth, t) AS depth FROM r GROUP BY job_id, lease_id)"
-        " SELECT j.sweep_id, j.job_id, j.agent_id, a.name, j.state, j.spec,"
-        "   coalesce(p.runs, 0), coalesce(p.gap, p.wall), p.method, p.depth"
-        " FROM jobs j JOIN agents a USING (agent_id)"
-        " LEFT JOIN per_attempt p ON p.job_id = j.job_id AND p.lease_id = j.lease_id"
-        " WHERE j.sweep_id IN (SELECT unnest(?)) ORDER BY a.name, j.job_id",
-        [sweep_ids, sweep_ids],
-    ).fetchall()
     per_sweep: dict[str, list[tuple[JobProgress, AgentOnSweep | None]]] = {s: [] for s in sweep_ids}
-    for sweep_id, job_id, agent_id, name, state, spec_text, runs, pace, method, depth in jobs:
-        spec = json.loads(spec_text)
-        job = JobProgress(job_id, agent_id, state, spec_text, runs, expected_runs(spec), pace)
+    for row in con.execute(_JOBS_SQL, [sweep_ids, sweep_ids]).fetchall():
+        sweep_id, job_id, agent_id, name, state, cell, prompts, arms, repeats, contexts = row[:10]
+        engine, target, prompt_set, context_tokens, temperature, runs, pace, method, depth = row[10:]
+        expected = expected_runs(prompts, arms, repeats, contexts)
+        job = JobProgress(job_id, agent_id, state, cell, runs, expected, pace)
         working = None
         if state == "leased":
+            label = cell_label(engine or "?", target or "?", prompt_set or "?", context_tokens, temperature)
             arm = arm_label(method, depth) if method is not None else ""
-            working = AgentOnSweep(agent_id, name, job_id, cell_label(spec), arm, runs, job.runs_expected)
+            working = AgentOnSweep(agent_id, name, job_id, label, arm, runs, expected)
         per_sweep[sweep_id].append((job, working))
     return {
         sweep_id: SweepProgress(

@@ -431,7 +431,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,
             ).fetchall()
-            more = progress.sweep_progress(con, [r[0] for r in rows])
+            more = progress.sweep_progress(con, [r[0] for r in rows if r[2] == "running"])
+        ended = progress.SweepProgress(runs_expected=0, eta_seconds=0.0, agents=[])
         return [
             pb.SweepStatus(
                 sweep_id=r[0],
@@ -445,9 +446,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 jobs_failed=r[8],
                 runs=r[9],
                 failures=r[10] or [],
-                runs_expected=more[r[0]].runs_expected,
-                eta_seconds=-1.0 if more[r[0]].eta_seconds is None else more[r[0]].eta_seconds,
-                agents=[pb.AgentProgress(**dataclasses.asdict(a)) for a in more[r[0]].agents],
+                runs_expected=more[r[0]].runs_expected if r[0] in more else r[9],
+                eta_seconds=-1.0 if (eta := more.get(r[0], ended).eta_seconds) is None else eta,
+                agents=[pb.AgentProgress(**dataclasses.asdict(a)) for a in more.get(r[0], ended).agents],
             )
             for r in rows
         ]

@@ -9,13 +9,15 @@ import re
 import subprocess
 import sys
 
+import duckdb
 import pytest
 import yaml
 from rich.console import Console
 
-from coordinator.progress import JobProgress, eta_seconds, expected_runs
+from coordinator.progress import AgentOnSweep, JobProgress, eta_seconds, expected_runs, sweep_progress
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.record import Arm, JobSpec, Prompt, Sampler, VerifyCost
 from specfleet.watch import Bars, eta_text, watch
 from tests.processes import ROOT, cli, spawn, start_coordinator, stop
 
@@ -143,11 +145,10 @@ def test_bars_drop_an_agent_that_left_the_sweep():
 
 
 def test_expected_runs_count_prompts_arms_rounded_repeats_and_verify_cost():
-    arms = [{"method": "baseline"}, {"method": "draft", "depth": 2}, {"method": "ngram", "depth": 3}]
-    spec = {"prompts": [{}, {}], "arms": arms, "repeats": 2}
-    assert expected_runs(spec) == 2 * 3 * 6  # 3 arms: a Williams design of 6 rows
-    assert expected_runs({**spec, "verify_cost": {"context_tokens": [128, 512]}}) == 38
-    assert expected_runs({"prompts": [{}], "arms": arms[:2], "repeats": 3}) == 8  # 3 repeats rounded up to 4
+    assert expected_runs(prompts=2, arms=3, repeats=2, verify_contexts=0) == 2 * 3 * 6  # a Williams design of 6 rows
+    assert expected_runs(prompts=2, arms=3, repeats=2, verify_contexts=2) == 38
+    assert expected_runs(prompts=1, arms=2, repeats=3, verify_contexts=0) == 8  # 3 repeats rounded up to 4
+    assert expected_runs(prompts=2, arms=0, repeats=3, verify_contexts=1) == 1  # a verify-cost job
 
 
 def job(agent: str, state: str, runs: int, pace: float | None, cell: str = "a", expected: int = 10) -> JobProgress:
@@ -168,3 +169,33 @@ def test_eta_is_the_longest_agent_of_runs_left_times_pace():
 
 def test_eta_text():
     assert [eta_text(s) for s in (-1.0, 12.4, 185, 3725)] == ["ETA unknown", "ETA 12s", "ETA 3m05s", "ETA 1h02m"]
+
+
+def test_sweep_progress_reads_the_stored_job_specs():
+    """sweep_progress on a DuckDB holding real job specs (JobSpec.to_json) and runs: counts from
+    the spec's prompts, arms, repeats and verify-cost depths; the leased job's agent, cell and arm."""
+    cell = JobSpec(
+        engine="mlx", model={"target": "/models/Qwen3.5-9B"}, prompt_set="code", prompt_category="code",
+        prompt_set_digest="ab" * 32, prompts=(Prompt("p1", "x"), Prompt("p2", "y")),
+        arms=(Arm("baseline"), Arm("draft", 2), Arm("ngram", 3)), context_tokens=512, repeats=2,
+        sampler=Sampler(temperature=0.7), verify_cost=VerifyCost(context_tokens=(128, 512)),
+    )  # fmt: skip
+    con = duckdb.connect()
+    con.execute("CREATE TABLE agents (agent_id VARCHAR, name VARCHAR)")
+    con.execute("CREATE TABLE jobs (job_id VARCHAR, sweep_id VARCHAR, agent_id VARCHAR, spec JSON, state VARCHAR,"
+                " lease_id VARCHAR)")  # fmt: skip
+    con.execute("CREATE TABLE runs (job_id VARCHAR, lease_id VARCHAR, sweep_id VARCHAR, started_at_unix_seconds"
+                " DOUBLE, wall_seconds DOUBLE, method VARCHAR, depth INTEGER)")  # fmt: skip
+    con.execute("INSERT INTO agents VALUES ('ag-1', 'studio'), ('ag-2', 'air')")
+    con.execute("INSERT INTO jobs VALUES ('job-1', 'sw-1', 'ag-1', ?, 'leased', 'l1'), ('job-2', 'sw-1', 'ag-2', ?,"
+                " 'queued', NULL)", [cell.to_json(), cell.to_json()])  # fmt: skip
+    for t, method, depth in ((100.0, "baseline", 0), (103.0, "draft", 2), (106.0, "ngram", 3)):
+        con.execute("INSERT INTO runs VALUES ('job-1', 'l1', 'sw-1', ?, 1.0, ?, ?)", [t, method, depth])
+    con.execute("INSERT INTO runs VALUES ('job-1', 'old-lease', 'sw-1', 1.0, 1.0, 'baseline', 0)")  # a lost attempt
+    (got,) = sweep_progress(con, ["sw-1"]).values()
+    per_job = 2 * 3 * 6 + 2
+    assert got.runs_expected == 2 * per_job
+    # job-1: 35 runs left at 3 s; job-2 (queued, same cell on another agent): 38 at job-1's 3 s.
+    assert got.eta_seconds == 38 * 3.0
+    assert got.agents == [AgentOnSweep("ag-1", "studio", "job-1", "mlx Qwen3.5-9B code, context 512, T=0.7",
+                                       "ngram K=3", 3, per_job)]  # fmt: skip
