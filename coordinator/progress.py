@@ -45,9 +45,9 @@ class JobProgress:
     agent_id: str
     state: str
     cell: str  # a digest of the job's spec: equal for the same cell on every agent
-    runs: int  # stored by its current (or, once ended, its last) attempt
+    runs: int  # stored by its current (once ended, its last) attempt; 0 while queued
     runs_expected: int
-    pace_seconds: float | None  # its own; None before its first run
+    pace_seconds: float | None  # its own (a lost attempt's too); None before its first run
 
 
 def eta_seconds(jobs: list[JobProgress]) -> float | None:
@@ -125,6 +125,8 @@ def sweep_progress(con, sweep_ids: list[str]) -> dict[str, SweepProgress]:
         sweep_id, job_id, agent_id, name, state, cell, prompts, arms, repeats, contexts = row[:10]
         engine, target, prompt_set, context_tokens, temperature, runs, pace, method, depth = row[10:]
         expected = expected_runs(prompts, arms, repeats, contexts)
+        if state == "queued":  # back in the queue after a lost lease: its next attempt starts afresh
+            runs = 0
         job = JobProgress(job_id, agent_id, state, cell, runs, expected, pace)
         working = None
         if state == "leased":

@@ -192,10 +192,14 @@ def test_sweep_progress_reads_the_stored_job_specs():
     for t, method, depth in ((100.0, "baseline", 0), (103.0, "draft", 2), (106.0, "ngram", 3)):
         con.execute("INSERT INTO runs VALUES ('job-1', 'l1', 'sw-1', ?, 1.0, ?, ?)", [t, method, depth])
     con.execute("INSERT INTO runs VALUES ('job-1', 'old-lease', 'sw-1', 1.0, 1.0, 'baseline', 0)")  # a lost attempt
+    # job-2 lost its lease after two runs (5 s apart) and is queued again: it starts afresh.
+    for t in (10.0, 15.0):
+        con.execute("INSERT INTO runs VALUES ('job-2', 'l2', 'sw-1', ?, 1.0, 'baseline', 0)", [t])
+    con.execute("UPDATE jobs SET lease_id = 'l2' WHERE job_id = 'job-2'")
     (got,) = sweep_progress(con, ["sw-1"]).values()
     per_job = 2 * 3 * 6 + 2
     assert got.runs_expected == 2 * per_job
-    # job-1: 35 runs left at 3 s; job-2 (queued, same cell on another agent): 38 at job-1's 3 s.
-    assert got.eta_seconds == 38 * 3.0
+    # job-1: 35 runs left at 3 s; job-2: all 38 left at its lost attempt's 5 s.
+    assert got.eta_seconds == 38 * 5.0
     assert got.agents == [AgentOnSweep("ag-1", "studio", "job-1", "mlx Qwen3.5-9B code, context 512, T=0.7",
                                        "ngram K=3", 3, per_job)]  # fmt: skip
