@@ -284,6 +284,7 @@ def check_coordinator(config_dir: Path, clock: Callable[[], float] = time.time) 
     sent = clock()
     try:
         resp = client.ping(PING_TIMEOUT_SECONDS)
+        received = clock()
     except grpc.RpcError as e:
         code = e.code()
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
@@ -305,7 +306,6 @@ def check_coordinator(config_dir: Path, clock: Callable[[], float] = time.time) 
         ]
     finally:
         client.close()
-    received = clock()
     checks = [Check("coordinator", OK, f"{identity.coordinator} knows this agent as {resp.name} ({resp.agent_id})")]
     offset = resp.server_time_unix_seconds - (sent + received) / 2
     detail = f"{offset:+.3f} s from the coordinator's (within {(received - sent) / 2:.3f} s)"
