@@ -145,6 +145,10 @@ class AgentApi:
             timeout=CALL_TIMEOUT_SECONDS,
         )
 
+    def ping(self, timeout: float = CALL_TIMEOUT_SECONDS) -> pb.PingResponse:
+        """The coordinator's word that this credential is valid, and its clock."""
+        return self._stub.Ping(pb.PingRequest(), metadata=self._metadata, timeout=timeout)
+
     def fail_job(self, job_id: str, lease_id: str, reason: str, refused: bool = False) -> pb.FailJobResponse:
         return self._stub.FailJob(
             pb.FailJobRequest(job_id=job_id, lease_id=lease_id, reason=reason, refused=refused),

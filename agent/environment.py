@@ -20,7 +20,17 @@ from agent.fingerprint import run_command
 from specfleet.record import Environment
 
 UNAVAILABLE = "unavailable"
-KEYS = ("thermal", "power_source", "low_power_mode", "loadavg_1m", "memory_available_bytes", "swap_used_bytes")
+KEYS = (
+    "thermal",
+    "power_source",
+    "low_power_mode",
+    "power_mode",
+    "loadavg_1m",
+    "memory_available_bytes",
+    "swap_used_bytes",
+)
+# pmset's `powermode N` (System Settings > Battery or Energy: Energy Mode), in Apple's words.
+POWER_MODES = {0: "automatic", 1: "low", 2: "high"}
 # A benchmark on a CPU backend keeps every core busy by itself, so a 1-minute load of one task
 # per core is the measurement's own; half a core's worth of runnable work beyond that, on every
 # core, is another process competing with it.
@@ -63,6 +73,20 @@ def parse_pmset_lowpowermode(text: str) -> str | None:
     if not m:
         return None
     return "on" if int(m.group(1)) == 1 else "off"
+
+
+def parse_pmset_powermode(text: str) -> str | None:
+    """`pmset -g`: the energy mode, "automatic", "low" or "high" (High Power Mode), from
+    `powermode N`; a Mac without High Power Mode prints `lowpowermode N` only, whose modes are
+    "low" and "automatic"; where both are printed, `lowpowermode 1` wins (low power is on).
+    None when neither line is there."""
+    low = re.search(r"^\s*lowpowermode\s+(\d+)", text, re.M)
+    mode = re.search(r"^\s*powermode\s+(\d+)", text, re.M)
+    if low and int(low.group(1)) == 1:
+        return "low"
+    if mode:
+        return POWER_MODES.get(int(mode.group(1)), f"powermode {mode.group(1)}")
+    return "automatic" if low else None
 
 
 def _megabytes(value: str, unit: str) -> float:
@@ -164,6 +188,7 @@ def _or_unavailable(value) -> str:
 
 def sample_macos(run: Callable[[list[str]], str | None] = run_command) -> Sample:
     swap = run(["sysctl", "vm.swapusage"]) or ""
+    settings = run(["pmset", "-g"]) or ""
     try:
         load: float | None = os.getloadavg()[0]
     except OSError:
@@ -171,7 +196,8 @@ def sample_macos(run: Callable[[list[str]], str | None] = run_command) -> Sample
     return {
         "thermal": _or_unavailable(parse_pmset_therm(run(["pmset", "-g", "therm"]) or "")),
         "power_source": _or_unavailable(parse_pmset_batt(run(["pmset", "-g", "batt"]) or "")),
-        "low_power_mode": _or_unavailable(parse_pmset_lowpowermode(run(["pmset", "-g"]) or "")),
+        "low_power_mode": _or_unavailable(parse_pmset_lowpowermode(settings)),
+        "power_mode": _or_unavailable(parse_pmset_powermode(settings)),
         "loadavg_1m": _or_unavailable(load),
         "memory_available_bytes": _or_unavailable(parse_vm_stat_available(run(["vm_stat"]) or "")),
         "swap_used_bytes": _or_unavailable(parse_swapusage(swap)),
@@ -196,6 +222,7 @@ def sample_linux(root: Path = Path("/")) -> Sample:
         "thermal": _or_unavailable(linux_thermal(zones)),
         "power_source": linux_power_source(supplies) if supply_dir.is_dir() else UNAVAILABLE,
         "low_power_mode": ("on" if profile == "low-power" else "off") if profile else UNAVAILABLE,
+        "power_mode": profile or UNAVAILABLE,  # the ACPI platform profile's own name ("balanced")
         "loadavg_1m": _or_unavailable(parse_loadavg(_read(root / "proc/loadavg") or "")),
         "memory_available_bytes": _or_unavailable(meminfo.get("MemAvailable")),
         "swap_used_bytes": _or_unavailable(swap_used),
@@ -232,6 +259,12 @@ def not_nominal(s: Sample, cpu_count: int | None = None, memory_total_bytes: int
     return reasons
 
 
+def power_mode(s: Sample) -> str | None:
+    """The sample's power mode as the run record keeps it: None where unavailable."""
+    mode = s.get("power_mode", UNAVAILABLE)
+    return None if mode == UNAVAILABLE else mode
+
+
 def reading(s: Sample) -> Environment:
     """A sample as the run record's typed reading: None where it was unavailable."""
 
@@ -256,11 +289,14 @@ DECIDING_KEYS = ("thermal", "power_source")
 
 def judge(before: Sample, after: Sample, cpu_count=None, memory_total_bytes=None) -> tuple[bool | None, list[str]]:
     """(nominal, reasons) for one run: False with the reasons when a reading before or after
-    was not quiet or swap grew; None (unknown) when nothing was wrong but a deciding reading
+    was not quiet, the power mode changed or swap grew; None (unknown) when nothing was wrong but a deciding reading
     was unavailable; else True."""
     reasons = []
     for when, s in (("before", before), ("after", after)):
         reasons += [f"{when}: {r}" for r in not_nominal(s, cpu_count, memory_total_bytes)]
+    modes = (before.get("power_mode", UNAVAILABLE), after.get("power_mode", UNAVAILABLE))
+    if UNAVAILABLE not in modes and modes[0] != modes[1]:
+        reasons.append(f"power mode changed from {modes[0]} to {modes[1]} during the run")
     swap = (before.get("swap_used_bytes", UNAVAILABLE), after.get("swap_used_bytes", UNAVAILABLE))
     if UNAVAILABLE not in swap:
         grown = int(swap[1]) - int(swap[0])

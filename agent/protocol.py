@@ -196,6 +196,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
                 env_nominal=nominal,
                 env_reasons=tuple(reasons),
                 **energy_fields(drawn, len(gen.tokens)),
+                power_mode=environment.power_mode(env_before),
             ),
         )
 

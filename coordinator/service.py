@@ -12,12 +12,13 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 
 import grpc
 import pyarrow as pa
 from google.protobuf import json_format
 
-from coordinator import agents, auth, limits
+from coordinator import agents, auth, limits, progress
 from coordinator.batching import Batcher, Database
 from coordinator.imports import InvalidImport, store_imported
 from coordinator.ingest import InvalidRun, Report, ingest_many
@@ -252,6 +253,19 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.FailJobResponse(will_retry=retry)
 
+    async def Ping(self, request, context):
+        """The agent's id and name (its credential passed the interceptor) and the coordinator's
+        clock, for `specfleet agent doctor`; nothing is written."""
+        await bounded(request, context)
+        agent_id = auth.current_agent.get()
+        name = await self.db.run(self._name, agent_id)
+        return pb.PingResponse(agent_id=agent_id, name=name, server_time_unix_seconds=time.time())
+
+    def _name(self, agent_id: str) -> str:
+        with self.store.tx() as con:
+            row = con.execute("SELECT name FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+        return row[0] if row else ""
+
 
 class Waiters:
     """The agents waiting in AcquireJob, each with an event the scheduler's wake-ups set."""
@@ -434,6 +448,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,
             ).fetchall()
+            more = progress.sweep_progress(con, [r[0] for r in rows if r[2] == "running"])
+        ended = progress.SweepProgress(runs_expected=0, eta_seconds=0.0, agents=[])
         return [
             pb.SweepStatus(
                 sweep_id=r[0],
@@ -447,6 +463,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 jobs_failed=r[8],
                 runs=r[9],
                 failures=r[10] or [],
+                runs_expected=more[r[0]].runs_expected if r[0] in more else r[9],
+                eta_seconds=-1.0 if (eta := more.get(r[0], ended).eta_seconds) is None else eta,
+                agents=[pb.AgentProgress(**dataclasses.asdict(a)) for a in more.get(r[0], ended).agents],
             )
             for r in rows
         ]

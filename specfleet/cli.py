@@ -252,17 +252,34 @@ def print_sweep(s) -> None:
 
 
 def cmd_sweep_status(args) -> int:
+    """One snapshot of the sweep (or of all); with --watch, its progress until it ends (every
+    sweep running now, without an id): exit status 0 when all ended done without a failed job."""
     from protos.specfleet.v1 import fleet_pb2 as pb
 
     admin = _admin(args)
-    sweeps = (
-        [admin.GetSweep(pb.GetSweepRequest(sweep_id=args.sweep_id))]
-        if args.sweep_id
-        else admin.ListSweeps(pb.ListSweepsRequest()).sweeps
-    )
-    for s in sweeps:
-        print_sweep(s)
-    return 0
+
+    def fetch(ids=None):
+        if args.sweep_id:
+            return [admin.GetSweep(pb.GetSweepRequest(sweep_id=args.sweep_id))]
+        return [s for s in admin.ListSweeps(pb.ListSweepsRequest()).sweeps if ids is None or s.sweep_id in ids]
+
+    sweeps = fetch()
+    if not getattr(args, "watch", False):
+        for s in sweeps:
+            print_sweep(s)
+        return 0
+    from rich.console import Console
+
+    from specfleet.watch import watch
+
+    running = {s.sweep_id for s in sweeps if s.state == "running"}
+    if not running:
+        for s in sweeps:
+            print_sweep(s)
+        print("no running sweep to watch", file=sys.stderr)
+        return 0 if all(s.state == "done" and not s.jobs_failed for s in sweeps) else 1
+    final = watch(lambda: fetch(running), Console(), args.interval)
+    return 0 if all(s.state == "done" and not s.jobs_failed for s in final) else 1
 
 
 def cmd_sweep_cancel(args) -> int:
@@ -405,6 +422,14 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_agent_doctor(args) -> int:
+    from agent import doctor
+
+    checks = doctor.run_checks(Path(args.config_dir), args.model_dir, args.llama_server)
+    print(doctor.report(checks))
+    return 1 if any(c.verdict == doctor.FAIL for c in checks) else 0
+
+
 # ---------------------------------------------------------------- other
 
 
@@ -507,6 +532,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sweep_submit)
     p = sweep.add_parser("status", help="progress of one sweep, or of all")
     p.add_argument("sweep_id", nargs="?")
+    flag(
+        p,
+        "--watch",
+        env="SWEEP_WATCH",
+        action="store_true",
+        help="follow the sweep (every running sweep, without an id) until it ends: bars on a terminal, "
+        "a line per change when piped; exit status 1 when a job failed",
+    )
+    flag(p, "--interval", env="SWEEP_WATCH_INTERVAL", type=_positive(float), default=2.0, help="seconds between polls")
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_sweep_status)
     p = sweep.add_parser("list", help="every sweep with its progress")
@@ -558,6 +592,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = ag.add_parser("status", help="current job, spool depth, last contact")
     flag(p, "--config-dir", **config_dir)
     p.set_defaults(fn=cmd_agent_status)
+    p = ag.add_parser(
+        "doctor", help="should this machine measure now? each check with a verdict and a fix; exit 1 if one fails"
+    )
+    flag(p, "--config-dir", **config_dir)
+    flag(
+        p,
+        "--model-dir",
+        env="MODEL_DIRS",
+        separator=os.pathsep,
+        action="append",
+        help="directory whose models jobs may use, as for `agent run` (default: those given at enrolment)",
+    )
+    flag(p, "--llama-server", metavar="PATH", help="the llama-server llama-server jobs run, as for `agent run`")
+    p.set_defaults(fn=cmd_agent_doctor)
 
     from specfleet.importers import LLAMA_BENCH_FORMATS
 

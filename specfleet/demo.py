@@ -20,6 +20,7 @@ import duckdb
 import pandas as pd
 import pyarrow.compute as pc
 import yaml
+from rich.console import Console
 
 from agent.api import AdminApi, AgentApi, channel
 from agent.credentials import CREDENTIAL_FILE, AgentIdentity
@@ -32,10 +33,12 @@ from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
 from specfleet.record import VERIFY_COST
 from specfleet.tinymodels import make_tiny
+from specfleet.watch import watch
 
 DEMO_AGENT = "demo-agent"
 SWEEP_TIMEOUT_SECONDS = 1800
 START_TIMEOUT_SECONDS = 60
+WATCH_SECONDS = 1.0  # between polls of the sweeps' progress
 
 
 # What every demo sweep shares: the demo agent, greedy sampling, two question-answering prompts
@@ -247,8 +250,9 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
             for note in sweep.notes:
                 print(f"  note: {note}", flush=True)
             submitted.append((spec, sweep.sweep_id))
+        final = _watch_sweeps(admin, [sweep_id for _, sweep_id in submitted], procs)
         for spec, sweep_id in submitted:
-            status = _wait_for_sweep(admin, sweep_id, procs)
+            status = final[sweep_id]
             runs, _ = fetch_table(admin, "runs")
             jobs, _ = fetch_table(admin, "jobs")
             runs = runs.filter(pc.equal(runs["sweep_id"], sweep_id)) if runs is not None else None
@@ -312,23 +316,19 @@ def _wait_for_http(url: str, proc: subprocess.Popen, what: str, log: Path) -> No
     raise RuntimeError(f"{what} did not answer at {url} within {START_TIMEOUT_SECONDS}s (log: {log})")
 
 
-def _wait_for_sweep(admin: AdminApi, sweep_id: str, procs) -> pb.SweepStatus:
+def _watch_sweeps(admin: AdminApi, sweep_ids: list[str], procs) -> dict[str, pb.SweepStatus]:
+    """The sweeps' progress as `sweep status --watch` shows it, until all have ended; their last
+    statuses by id. A demo process that exits, or SWEEP_TIMEOUT_SECONDS passing, stops it."""
     deadline = time.monotonic() + SWEEP_TIMEOUT_SECONDS
-    last = None
-    while time.monotonic() < deadline:
-        status = admin.GetSweep(pb.GetSweepRequest(sweep_id=sweep_id))
-        progress = (status.jobs_done, status.jobs_failed, status.runs)
-        if progress != last:
-            print(
-                f"  {status.jobs_done + status.jobs_failed}/{status.jobs_total} jobs finished, "
-                f"{status.runs} runs stored",
-                flush=True,
-            )
-            last = progress
-        if status.state != "running":
-            return status
+
+    def fetch() -> list[pb.SweepStatus]:
+        return [s for s in admin.ListSweeps(pb.ListSweepsRequest()).sweeps if s.sweep_id in sweep_ids]
+
+    def check() -> None:
         dead = [p for p in procs if p.poll() is not None]
         if dead:
             raise RuntimeError(f"{dead[0].args[3:5]} exited with status {dead[0].returncode}; see the logs")
-        time.sleep(1.0)
-    raise RuntimeError(f"sweep {sweep_id} did not finish within {SWEEP_TIMEOUT_SECONDS}s")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the demo's sweeps did not finish within {SWEEP_TIMEOUT_SECONDS}s")
+
+    return {s.sweep_id: s for s in watch(fetch, Console(), WATCH_SECONDS, check)}

@@ -109,6 +109,7 @@ VARIANTS = {
     "prompt_set_digest": dict(prompt_set_digest=sha("code, second edition")),
     "context_tokens": dict(context_tokens=4096),
     "max_new_tokens": dict(max_new_tokens=128),
+    "power_mode": dict(power_mode="high"),  # from unknown: High Power runs are never pooled with them
 }
 
 

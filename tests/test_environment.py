@@ -155,3 +155,43 @@ def test_judge_marks_runs_not_nominal_with_reasons_and_unavailable_as_unknown():
     assert env.judge(quiet, no_thermal, cpu_count=2)[0] is None
     # Something wrong still decides, whatever is unavailable.
     assert env.judge(unknown, unknown | {"power_source": "battery"}, cpu_count=2)[0] is False
+
+
+def test_power_mode_parser_on_captured_and_transcribed_output():
+    # The three powermode files are transcribed from Apple's format, not captured on a Mac
+    # (tests/captured/README.md); the M1 file is a real capture of a Mac without High Power Mode.
+    assert env.parse_pmset_powermode(captured("macos-pmset-g-powermode-automatic.txt")) == "automatic"
+    assert env.parse_pmset_powermode(captured("macos-pmset-g-powermode-low.txt")) == "low"
+    assert env.parse_pmset_powermode(captured("macos-pmset-g-powermode-high.txt")) == "high"
+    assert env.parse_pmset_lowpowermode(captured("macos-pmset-g-powermode-high.txt")) == "off"
+    assert env.parse_pmset_lowpowermode(captured("macos-pmset-g-powermode-low.txt")) == "on"
+    real = captured("macos-m1-mbp-pmset-g.txt")
+    assert env.parse_pmset_powermode(real) == "automatic"
+    assert env.parse_pmset_powermode(real.replace("lowpowermode         0", "lowpowermode         1")) == "low"
+    assert env.parse_pmset_powermode(" powermode 2\n lowpowermode 1\n") == "low"  # low power wins
+    assert env.parse_pmset_powermode(" powermode 7\n") == "powermode 7"  # a mode Apple adds later: named
+    assert env.parse_pmset_powermode(captured("macos-m2-pro-pmset-batt-ac.txt")) is None
+
+
+def test_macos_sample_reads_the_power_mode_from_pmset():
+    outputs = {
+        ("pmset", "-g"): captured("macos-pmset-g-powermode-high.txt"),
+        ("pmset", "-g", "batt"): captured("macos-m2-pro-pmset-batt-ac.txt"),
+    }
+    s = env.sample_macos(lambda cmd: outputs.get(tuple(cmd)))  # a Mac's commands: not runnable here
+    assert s["power_mode"] == "high" and s["low_power_mode"] == "off" and s["power_source"] == "ac"
+    assert env.power_mode(s) == "high" and env.power_mode(env.sample_macos(lambda cmd: None)) is None
+
+
+def test_linux_power_mode_is_the_platform_profile(tmp_path):
+    (tmp_path / "sys/firmware/acpi").mkdir(parents=True)
+    (tmp_path / "sys/firmware/acpi/platform_profile").write_text("balanced\n")
+    assert env.sample_linux(tmp_path)["power_mode"] == "balanced"
+    assert env.sample_linux(tmp_path / "none")["power_mode"] == UNAVAILABLE
+
+
+def test_a_power_mode_change_during_a_run_is_not_nominal():
+    quiet = {k: UNAVAILABLE for k in env.KEYS} | {"thermal": "nominal", "power_source": "ac"}
+    assert env.judge(quiet | {"power_mode": "high"}, quiet | {"power_mode": "high"}, cpu_count=2) == (True, [])
+    nominal, reasons = env.judge(quiet | {"power_mode": "high"}, quiet | {"power_mode": "automatic"}, cpu_count=2)
+    assert nominal is False and reasons == ["power mode changed from high to automatic during the run"]

@@ -388,3 +388,11 @@ def test_the_engine_is_closed_when_a_run_fails():
     with pytest.raises(RuntimeError, match="server died"):
         run_job(spec(engine="llama-server", arms=SERVER_ARMS), engine, [].append, "j", 1, TARGET, sample=lambda: {})
     assert engine.closed == 1
+
+
+def test_every_run_records_the_power_mode_it_started_in():
+    high = {"power_source": "ac", "thermal": "nominal", "power_mode": "high"}
+    _, _, runs = run(spec(arms=(Arm("baseline"),), repeats=1, prompts=(Prompt("p1", "hello"),)), samples=[high] * 99)
+    assert runs and {r.power_mode for r in runs} == {"high"}
+    _, _, unknown = run(spec(arms=(Arm("baseline"),), repeats=1, prompts=(Prompt("p1", "hello"),)))
+    assert {r.power_mode for r in unknown} == {None}  # not readable: unknown, not a guess

@@ -138,6 +138,7 @@ KEY_CHANGES = {
     "prompt_set_digest": {"prompt_set_digest": "99" * 32},
     "context_tokens": {"context_tokens": 4096},
     "max_new_tokens": {"max_new_tokens": 256},
+    "power_mode": {"power_mode": "high"},  # from unknown (None): High Power Mode runs are not pooled with it
 }
 
 
@@ -150,3 +151,13 @@ def test_every_checked_key_keeps_runs_apart():
         one = mtplx if key == "system" else base
         other = dataclasses.replace(one, **change)
         assert differences(one.row(), other.row()) == [key], key
+
+
+def test_power_mode_is_a_short_name_or_unknown():
+    assert run_record("job-1", power_mode="automatic").power_mode == "automatic"
+    assert run_record("job-1").power_mode is None
+    for bad in ("", "x" * 33):
+        with pytest.raises(InvalidRecord, match="power_mode must be 1-32 characters"):
+            run_record("job-1", power_mode=bad)
+    a, b = run_record("job-1", power_mode="high"), run_record("job-2", power_mode="automatic")
+    assert differences(a.row(), b.row()) == ["power_mode"]

@@ -180,6 +180,20 @@ class FailJobResponse(_message.Message):
     will_retry: bool
     def __init__(self, will_retry: _Optional[bool] = ...) -> None: ...
 
+class PingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PingResponse(_message.Message):
+    __slots__ = ("agent_id", "name", "server_time_unix_seconds")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    name: str
+    server_time_unix_seconds: float
+    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., server_time_unix_seconds: _Optional[float] = ...) -> None: ...
+
 class CreateTokenRequest(_message.Message):
     __slots__ = ("ttl_seconds", "max_uses", "note")
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -254,7 +268,7 @@ class SubmitSweepResponse(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepStatus(_message.Message):
-    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures")
+    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +280,9 @@ class SweepStatus(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     name: str
     state: str
@@ -277,7 +294,28 @@ class SweepStatus(_message.Message):
     runs: int
     created_at_unix_seconds: float
     failures: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...
+    runs_expected: int
+    eta_seconds: float
+    agents: _containers.RepeatedCompositeFieldContainer[AgentProgress]
+    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ...) -> None: ...
+
+class AgentProgress(_message.Message):
+    __slots__ = ("agent_id", "name", "job_id", "cell", "arm", "runs", "runs_expected")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CELL_FIELD_NUMBER: _ClassVar[int]
+    ARM_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    name: str
+    job_id: str
+    cell: str
+    arm: str
+    runs: int
+    runs_expected: int
+    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., job_id: _Optional[str] = ..., cell: _Optional[str] = ..., arm: _Optional[str] = ..., runs: _Optional[int] = ..., runs_expected: _Optional[int] = ...) -> None: ...
 
 class GetSweepRequest(_message.Message):
     __slots__ = ("sweep_id",)

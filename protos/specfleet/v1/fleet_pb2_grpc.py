@@ -64,6 +64,11 @@ class AgentServiceStub:
                 request_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.FailJobRequest.SerializeToString,
                 response_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.FailJobResponse.FromString,
                 _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/specfleet.v1.AgentService/Ping',
+                request_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.PingRequest.SerializeToString,
+                response_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.PingResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -110,6 +115,12 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ping(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +153,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.FailJob,
                     request_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.FailJobRequest.FromString,
                     response_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.FailJobResponse.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.PingRequest.FromString,
+                    response_serializer=protos_dot_specfleet_dot_v1_dot_fleet__pb2.PingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +322,33 @@ class AgentService:
             '/specfleet.v1.AgentService/FailJob',
             protos_dot_specfleet_dot_v1_dot_fleet__pb2.FailJobRequest.SerializeToString,
             protos_dot_specfleet_dot_v1_dot_fleet__pb2.FailJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specfleet.v1.AgentService/Ping',
+            protos_dot_specfleet_dot_v1_dot_fleet__pb2.PingRequest.SerializeToString,
+            protos_dot_specfleet_dot_v1_dot_fleet__pb2.PingResponse.FromString,
             options,
             channel_credentials,
             insecure,
