@@ -493,10 +493,14 @@ _COLUMNS = (
     "tokens_drafted",
     "tokens_accepted",
 )
-_SELECT = (
-    ", ".join(_COLUMNS) + ", CAST(env_nominal AS BOOLEAN) AS env_nominal,"
-    f" CAST(lossless AS BOOLEAN) AS lossless, {speedup.COMPARABLE_ID} AS comparable"
-)
+_SELECT = ", ".join(_COLUMNS) + ", CAST(env_nominal AS BOOLEAN) AS env_nominal, CAST(lossless AS BOOLEAN) AS lossless"
+
+
+def _comparable(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL: a run's comparable group: the mirror's column (computed once as the run arrived),
+    or computed here for runs without one (a test's frames)."""
+    names = {d[0] for d in con.execute("SELECT * FROM runs LIMIT 0").description}
+    return "comparable" if "comparable" in names else f"{speedup.COMPARABLE_ID} AS comparable"
 
 
 def normalise(text: str) -> str:
@@ -606,19 +610,21 @@ def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
     """On `con`, the claim's runs as temporary table `matched` and its arm's as `arm`, from the
     connection's `runs`; its `jobs` (job_id, attempt, state) say which attempts are valid."""
     where, params = conditions_sql(claim)
-    con.execute(f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {_SELECT} FROM {_FLEET} WHERE {where}", params)
+    select = f"{_SELECT}, {_comparable(con)}"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {select} FROM {_FLEET} WHERE {where}", params)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE arm AS SELECT * FROM matched WHERE method = $method", {"method": claim.method}
     )
 
 
-def selection(claim: Claim, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+def selection(claim: Claim, con: duckdb.DuckDBPyConnection, seqs: tuple[int, int] | None = None) -> dict[str, Any]:
     """What the claim selected and why the rest was left out, in one query: fleet (generation
     runs), selected (runs, baselines included), arm (of them, the claim's method), models
     (target references), systems (system_label: "specfleet mlx", "MTPLX (openai)"), of_system
     (the fleet's runs of the claim's system, engine and method, whatever their other fields),
     and excluded: for each condition, the generation runs of the fleet that fail it (a run may
-    fail several)."""
+    fail several). `seqs` (lo, hi): only the runs stored with lo < seq <= hi: runs never change
+    once stored, so merge_selections of two ranges' is the selection of both."""
     if not has_runs(con):
         return dict(selected=0, arm=0, models=[], systems=[], of_system=0, excluded={}, fleet=0)
     conds, params = conditions(claim)
@@ -630,8 +636,8 @@ def selection(claim: Claim, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         f" list(DISTINCT target_reference ORDER BY target_reference) FILTER (WHERE {every}) AS models,"
         f" list(DISTINCT {system_label_sql()} ORDER BY 1) FILTER (WHERE {every}) AS systems,"
         " count(*) FILTER (WHERE engine = $engine AND system = $system AND method = $method) AS of_system,"
-        f" {fails} FROM {_FLEET}",
-        params,
+        f" {fails} FROM {_FLEET} WHERE {'seq > $lo AND seq <= $hi' if seqs else 'true'}",
+        {**params, **(dict(zip(("lo", "hi"), seqs)) if seqs else {})},
     ).fetchone()
     first = 6  # the columns before the conditions' counts
     excluded = {name: int(row[first + i]) for i, (name, _) in enumerate(conds) if row[first + i]}
@@ -643,6 +649,18 @@ def selection(claim: Claim, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         systems=list(row[4] or []),
         of_system=int(row[5]),
         excluded=excluded,
+    )
+
+
+def merge_selections(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The selection of two disjoint sets of runs, from each one's (selection with seqs)."""
+    counts = ("fleet", "selected", "arm", "of_system")
+    excluded = {k: a["excluded"].get(k, 0) + b["excluded"].get(k, 0) for k in {**a["excluded"], **b["excluded"]}}
+    return dict(
+        {k: a[k] + b[k] for k in counts},
+        models=sorted(set(a["models"]) | set(b["models"])),
+        systems=sorted(set(a["systems"]) | set(b["systems"])),
+        excluded={k: n for k, n in excluded.items() if n},
     )
 
 

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,9 +124,20 @@ def coordinator() -> tuple[str, str]:
     return os.environ.get("SPECFLEET_COORDINATOR", "127.0.0.1:50551"), os.environ.get("SPECFLEET_ADMIN_TOKEN", "")
 
 
+# Per job, engine, system and target model: the last run stored. What a claim's results are
+# keyed on (_claim_key): they are recomputed only when runs they could select, or their jobs,
+# changed.
+RUN_SYSTEMS = [
+    "CREATE TABLE IF NOT EXISTS run_systems (job_id VARCHAR, engine VARCHAR, system VARCHAR,"
+    " target_reference VARCHAR, last_seq BIGINT, PRIMARY KEY (job_id, engine, system, target_reference))",
+    "INSERT INTO run_systems SELECT job_id, engine, system, target_reference, max(seq) FROM _batch GROUP BY ALL"
+    " ON CONFLICT DO UPDATE SET last_seq = greatest(last_seq, excluded.last_seq)",
+]
+
+
 @st.cache_resource
 def mirror(address: str, token: str) -> Mirror:
-    return Mirror(AdminApi(channel(address), token), derived={"runs": LABELS})
+    return Mirror(AdminApi(channel(address), token), derived={"runs": LABELS}, summaries={"runs": RUN_SYSTEMS})
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
@@ -458,13 +470,14 @@ def groups(v: Version, f: Filters) -> pd.DataFrame:
     """The comparable groups (specfleet.speedup.groups) of the runs `f` selects, whichever
     group `f` names, most runs first; with the names the selector shows and the chips."""
     source, params = selected(dataclasses.replace(f, comparable=""))
+    grouped = speedup.groups_sql(source, comparable="comparable")  # the mirror's column: no md5 of every run
     df = _q(
         v,
         f"SELECT g.comparable, {ledger.system_label_sql('g.')} AS system_label, g.engine,"
         f" {model_label('g.target')} AS model, {model_label('g.draft')} AS draft_model,"
         f" g.prompt_set, g.context_tokens, {sampler_label('g.')} AS sampler, g.runs, m.machines, m.chips,"
         " g.* EXCLUDE (comparable, engine, prompt_set, context_tokens, runs)"
-        f" FROM ({speedup.groups_sql(source)}) g JOIN (SELECT comparable, count(DISTINCT agent_id) AS machines,"
+        f" FROM ({grouped}) g JOIN (SELECT comparable, count(DISTINCT agent_id) AS machines,"
         f" string_agg(DISTINCT chip, ', ' ORDER BY chip) AS chips FROM {source} GROUP BY ALL) m USING (comparable)"
         " ORDER BY g.runs DESC, g.comparable",
         params,
@@ -631,9 +644,17 @@ def claims() -> list[ledger.Claim]:
 def verdicts(v: Version) -> pd.DataFrame:
     """One row per claim, comparable group and chip (and depth), after the false-discovery
     step across the whole ledger (verdict: the raw one; adjusted_verdict: the one that
-    stands); recomputed when the data or the ledger changes."""
+    stands). Each claim's rows are recomputed only when the ledger changed or runs it could
+    select (of its engine, system and models, and of our loop beside it) or their jobs did."""
     path = ledger_path()
-    return _verdicts(v, path, os.path.getmtime(path))
+    mtime = os.path.getmtime(path)
+    keys = _systems(v)
+    frames = [
+        _claim_rows(v.address, v.token, c.id, path, mtime, _key_with_fleet(c, keys, v)) for c in _claims(path, mtime)
+    ]
+    if not frames:
+        return pd.DataFrame(columns=ledger.VERDICT_COLUMNS)
+    return ledger.adjust(pd.concat(frames, ignore_index=True))
 
 
 def _evaluation(v: Version):
@@ -642,18 +663,67 @@ def _evaluation(v: Version):
 
 
 @on_runs
-def _verdicts(v: Version, path: str, mtime: float) -> pd.DataFrame:
-    with _evaluation(v) as con:
-        return ledger.evaluate_all(_claims(path, mtime), con)
+def _systems(v: Version) -> pd.DataFrame:
+    """Per engine, system and target model: the last run stored and the last change of its jobs."""
+    return _q(
+        v,
+        "SELECT engine, system, lower(trim(target_reference)) AS model, max(r.last_seq) AS runs,"
+        " coalesce(max(j.seq), 0) AS jobs FROM run_systems r LEFT JOIN jobs j USING (job_id) GROUP BY ALL",
+    )
+
+
+def _claim_key(claim: ledger.Claim, systems: pd.DataFrame) -> tuple:
+    """What a claim's rows depend on: the last run and job change among the runs of its engine
+    and system (of its models, when it names them), and the same for our loop beside it."""
+
+    def of(c: ledger.Claim | None) -> tuple[int, int]:
+        if c is None or systems.empty:
+            return (0, 0)
+        rows = systems[(systems["engine"] == c.engine) & (systems["system"] == c.system)]
+        if c.conditions.get("models"):
+            rows = rows[rows["model"].isin([m.strip().lower() for m in c.conditions["models"]])]
+        return (int(rows["runs"].max()), int(rows["jobs"].max())) if len(rows) else (0, 0)
+
+    return of(claim), of(ledger.our_loop(claim))
+
+
+def _key_with_fleet(claim: ledger.Claim, systems: pd.DataFrame, v: Version) -> tuple:
+    """_claim_key, and for a claim with no run of its own system yet the runs' sequence too:
+    its row says what the fleet's runs left out, which every new run changes. (A claim with
+    runs of its system but none inside its conditions counts the others as of its last change.)"""
+    key = _claim_key(claim, systems)
+    return key if key[0] != (0, 0) else (*key, v.runs)
+
+
+@st.cache_data(max_entries=4 * CACHE_ENTRIES)
+def _claim_rows(address: str, token: str, claim_id: str, path: str, mtime: float, key: tuple) -> pd.DataFrame:
+    (claim,) = [c for c in _claims(path, mtime) if c.id == claim_id]
+    with contextlib.closing(mirror(address, token).cursor()) as con:
+        return ledger.evaluate(claim, con)
+
+
+@st.cache_resource
+def _selection_state(address: str, token: str) -> dict:
+    """Per claim id: (ledger mtime, the runs' sequence its selection counts up to, selection)."""
+    return {"lock": threading.Lock()}
 
 
 def selections(v: Version) -> dict[str, dict]:
-    """Per claim id, the runs its conditions select and what each condition left out."""
+    """Per claim id, the runs its conditions select and what each condition left out. Runs
+    never change once stored: each claim's counts are carried forward and only the runs
+    stored since are counted (claims.selection with seqs, merge_selections)."""
     path = ledger_path()
-    return _selections(v, path, os.path.getmtime(path))
-
-
-@on_runs
-def _selections(v: Version, path: str, mtime: float) -> dict[str, dict]:
-    with _evaluation(v) as con:
-        return {c.id: ledger.selection(c, con) for c in _claims(path, mtime)}
+    mtime = os.path.getmtime(path)
+    state = _selection_state(v.address, v.token)
+    out = {}
+    with state["lock"], _evaluation(v) as con:
+        for c in _claims(path, mtime):
+            seen, upto, sel = state.get(c.id, (None, 0, None))
+            if seen != mtime:
+                upto, sel = 0, None
+            if sel is None or upto < v.runs:
+                new = ledger.selection(c, con, (upto, v.runs))
+                sel = new if sel is None else ledger.merge_selections(sel, new)
+                state[c.id] = (mtime, v.runs, sel)
+            out[c.id] = sel
+    return out

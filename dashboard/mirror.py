@@ -35,11 +35,20 @@ MEMORY_LIMIT = "512MB"
 
 
 class Mirror:
-    def __init__(self, admin, derived: dict[str, str] | None = None, path: Path | str | None = None):
+    def __init__(
+        self,
+        admin,
+        derived: dict[str, str] | None = None,
+        summaries: dict[str, list[str]] | None = None,
+        path: Path | str | None = None,
+    ):
         """`derived`: per table, a SELECT list of extra columns computed from the table's own
-        columns as rows arrive. `path`: the file (a temporary one by default)."""
+        columns as rows arrive. `summaries`: per table, statements run on each page of new rows
+        (registered as `_batch`) in its transaction: small tables kept up to date as rows
+        arrive. `path`: the file (a temporary one by default)."""
         self.admin = admin
         self.derived = derived or {}
+        self.summaries = summaries or {}
         self._tmp = None if path is not None else tempfile.mkdtemp(prefix="specfleet-mirror-")
         self.con = duckdb.connect(str(path or Path(self._tmp) / "mirror.duckdb"))
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
@@ -68,6 +77,8 @@ class Mirror:
             if table not in APPEND_ONLY:
                 self.con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _batch)")
             self.con.execute(f"INSERT INTO {table} BY NAME SELECT *{extra} FROM _batch")
+            for sql in self.summaries.get(table, ()):
+                self.con.execute(sql)
             self.con.execute("INSERT OR REPLACE INTO _mirror VALUES (?, ?)", [table, last])
             self.con.execute("COMMIT")
         except BaseException:

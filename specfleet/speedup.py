@@ -99,11 +99,12 @@ def speedup_sql(source: str, jobs: str = "jobs") -> str:
     """
 
 
-def groups_sql(source: str) -> str:
+def groups_sql(source: str, comparable: str = COMPARABLE_ID) -> str:
     """One row per comparable group of generation runs: its id, checked keys, what it names
-    (models, prompt set) and its run count, most runs first."""
+    (models, prompt set) and its run count, most runs first. `comparable`: the id's SQL, or the
+    name of a column of `source` that holds it already (the dashboard's mirror)."""
     return f"""
-    SELECT {COMPARABLE_ID} AS comparable, {_KEYS},
+    SELECT {comparable} AS comparable, {_KEYS},
            any_value(target_reference) AS target_reference, any_value(draft_reference) AS draft_reference,
            any_value(prompt_set) AS prompt_set, count(*) AS runs
     FROM {source} WHERE method != '{VERIFY_COST}'

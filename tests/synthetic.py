@@ -4,7 +4,7 @@ the dashboard's scale benchmark (bench/dashboard.py) and for tests that need tho
 A fleet of `runs` runs: 100 machines on 12 chips, cells of several systems (our MLX and
 llama.cpp loops, llama-server, two OpenAI-compatible servers), models, methods, depths,
 samplers, prompt sets and context depths, as the seeds' claims name them. Every job is one cell
-on one machine (cell: job x 37 mod the cells, so a few jobs already span systems): a baseline
+on one machine (cell: job x 13 mod the cells: nine jobs span the nine systems): a baseline
 and its method at three depths, 20 prompts, 5 repeats (400 runs),
 plus one verify-cost run; done at its one attempt. Speeds are seeded draws (a chip's level, a
 model's, a per-run noise; the arm's true speedup by method and depth), so the same arguments
@@ -204,7 +204,7 @@ def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
                     1.7e9 + {i} AS started_at_unix_seconds, 1.7e9 + {i} AS ingested_at,
                     nextval('ingest_seq') AS seq)
                 FROM template t, range({jobs * RUNS_PER_JOB}) r(i)
-                JOIN cells c ON c.cell = {job} * 37 % {n}
+                JOIN cells c ON c.cell = {job} * 13 % {n}
                 """
             )
             con.execute(
@@ -216,7 +216,7 @@ def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
                     c.target_digest AS target_digest, c.context_tokens AS context_tokens,
                     0.0 AS decode_tokens_per_second,
                     [0.01, 0.012, 0.015, 0.02] AS verify_cost_seconds, nextval('ingest_seq') AS seq)
-                FROM template t, range({jobs}) r(j) JOIN cells c ON c.cell = {j} * 37 % {n}
+                FROM template t, range({jobs}) r(j) JOIN cells c ON c.cell = {j} * 13 % {n}
                 """
             )
         return jobs

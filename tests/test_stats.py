@@ -147,6 +147,23 @@ def test_bootstrap_is_deterministic_for_a_seed_and_has_the_expected_width():
     assert first[0] < np.median(values) < first[1]
 
 
+def test_summarise_bounds_each_machines_values_and_stays_conservative():
+    rng = np.random.default_rng(4)
+    machines = [rng.normal(level, 0.2, 5000) for level in (0.9, 1.0, 1.1, 1.05)]
+    values = pd.DataFrame(
+        dict(g="x", agent_id=np.repeat(["a", "b", "c", "d"], 5000), prompt_id="p", tps=np.concatenate(machines))
+    )
+    out = stats.summarise(values, by=("g",), column="tps").iloc[0]
+    full = stats.bootstrap_ci(machines)  # every value resampled: the exact two-level interval
+    assert out["median"] == pytest.approx(np.median(np.concatenate(machines)))  # the figure: every value
+    assert out["ci_low"] <= full[0] + 0.002 and out["ci_high"] >= full[1] - 0.002  # as wide, or wider
+    assert out["ci_high"] - out["ci_low"] < 1.5 * (full[1] - full[0])  # and not much wider
+    few = values.groupby("agent_id").head(stats.BOOTSTRAP_MAX_VALUES)  # at most k a machine: enter whole
+    capped = stats.summarise(few, by=("g",), column="tps").iloc[0]
+    whole = stats.bootstrap_ci([g["tps"].to_numpy() for _, g in few.groupby("agent_id")])
+    assert (capped["ci_low"], capped["ci_high"]) == whole
+
+
 def test_summarise_counts_machines_prompts_runs_and_exclusions():
     values = pd.DataFrame(
         dict(

@@ -1,0 +1,134 @@
+"""The dashboard's queries at scale (dashboard/data.py on the mirror: labels computed as runs
+arrive, claims evaluated on a cursor and cached per claim, selections counted incrementally)
+give the same rows and figures as the pandas path they replaced: every run pulled into a
+DataFrame and evaluated there. On a synthetic fleet of a few thousand runs (tests/synthetic.py)
+behind a real coordinator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from coordinator.export import fetch_table
+from coordinator.server import admin_credential
+from dashboard import claims, data, stats
+from specfleet import speedup
+from tests.fleet import admin_for, fleet_db, start_coordinator
+from tests.synthetic import RUNS_PER_JOB, seed
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("queries")
+    seed(data_dir, 12 * RUNS_PER_JOB)  # 12 jobs: every system of the synthetic fleet, 4812 runs
+    coordinator = start_coordinator(data_dir)
+    runs, _ = fetch_table(admin_for(coordinator), "runs")
+    jobs, _ = fetch_table(admin_for(coordinator), "jobs")
+    yield coordinator, runs.to_pandas(), jobs.to_pandas()
+    coordinator.stop()
+
+
+@pytest.fixture
+def v(fleet, monkeypatch):
+    coordinator, *_ = fleet
+    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
+    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", admin_credential(coordinator.config.data_dir))
+    return data.version()
+
+
+def sort(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    return df.sort_values(keys).reset_index(drop=True)
+
+
+def test_the_fleet_spans_the_systems(fleet):
+    _, runs, _ = fleet
+    assert len(runs) == 12 * RUNS_PER_JOB + 12
+    assert {"openai", "llama-server", "mlx", "llama.cpp"} <= set(runs["engine"])
+    assert runs["agent_id"].nunique() == 12 and runs["env_nominal"].isna().any() and runs["env_nominal"].eq(False).any()
+
+
+def test_verdicts_equal_the_ledger_evaluated_on_every_run_in_pandas(fleet, v):
+    _, runs, jobs = fleet
+    expected = claims.evaluate_all(claims.load_claims(data.ledger_path()), fleet_db(runs, jobs))
+    got = data.verdicts(v)
+    keys = ["claim", "chip", "group", "why"]
+    assert len(got) == len(expected) and (got["runs"] > 0).any()
+    pd.testing.assert_frame_equal(sort(got, keys), sort(expected, keys), check_dtype=False)
+    again = data.verdicts(data.version())  # from the per-claim cache: the same frame
+    pd.testing.assert_frame_equal(sort(again, keys), sort(got, keys))
+
+
+def test_selections_equal_and_add_up_over_ranges_of_runs(fleet, v):
+    _, runs, jobs = fleet
+    con = fleet_db(runs, jobs)
+    got = data.selections(v)
+    mid = int(runs["seq"].median())
+    for c in claims.load_claims(data.ledger_path()):
+        whole = claims.selection(c, con)
+        assert got[c.id] == whole, c.id
+        halves = claims.merge_selections(
+            claims.selection(c, con, (0, mid)), claims.selection(c, con, (mid, int(runs["seq"].max())))
+        )
+        assert halves == {**whole, "excluded": dict(whole["excluded"])}, c.id
+
+
+def test_speedups_and_groups_equal_the_definition_on_the_frame(fleet, v):
+    _, runs, jobs = fleet
+    con = fleet_db(runs, jobs)
+    got = data.speedups(v, data.Filters())
+    expected = stats.speedups(lambda sql, params=None: con.execute(sql, params or {}).df(), "runs")
+    keys = ["comparable", "chip", "method", "depth"]
+    assert len(got) == len(expected) > 20
+    for column in ("speedup", "ci_low", "ci_high", "machines", "prompts", "pairs", "excluded_pairs"):
+        assert sort(got, keys)[column].tolist() == pytest.approx(sort(expected, keys)[column].tolist(), nan_ok=True)
+    groups = data.groups(v, data.Filters())
+    reference = speedup.groups(con)
+    assert sorted(groups["comparable"]) == sorted(reference["comparable"])
+    assert dict(zip(groups["comparable"], groups["runs"])) == dict(zip(reference["comparable"], reference["runs"]))
+
+
+def test_decode_speed_and_the_runs_summary_equal_pandas(fleet, v):
+    _, runs, _ = fleet
+    generation = runs[runs["method"] != "verify-cost"].copy()
+    generation["arm"] = generation["method"] + np.where(
+        generation["depth"] > 0, " K=" + generation["depth"].astype(str), ""
+    )
+    kept = generation[~generation["env_nominal"].eq(False)]
+    expected = kept.groupby(["chip", "engine", "arm"])["decode_tokens_per_second"].agg(["median", "size"])
+    got = data.decode_speed(v, data.Filters()).set_index(["chip", "engine", "arm"])
+    assert got["median"].to_dict() == pytest.approx(expected["median"].to_dict())
+    assert got["runs"].to_dict() == expected["size"].to_dict()
+    summary = data.runs_summary(v, data.Filters(), chips=("Apple M4 Pro",))
+    mine = runs[runs["chip"] == "Apple M4 Pro"]
+    assert summary["runs"] == len(mine) > 0 and summary["machines"] == mine["agent_id"].nunique()
+    assert summary["degraded"] == int(mine["env_nominal"].eq(False).sum())
+    assert summary["unknown"] == int(mine["env_nominal"].isna().sum())
+    latest = data.runs_table(v, data.Filters(), limit=100)
+    assert latest["run_id"].tolist() == runs.sort_values("seq")["run_id"].tolist()[-100:]
+
+
+MTPLX = "youssofal/qwen3.6-27b-mtplx-optimized-speed"
+
+
+def test_a_claims_key_moves_only_with_runs_it_could_select():
+    systems = pd.DataFrame(
+        dict(
+            engine=["openai", "openai", "mlx"],
+            system=["MTPLX", "MTPLX", "specfleet"],
+            model=[
+                "youssofal/qwen3.6-27b-mtplx-optimized-speed",
+                "other",
+                "youssofal/qwen3.6-27b-mtplx-optimized-speed",
+            ],
+            runs=[10, 20, 30],
+            jobs=[1, 2, 3],
+        )
+    )
+    (c,) = [c for c in claims.load_claims() if c.id == "mtplx-2-3x"]
+    key = data._claim_key(c, systems)
+    assert key == ((10, 1), (30, 3))  # its model's runs, and our loop's (mlx) beside it
+    systems.loc[1, "runs"] = 99  # another model's runs: the claim's rows stand
+    assert data._claim_key(c, systems) == key
+    systems.loc[2, "jobs"] = 4  # a job of our loop's runs changed: recomputed
+    assert data._claim_key(c, systems) != key
