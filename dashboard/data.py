@@ -529,6 +529,33 @@ def decode_speed(v: Version, f: Filters) -> pd.DataFrame:
 
 
 @on_runs
+def energy(v: Version, f: Filters) -> pd.DataFrame:
+    """Median tokens per joule (1 / joules_per_token) per chip, engine and arm, with its
+    interval, machines, prompts and runs, beside the median decode tok/s of the same runs and
+    the counters they read (energy_source: nvml, rapl, ioreport). Only runs that recorded their
+    energy: a machine with no readable counter records none, never an estimate."""
+    source, params = selected(f)
+    values = _q(
+        v,
+        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
+        " prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,"
+        f" nominal = 'degraded' AS degraded FROM {source} WHERE joules_per_token > 0",
+        params,
+    )
+    if values.empty:
+        return values
+    out = stats.summarise(values, by=("chip", "engine", "arm"), column="tokens_per_joule")
+    kept = values[~values["degraded"]]
+    beside = kept.groupby(["chip", "engine", "arm"], as_index=False).agg(
+        decode_tokens_per_second=("decode_tokens_per_second", "median"),
+        energy_source=("energy_source", lambda s: ", ".join(sorted(set(s)))),
+    )
+    out = out.rename(columns={"median": "tokens_per_joule"}).merge(beside, on=["chip", "engine", "arm"], how="left")
+    first = ["chip", "engine", "arm", "tokens_per_joule", "ci_low", "ci_high", "decode_tokens_per_second"]
+    return out[first + [c for c in out.columns if c not in first]]
+
+
+@on_runs
 def acceptance_by_position(v: Version, f: Filters) -> pd.DataFrame:
     """Median share accepted at each draft position (acceptance_by_position), per chip and arm;
     positions nothing was proposed at are left out."""

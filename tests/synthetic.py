@@ -8,7 +8,8 @@ on one machine (cell: job x 13 mod the cells: nine jobs span the nine systems): 
 and its method at three depths, 20 prompts, 5 repeats (400 runs),
 plus one verify-cost run; done at its one attempt. Speeds are seeded draws (a chip's level, a
 model's, a per-run noise; the arm's true speedup by method and depth), so the same arguments
-give the same fleet. The store is written behind coordinator/figures.py's back: the next open
+give the same fleet. llama.cpp runs record their energy (a 2 W package: 2 / tok/s joules a
+token), the others none. The store is written behind coordinator/figures.py's back: the next open
 rebuilds the figures (figures.ensure).
 """
 
@@ -201,6 +202,9 @@ def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
                     CASE WHEN {arm} = 0 THEN 0.0 ELSE 0.1 / {tps} END AS draft_seconds,
                     CASE WHEN {arm} = 0 THEN 0.0 ELSE 0.3 / {tps} END AS verify_seconds,
                     {nominal} AS env_nominal, CASE WHEN {arm} = 0 THEN NULL ELSE true END AS lossless,
+                    CASE WHEN c.engine = 'llama.cpp' THEN 'rapl' ELSE '' END AS energy_source,
+                    CASE WHEN c.engine = 'llama.cpp' THEN 32 * 2.0 / {tps} END AS energy_joules,
+                    CASE WHEN c.engine = 'llama.cpp' THEN 2.0 / {tps} END AS joules_per_token,
                     1.7e9 + {i} AS started_at_unix_seconds, 1.7e9 + {i} AS ingested_at,
                     nextval('ingest_seq') AS seq)
                 FROM template t, range({jobs * RUNS_PER_JOB}) r(i)

@@ -88,6 +88,19 @@ def test_speedups_and_groups_equal_the_definition_on_the_frame(fleet, v):
     assert dict(zip(groups["comparable"], groups["runs"])) == dict(zip(reference["comparable"], reference["runs"]))
 
 
+def test_tokens_per_joule_only_where_energy_was_recorded(fleet, v):
+    _, runs, _ = fleet
+    got = data.energy(v, data.Filters()).set_index(["chip", "engine", "arm"])
+    measured = runs[(runs["joules_per_token"] > 0) & ~runs["env_nominal"].eq(False)].copy()
+    measured["arm"] = measured["method"] + np.where(measured["depth"] > 0, " K=" + measured["depth"].astype(str), "")
+    expected = (1 / measured["joules_per_token"]).groupby([measured["chip"], measured["engine"], measured["arm"]])
+    assert set(got.index.get_level_values("engine")) == {"llama.cpp"} and len(got) > 0
+    assert got["tokens_per_joule"].to_dict() == pytest.approx(expected.median().to_dict())
+    # a 2 W package: tokens per joule is half the decode tok/s, run by run
+    assert (got["tokens_per_joule"] / got["decode_tokens_per_second"]).tolist() == pytest.approx([0.5] * len(got))
+    assert set(got["energy_source"]) == {"rapl"}
+
+
 def test_decode_speed_and_the_runs_summary_equal_pandas(fleet, v):
     _, runs, _ = fleet
     generation = runs[runs["method"] != "verify-cost"].copy()

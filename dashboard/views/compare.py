@@ -54,6 +54,17 @@ else:
 st.header("Decode tokens/s per chip and method")
 chart_section(data.decode_speed(v, f), plots.decode_speed, None)
 
+st.header("Tokens per joule beside tokens per second")
+spent = data.energy(v, f)
+if spent.empty:
+    st.caption(
+        "No run here recorded the energy it drew: its machine had no readable counter (NVML on NVIDIA, RAPL on"
+        " Linux CPUs, IOReport on macOS; agent/energy.py). None is estimated."
+    )
+else:
+    st.caption("Median tokens per joule of generation (the counter's energy over the run), beside decode tok/s.")
+    st.dataframe(spent, hide_index=True)
+
 servers = data.server_figures(v, f)
 if not servers.empty:
     st.header("The server's own figures beside the client's")
