@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.noise import NoiseProbe  # noqa: E402
 
-PAGES = ("fleet", "sweeps", "compare", "questions", "runs")
+PAGES = ("fleet", "sweeps", "compare", "questions", "runs", "imported")
 NEW_RUNS = 10_000
 UPLOADERS = 16
 BLOCKS = 4  # alternating: without a scrape, with one every second, ...
@@ -195,8 +195,10 @@ def measure(size: int, tmp: Path) -> dict:
 
         def read_until(step: str) -> None:
             for line in dash.stdout:
+                if not line.startswith("{"):
+                    continue  # not a report (the process's own output)
                 steps.append(json.loads(line))
-                if steps[-1]["step"] == step and steps[-1].get("page", "runs") == "runs":
+                if steps[-1]["step"] == step and steps[-1].get("page", PAGES[-1]) == PAGES[-1]:
                     return
             raise RuntimeError(f"the dashboard process ended before {step!r} (exit {dash.wait()})")
 
