@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent.engines.llamacpp_lib import library_dir
 from protos.specfleet.v1 import fleet_pb2 as pb
 
 # Memory bandwidth in GB/s by chip and GPU-core bin, from Apple's published specifications.
@@ -140,13 +141,13 @@ def run_command(cmd: list[str]) -> str | None:
 
 
 def llama_cpp_commit() -> str | None:
-    """The llama.cpp commit llama-cpp-python was built from, read from its bundled ggml library
-    (without importing llama_cpp, which would load the whole backend)."""
+    """The llama.cpp commit of the ggml library llama-cpp-python loads (its own, or the build
+    LLAMA_CPP_LIB_PATH names), read without importing llama_cpp, which would load the backend."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        for lib in sorted((Path(location) / "lib").glob("*ggml-base*")):
+        for lib in sorted(library_dir(Path(location)).glob("*ggml-base*")):
             try:
                 ggml = ctypes.CDLL(str(lib))
                 ggml.ggml_commit.restype = ctypes.c_char_p

@@ -56,8 +56,9 @@ if [ ! -x "$cache/bin/llama-server" ] || [ ! -x "$cache/bin/llama-bench" ]; then
         # The sdist carries the submodule's git metadata, so the build records the real commit.
         src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
     fi
-    if [ -n "${SPECFLEET_LLAMA_COMMIT:-}" ]; then
+    if [ -n "${SPECFLEET_LLAMA_COMMIT:-}" ]; then  # llama.cpp's build info and ggml's (ggml_commit)
         sed -i "s/set(BUILD_COMMIT \"unknown\")/set(BUILD_COMMIT \"$SPECFLEET_LLAMA_COMMIT\")/" "$src/cmake/build-info.cmake"
+        sed -i "s/set(GGML_BUILD_COMMIT \"unknown\")/set(GGML_BUILD_COMMIT \"$SPECFLEET_LLAMA_COMMIT\")/" "$src/ggml/CMakeLists.txt"
     fi
     cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${accel_flags[@]}" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
