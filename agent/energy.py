@@ -4,7 +4,7 @@ Counters, tried in this order by `detect()`:
 
     nvml  NVIDIA's total-energy counter of every GPU (nvmlDeviceGetTotalEnergyConsumption,
           millijoules since the driver loaded), through the nvidia-ml-py package. On the lent
-          H200 it advances every 100 ms (tests/captured/README.md).
+          H200 it advances every 100 ms (tests/captured/linux-h200-nvml-energy.txt).
     rapl  Linux RAPL package domains under /sys/class/powercap (intel-rapl:N/energy_uj,
           microjoules, wrapping at max_energy_range_uj), where this user may read them (recent
           kernels make energy_uj root-only).
