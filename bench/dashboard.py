@@ -60,7 +60,8 @@ def child() -> int:
     from dashboard import data
 
     def say(**what) -> None:
-        print(json.dumps(what), flush=True)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(json.dumps({**what, "peak_gib": peak}), flush=True)
 
     def pages(when: str) -> None:
         at = AppTest.from_file(str(ROOT / "dashboard/app.py"), default_timeout=600)
@@ -81,7 +82,7 @@ def child() -> int:
     v = data.version()
     data.verdicts(v)
     say(step="claim evaluation", seconds=time.perf_counter() - start)
-    pages("first")
+    pages("cold start")
     assert sys.stdin.readline().strip() == "go"
     start = time.perf_counter()
     mirror.sync()
@@ -90,7 +91,7 @@ def child() -> int:
     start = time.perf_counter()
     data.verdicts(data.version())
     say(step="claim evaluation after 10k", seconds=time.perf_counter() - start)
-    pages("after 10k")
+    pages("after 10k new runs")
     say(step="dashboard peak memory GiB", value=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
     return 0
 
@@ -224,6 +225,7 @@ def measure(size: int, tmp: Path) -> dict:
             out[f"{s['page']} {s['step'].removeprefix('page ')} ({s['when']})"] = s["seconds"]
         else:
             out[s["step"]] = s.get("seconds", s.get("value"))
+            out[f"peak GiB after {s['step']}"] = s["peak_gib"]  # where the dashboard's memory goes
     return out
 
 

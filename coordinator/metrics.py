@@ -1,7 +1,8 @@
-"""Prometheus metrics: counters and the RPC histogram live in-process; fleet, queue and
-result gauges are read from DuckDB at scrape time by a custom collector, on a connection of its
-own (Store.reader: no lock). Results come from coordinator/figures.py's tables, kept as runs
-are ingested: a scrape reads small tables, never the runs.
+"""Prometheus metrics: counters and the RPC histogram live in-process; fleet and queue gauges
+are read from DuckDB at scrape time by a custom collector, on a connection of its
+own (Store.reader: no lock). Result gauges come from coordinator/figures.py's tables, kept as
+runs are ingested (a scrape reads small tables, never the runs), formatted once per change and
+at most every RESULTS_EVERY_SECONDS (ResultFigures).
 
 Speedups follow the one definition (specfleet/speedup.py), per comparable group: the
 `comparable` label is the group's id, and `specfleet_comparable_group_info` names what the group
@@ -13,27 +14,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+import socket
+import ssl
+import threading
 import time
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from coordinator import figures
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 from coordinator.states import JobState
 
+RESULTS_EVERY_SECONDS = 5.0  # the result figures are recomputed at most this often (ResultFigures)
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class FleetCollector:
+    """The fleet and queue gauges: agents by state and chip, jobs by state, running sweeps'
+    progress. Small tables, read at every scrape."""
+
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
-        # The result figures and what they were computed at (the runs' and jobs' last sequence):
-        # a scrape recomputes them only when a run or a job changed since.
-        self._at: tuple | None = None
-        self._figures: tuple = ()
 
     def collect(self):
         # Its own connection: a scrape never waits for ingest's lock, nor ingest for a scrape.
@@ -45,12 +52,6 @@ class FleetCollector:
                 " count(*) FILTER (WHERE j.state IN ('done', 'failed', 'refused', 'cancelled')) / count(*)"
                 " FROM sweeps s JOIN jobs j USING (sweep_id) WHERE s.state = 'running' GROUP BY ALL"
             ).fetchall()
-            at = con.execute(
-                "SELECT (SELECT last_seq FROM figure_state), (SELECT coalesce(max(seq), 0) FROM jobs)"
-            ).fetchone()
-            if at != self._at:
-                self._figures, self._at = (figures.arms(con), figures.speedups(con), figures.groups(con)), at
-            arm_speeds, speedups, groups = self._figures
         g = GaugeMetricFamily("specfleet_agents", "Enrolled agents by state and chip", labels=["state", "chip"])
         for state, chip, n in agents:
             g.add_metric([state, chip], n)
@@ -65,47 +66,90 @@ class FleetCollector:
         for name, ratio in sweeps:
             g.add_metric([name], ratio)
         yield g
-        arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
-        tps = GaugeMetricFamily(
-            "specfleet_decode_tokens_per_second",
-            "Geometric mean decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0)",
-            labels=arm_labels,
+
+
+class ResultFigures:
+    """The result gauges (decode tok/s, speedups, what each comparable group holds) as
+    exposition text, formatted by prometheus_client and kept until a run or a job changed, and
+    at least `every` seconds: a million runs are about 6,600 series and 1.2 MB of text, which
+    take Python 0.1-0.2 s to format, the GIL held, while ingest needs it too. So between
+    scrapes of a busy fleet the figures are at most `every` seconds behind the runs."""
+
+    def __init__(self, store, every: float = RESULTS_EVERY_SECONDS, clock=time.monotonic):
+        self.store, self.every, self.clock = store, every, clock
+        self._lock = threading.Lock()
+        self._at: tuple | None = None  # the runs' and jobs' last sequence the text is of
+        self._when = -math.inf
+        self._text = b""
+
+    def text(self) -> bytes:
+        with self._lock:
+            if self.clock() - self._when < self.every:
+                return self._text
+            self._when = self.clock()
+            with self.store.reader() as con:
+                at = con.execute(
+                    "SELECT (SELECT last_seq FROM figure_state), (SELECT coalesce(max(seq), 0) FROM jobs)"
+                ).fetchone()
+                if at != self._at:
+                    families = list(_result_families(figures.arms(con), figures.speedups(con), figures.groups(con)))
+                    self._text, self._at = generate_latest(_Families(families)), at
+            return self._text
+
+
+class _Families:
+    """Metric families already built, in the shape generate_latest reads (a collector)."""
+
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def _result_families(arm_speeds, speedups, groups):
+    arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
+    tps = GaugeMetricFamily(
+        "specfleet_decode_tokens_per_second",
+        "Geometric mean decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0)",
+        labels=arm_labels,
+    )
+    for comparable, chip, engine, model, method, depth, median_tps in arm_speeds:
+        tps.add_metric([comparable, chip, engine, model, method, str(depth)], median_tps)
+    yield tps
+    ratio = GaugeMetricFamily(
+        "specfleet_speedup_ratio",
+        "Speedup over the baseline (docs/speedup.md) per comparable group, chip and arm",
+        labels=arm_labels,
+    )
+    for r in speedups.itertuples():
+        ratio.add_metric([r.comparable, r.chip, r.engine, r.target_reference, r.method, str(r.depth)], r.speedup)
+    yield ratio
+    info = GaugeMetricFamily(
+        "specfleet_comparable_group_info",
+        "What each comparable group of runs holds: only runs equal on all of these are pooled",
+        labels=["comparable", "engine", "engine_version", "system", "model", "model_digest", "draft",
+                "draft_digest", "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens"],
+    )  # fmt: skip
+    for g in groups.itertuples():
+        sampler = (
+            f"temperature={g.sampler_temperature:g},top_p={g.sampler_top_p:g},"
+            f"top_k={g.sampler_top_k},seed={g.sampler_seed}"
         )
-        for comparable, chip, engine, model, method, depth, median_tps in arm_speeds:
-            tps.add_metric([comparable, chip, engine, model, method, str(depth)], median_tps)
-        yield tps
-        ratio = GaugeMetricFamily(
-            "specfleet_speedup_ratio",
-            "Speedup over the baseline (docs/speedup.md) per comparable group, chip and arm",
-            labels=arm_labels,
-        )
-        for r in speedups.itertuples():
-            ratio.add_metric([r.comparable, r.chip, r.engine, r.target_reference, r.method, str(r.depth)], r.speedup)
-        yield ratio
-        info = GaugeMetricFamily(
-            "specfleet_comparable_group_info",
-            "What each comparable group of runs holds: only runs equal on all of these are pooled",
-            labels=["comparable", "engine", "engine_version", "system", "model", "model_digest", "draft",
-                    "draft_digest", "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens"],
+        info.add_metric(
+            [g.comparable, g.engine, g.engine_version, g.system, g.target_reference, g.target_digest[:12],
+             g.draft_reference, g.draft_digest[:12], sampler, g.prompt_set, g.prompt_set_digest[:12],
+             str(g.context_tokens), str(g.max_new_tokens)],
+            1,
         )  # fmt: skip
-        for g in groups.itertuples():
-            sampler = (
-                f"temperature={g.sampler_temperature:g},top_p={g.sampler_top_p:g},"
-                f"top_k={g.sampler_top_k},seed={g.sampler_seed}"
-            )
-            info.add_metric(
-                [g.comparable, g.engine, g.engine_version, g.system, g.target_reference, g.target_digest[:12],
-                 g.draft_reference, g.draft_digest[:12], sampler, g.prompt_set, g.prompt_set_digest[:12],
-                 str(g.context_tokens), str(g.max_new_tokens)],
-                1,
-            )  # fmt: skip
-        yield info
+    yield info
 
 
 class Metrics:
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler, results_every: float = RESULTS_EVERY_SECONDS):
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
+        self.results = ResultFigures(scheduler.store, results_every)
         self.runs_ingested = Counter("specfleet_runs_ingested_total", "Runs stored", registry=self.registry)
         self.runs_duplicate = Counter(
             "specfleet_runs_duplicate_total", "Run uploads acknowledged as duplicates", registry=self.registry
@@ -121,18 +165,40 @@ class Metrics:
             registry=self.registry,
         )
 
+    def exposition(self) -> bytes:
+        """What /metrics answers: the live counters and gauges, then the result figures."""
+        return generate_latest(self.registry) + self.results.text()
+
     def serve(self, host: str, port: int, certfile=None, keyfile=None, client_cafile=None):
-        """Start the /metrics server: HTTPS with a certificate and key, requiring a client
-        certificate signed by client_cafile when given; plain HTTP without. Returns (server, thread)."""
-        return start_http_server(
-            port,
-            addr=host,
-            registry=self.registry,
-            certfile=str(certfile) if certfile else None,
-            keyfile=str(keyfile) if keyfile else None,
-            client_cafile=str(client_cafile) if client_cafile else None,
-            client_auth_required=client_cafile is not None,
-        )
+        """Start the /metrics server on a thread: HTTPS with a certificate and key, requiring a
+        client certificate signed by client_cafile when given; plain HTTP without. Returns
+        (server, thread). prometheus_client's own server formats every series at every scrape;
+        this one answers exposition(), whose result figures are formatted once per change."""
+
+        def app(environ, start_response):
+            body = self.exposition()
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+            return [body]
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        if certfile and keyfile:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(certfile), str(keyfile))
+            if client_cafile:
+                context.load_verify_locations(cafile=str(client_cafile))
+                context.verify_mode = ssl.CERT_REQUIRED
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+        thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        thread.start()
+        return server, thread
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # a scrape a second is not news
+        pass
 
 
 class MetricsInterceptor(WrappingInterceptor):

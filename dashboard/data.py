@@ -1,11 +1,13 @@
 """Data access for the pages: one cached mirror per process, parameterised cached queries.
 
 Pages call these functions and arrange what they return. Runs are read from the mirror's typed
-columns (specfleet/record.py RunRecord, one column per field) through `LABELLED`, which adds
-what every page names a run by: the system it measured (dashboard/claims.py system_label), its
-comparable group, its models as reference@digest, its sampler and its environment state. SQL
-never carries user input as text: filters travel as bound parameters. Speedups are
-specfleet/speedup.py's (through dashboard/stats.py).
+columns (specfleet/record.py RunRecord, one column per field) and `LABELS`, computed once per
+run as it arrives: what every page names a run by (the system it measured, dashboard/claims.py
+system_label; its comparable group; its models as reference@digest; its sampler; its
+environment state). Filtering and aggregation run in DuckDB; SQL never carries user input as
+text: filters travel as bound parameters. Each query's cache is keyed on the sequences of the
+tables it reads (Version, cached_on); the claims' rows on the runs each claim could select.
+Speedups are specfleet/speedup.py's (through dashboard/stats.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from agent.api import AdminApi, channel
+from coordinator.sweeps import SweepError, parse_sweep
 from dashboard import claims as ledger
 from dashboard import stats
 from dashboard.mirror import Mirror
@@ -272,7 +275,7 @@ def filter_options(v: Version) -> dict[str, list[str]]:
     return out
 
 
-RUNS_SHOWN = 5000  # the Runs page's table: the latest runs of the selection; downloads hold all
+RUNS_SHOWN = 1000  # the Runs page's table: the latest runs of the selection; downloads hold all
 
 
 def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
@@ -675,13 +678,38 @@ def verdicts(v: Version) -> pd.DataFrame:
     select (of its engine, system and models, and of our loop beside it) or their jobs did."""
     path = ledger_path()
     mtime = os.path.getmtime(path)
-    keys = _systems(v)
-    frames = [
-        _claim_rows(v.address, v.token, c.id, path, mtime, _key_with_fleet(c, keys, v)) for c in _claims(path, mtime)
-    ]
+    systems = _systems(v)
+    keys = tuple(_key_with_fleet(c, systems, v) for c in _claims(path, mtime))
+    return _adjusted(v.address, v.token, path, mtime, keys)
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES)
+def _adjusted(address: str, token: str, path: str, mtime: float, keys: tuple) -> pd.DataFrame:
+    """Every claim's rows (each cached on its key), then the false-discovery step over them."""
+    frames = [_claim_rows(address, token, c.id, path, mtime, k) for c, k in zip(_claims(path, mtime), keys)]
     if not frames:
         return pd.DataFrame(columns=ledger.VERDICT_COLUMNS)
     return ledger.adjust(pd.concat(frames, ignore_index=True))
+
+
+def claim_sweeps() -> dict[str, tuple[str, list[str]]]:
+    """Per claim id, the sweep file that would test it and what the coordinator's sweep
+    parser refuses in it ([] when it would take it); reread when the ledger changes."""
+    path = ledger_path()
+    return _claim_sweeps(path, os.path.getmtime(path))
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES)
+def _claim_sweeps(path: str, mtime: float) -> dict[str, tuple[str, list[str]]]:
+    out = {}
+    for claim in _claims(path, mtime):
+        text = ledger.sweep_yaml(claim)
+        try:
+            parse_sweep(text)
+            out[claim.id] = (text, [])
+        except SweepError as e:
+            out[claim.id] = (text, list(e.problems))
+    return out
 
 
 def _evaluation(v: Version):

@@ -31,7 +31,7 @@ TABLES = {
     "imported_results": "import_id",  # `specfleet import`: stored once, never changed
 }
 APPEND_ONLY = {"runs", "imported_results"}
-MEMORY_LIMIT = "512MB"
+MEMORY_LIMIT = "256MB"
 
 
 class Mirror:

@@ -10,12 +10,11 @@ import random
 
 import pandas as pd
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator import agents, auth, figures
 from coordinator.ingest import Report, ingest_many
-from coordinator.metrics import Metrics
+from coordinator.metrics import Metrics, ResultFigures
 from coordinator.scheduler import Scheduler
 from coordinator.store import Store
 from coordinator.sweeps import parse_sweep
@@ -192,7 +191,9 @@ def test_runs_stored_behind_the_figures_back_are_caught_up_at_the_next_open(flee
 
 def test_a_scrape_shows_the_kept_figures_and_follows_new_runs(fleet):
     scheduler, _, machines = fleet
-    metrics = Metrics(scheduler)  # one collector: a scrape after new runs must not show the figures cached before
+    # One collector, recomputing whenever a run or a job changed: a scrape after new runs must not
+    # show the figures cached before.
+    metrics = Metrics(scheduler, results_every=0)
     rng = random.Random(11)
     for round_ in range(2):
         for machine in machines:
@@ -205,7 +206,7 @@ def test_a_scrape_shows_the_kept_figures_and_follows_new_runs(fleet):
 
 
 def assert_scrape_equals_the_table(scheduler, metrics: Metrics) -> None:
-    families = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
     with scheduler.store.reader() as con:
         speedups, groups, arms = from_runs(con)
     shown = {
@@ -222,3 +223,22 @@ def assert_scrape_equals_the_table(scheduler, metrics: Metrics) -> None:
     assert tps == pytest.approx({(r[0], r[1], r[4], str(r[5])): r[6] for r in arms.itertuples(index=False)})
     info = {s.labels["comparable"] for s in families["specfleet_comparable_group_info"].samples}
     assert info == set(groups["comparable"])
+
+
+def test_the_result_figures_are_formatted_at_most_every_interval(fleet):
+    scheduler, _, machines = fleet
+    clock = Clock()
+    results = ResultFigures(scheduler.store, every=5, clock=clock)
+    rng = random.Random(5)
+    job = scheduler.acquire(machines[0])
+    runs = job_runs(rng, job, 1.0)
+    ingest_in_batches(rng, scheduler, machines[0], job, runs[:20])
+    first = results.text()
+    ingest_in_batches(rng, scheduler, machines[0], job, runs[20:])
+    clock.now += 4
+    assert results.text() is first  # within the interval: the text formatted before
+    clock.now += 1
+    second = results.text()
+    assert second != first  # past it, and runs came: formatted again
+    clock.now += 60
+    assert results.text() is second  # nothing changed since: nothing formatted

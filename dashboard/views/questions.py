@@ -3,7 +3,6 @@ the system it names; our loop of the same method on the same weights beside it, 
 
 import streamlit as st
 
-from coordinator.sweeps import SweepError, parse_sweep
 from dashboard import claims as ledger
 from dashboard import data, inference
 
@@ -41,6 +40,7 @@ except ledger.ClaimError as e:
 v = data.version()
 verdicts = data.verdicts(v)
 selections = data.selections(v)
+sweeps = data.claim_sweeps()
 counts = verdicts["adjusted_verdict"].value_counts()
 c1, c2, c3 = st.columns(3)
 c1.metric("reproduced", int(counts.get(inference.REPRODUCED, 0)))
@@ -87,10 +87,8 @@ for claim in claims:
     if claim.note:
         st.caption(claim.note)
     with st.expander("Sweep that would test it"):
-        text = ledger.sweep_yaml(claim)
-        try:
-            parse_sweep(text)
-        except SweepError as e:
-            st.warning("The coordinator refuses this sweep today: " + "; ".join(e.problems))
+        text, problems = sweeps[claim.id]
+        if problems:
+            st.warning("The coordinator refuses this sweep today: " + "; ".join(problems))
         st.code(text, language="yaml")
         st.download_button("Download sweep file", text, file_name=f"claim-{claim.id}.yaml", key=f"sweep-{claim.id}")
