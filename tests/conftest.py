@@ -58,3 +58,14 @@ def llama_bench_output(tiny_models, tmp_path_factory):
         command = [str(LLAMA_BENCH), "-m", str(tiny_models.gguf_target), "-r", "2", "-p", "16", "-n", "16", "-o", fmt]
         files[fmt].write_text(subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout)
     return files
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory):
+    """A coordinator process for a module's CLI tests: (its gRPC address, its data directory)."""
+    from tests.processes import start_coordinator, stop
+
+    data = tmp_path_factory.mktemp("coordinator")
+    proc, endpoints = start_coordinator(data)
+    yield endpoints["grpc"], data
+    assert stop(proc) == 0

@@ -7,15 +7,7 @@ import yaml
 
 from agent.api import AgentApi, channel
 from tests.fleet import LINUX_BOX, SWEEP_YAML
-from tests.processes import cli, start_coordinator, stop
-
-
-@pytest.fixture(scope="module")
-def coord(tmp_path_factory):
-    data = tmp_path_factory.mktemp("coordinator")
-    proc, endpoints = start_coordinator(data)
-    yield endpoints["grpc"], data
-    assert stop(proc) == 0
+from tests.processes import cli
 
 
 def admin(coord, *args, check=True):

@@ -21,19 +21,11 @@ from specfleet import speedup
 from specfleet.importers import llama_bench
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run
 from tests.fleet import start_coordinator as start_in_process
-from tests.processes import cli, start_coordinator, stop
+from tests.processes import cli
 from tests.test_importers import MTPLX_RUN
 
 pytestmark = pytest.mark.slow  # real processes: the CLI a dozen times, a coordinator (about a minute)
 M1_MAX = pb.Fingerprint(hostname="m1", os="macos", chip="Apple M1 Max", memory_bytes=64 * 2**30)
-
-
-@pytest.fixture(scope="module")
-def coord(tmp_path_factory):
-    data = tmp_path_factory.mktemp("coordinator")
-    proc, endpoints = start_coordinator(data)
-    yield endpoints["grpc"], data
-    assert stop(proc) == 0
 
 
 def run_import(coord, *args, check=True):
