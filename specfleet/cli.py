@@ -444,6 +444,15 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from specfleet.report import make
+
+    if args.tls_ca:  # it reads the coordinator through the dashboard's mirror, as `specfleet dashboard` does
+        sys.exit("error: specfleet report reads the coordinator without TLS, as the dashboard does: drop --tls-ca")
+    print(make(args.coordinator, _admin_token(args), args.sweep_id, args.format, Path(args.output)))
+    return 0
+
+
 def cmd_dashboard(args) -> int:
     from dashboard.serve import serve
 
@@ -635,6 +644,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("report", help="one sweep's report: Markdown with PNG plots, or one HTML file")
+    p.add_argument("sweep_id")
+    flag(p, "--format", env="REPORT_FORMAT", choices=("md", "html"), default="md")
+    flag(p, "--output", env="REPORT_OUTPUT", required=True, help="directory for report.md and its PNGs, or report.html")
+    _add_admin_flags(p)
+    p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard")
     flag(p, "--host", env="DASHBOARD_HOST", default="127.0.0.1")
