@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 FORMATS = ("md", "html")
-PNG_SCALE = 2  # pixels per CSS pixel: sharp in an issue, a few hundred KB a plot
+PNG_SCALE = 2  # pixels per CSS pixel: sharp in an issue, about 100 KB a plot
 FLAGGED_SHOWN = 200  # rows of the flagged-runs table; the count above it is of every run
 SPEEDUP_COLUMNS = ["chip", "engine", "method", "depth", "speedup", "ci_low", "ci_high", "machines", "prompts"]
 SPEEDUP_COLUMNS += ["pairs", "excluded_pairs"]
