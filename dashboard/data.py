@@ -344,7 +344,7 @@ def runs_download(v: Version, f: Filters, chips: tuple[str, ...], states: tuple[
     "[a, b]" in CSV."""
     source, params = _runs_source(f, chips, states)
     out = io.BytesIO()
-    with _evaluation(v) as con:
+    with _evaluation(v.address, v.token) as con:
         reader = con.sql(f"{_runs_sql(source)} ORDER BY seq", params=params).to_arrow_reader(DOWNLOAD_BATCH)
         if fmt == "parquet":
             with pq.ParquetWriter(out, reader.schema) as writer:
@@ -712,9 +712,10 @@ def _claim_sweeps(path: str, mtime: float) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def _evaluation(v: Version):
-    """A connection of its own on the mirror for the claims' temporary tables."""
-    return contextlib.closing(mirror(v.address, v.token).cursor())
+def _evaluation(address: str, token: str):
+    """A connection of its own on the mirror, closed after use: for the claims' temporary
+    tables, a download read in batches."""
+    return contextlib.closing(mirror(address, token).cursor())
 
 
 @on_runs
@@ -753,7 +754,7 @@ def _key_with_fleet(claim: ledger.Claim, systems: pd.DataFrame, v: Version) -> t
 @st.cache_data(max_entries=4 * CACHE_ENTRIES)
 def _claim_rows(address: str, token: str, claim_id: str, path: str, mtime: float, key: tuple) -> pd.DataFrame:
     (claim,) = [c for c in _claims(path, mtime) if c.id == claim_id]
-    with contextlib.closing(mirror(address, token).cursor()) as con:
+    with _evaluation(address, token) as con:
         return ledger.evaluate(claim, con)
 
 
@@ -771,7 +772,7 @@ def selections(v: Version) -> dict[str, dict]:
     mtime = os.path.getmtime(path)
     state = _selection_state(v.address, v.token)
     out = {}
-    with state["lock"], _evaluation(v) as con:
+    with state["lock"], _evaluation(v.address, v.token) as con:
         for c in _claims(path, mtime):
             seen, upto, sel = state.get(c.id, (None, 0, None))
             if seen != mtime:
