@@ -108,7 +108,8 @@ def _add_tls_client_flags(p):
     flag(p, "--tls-key", env="CLIENT_TLS_KEY", help="the client certificate's key")
 
 
-def _add_agent_run_flags(p):
+def _add_job_resource_flags(p):
+    """What jobs may use on this machine: `agent run`'s and `agent doctor`'s."""
     flag(
         p,
         "--model-dir",
@@ -118,19 +119,23 @@ def _add_agent_run_flags(p):
         help=f"directory whose models jobs may use (repeatable; the variable: DIR{os.pathsep}DIR; default: those "
         "given at enrolment; none at all lets jobs name any path)",
     )
-    flag(p, "--metrics-port", env="AGENT_METRICS_PORT", type=int, help="serve the agent's /metrics on this port")
-    flag(
-        p,
-        "--allow-battery",
-        action="store_true",
-        help="start jobs on battery or in low-power mode too (runs are still flagged)",
-    )
     flag(
         p,
         "--llama-server",
         metavar="PATH",
         help="the llama-server binary for llama-server jobs (default: settings.json's llama_server, else "
         "llama-server on PATH, else this checkout's .data/llama.cpp build)",
+    )
+
+
+def _add_agent_run_flags(p):
+    _add_job_resource_flags(p)
+    flag(p, "--metrics-port", env="AGENT_METRICS_PORT", type=int, help="serve the agent's /metrics on this port")
+    flag(
+        p,
+        "--allow-battery",
+        action="store_true",
+        help="start jobs on battery or in low-power mode too (runs are still flagged)",
     )
 
 
@@ -605,15 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="should this machine measure now? each check with a verdict and a fix; exit 1 if one fails"
     )
     flag(p, "--config-dir", **config_dir)
-    flag(
-        p,
-        "--model-dir",
-        env="MODEL_DIRS",
-        separator=os.pathsep,
-        action="append",
-        help="directory whose models jobs may use, as for `agent run` (default: those given at enrolment)",
-    )
-    flag(p, "--llama-server", metavar="PATH", help="the llama-server llama-server jobs run, as for `agent run`")
+    _add_job_resource_flags(p)
     p.set_defaults(fn=cmd_agent_doctor)
 
     from specfleet.importers import LLAMA_BENCH_FORMATS
