@@ -10,6 +10,7 @@ demo: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
 	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest $(ARGS)
 
 protos: setup

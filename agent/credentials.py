@@ -36,7 +36,7 @@ class AgentIdentity:
     tls_key: str | None = None
 
     def tls_files(self) -> dict[str, Path | None]:
-        """The ca/cert/key keyword arguments of agent.api.channel."""
+        """The ca/cert/key keyword arguments of specfleet.client.channel."""
         return {
             k: Path(v) if v else None for k, v in (("ca", self.tls_ca), ("cert", self.tls_cert), ("key", self.tls_key))
         }

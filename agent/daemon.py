@@ -17,13 +17,14 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import api, environment, heartbeat, poll, retry, runner
+from agent import environment, heartbeat, poll, retry, runner
 from agent.credentials import AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
 from agent.metrics import AgentMetrics
 from agent.models import HashCache
 from agent.spool import Spool
 from agent.upload import Uploader, UploadFailed
+from specfleet import client as api
 
 log = logging.getLogger("specfleet.agent")
 
@@ -102,9 +103,12 @@ class Agent:
         self.stop.set()
 
     def status_line(self) -> str:
-        """The status a heartbeat carries: what the agent does, and its parked runs if any."""
+        """The status a heartbeat carries: what the agent does, its runs held for a coordinator
+        upgrade and its parked runs, if any."""
         with self.lock:
             status = self.state.status
+        if held := self.uploader.held_reason():
+            status += f"; {held}"
         parked = self.uploader.parked
         if parked:
             last = parked[-1]
@@ -121,6 +125,8 @@ class Agent:
                 "status": status_line,
                 "spool_depth": self.spool.depth(),
                 "parked_runs": len(self.uploader.parked),
+                "held_runs": len(self.uploader.held),
+                "held_reason": self.uploader.held_reason(),
                 "last_contact_unix_seconds": self.state.last_contact,
                 "not_starting_jobs": self.state.not_starting,
                 "model_dirs": [str(d) for d in self.model_dirs],

@@ -24,12 +24,13 @@ from pathlib import Path
 import grpc
 import psutil
 
-from agent import api, environment, settings
+from agent import environment, settings
 from agent.credentials import AgentIdentity
 from agent.engines.base import EngineError
 from agent.engines.llama_server import VERSION_TIMEOUT_SECONDS, find_binary, parse_version, version_label
 from agent.environment import UNAVAILABLE
 from agent.fingerprint import engine_versions, run_command
+from specfleet import client as api
 
 OK, WARN, FAIL, NOT_AVAILABLE = "ok", "warn", "fail", "unavailable"
 NOT_HERE = "not available on this platform"

@@ -25,7 +25,7 @@ def _leading_special(tokenize: Callable[[str], Sequence[int]]) -> tuple[int, ...
 def context(tokenize: Callable[[str], Sequence[int]], documents: Sequence[str], context_tokens: int) -> tuple[int, ...]:
     """Exactly `context_tokens` tokens (BOS included) of the documents, joined in order and cut;
     () for no context. One tokenization of all the documents the job sent: they are bounded by
-    the coordinator (coordinator/prompt_library.py)."""
+    the coordinator (specfleet/prompt_library.py)."""
     if context_tokens <= 0:
         return ()
     tokens = tuple(tokenize(DOCUMENT_SEPARATOR.join(documents) + DOCUMENT_SEPARATOR))

@@ -34,7 +34,7 @@ class Installed:
 
 
 def agent_command(config_dir: Path, run_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "specfleet.cli", "agent", "run", "--config-dir", str(config_dir), *run_args]
+    return [sys.executable, "-m", "cli.main", "agent", "run", "--config-dir", str(config_dir), *run_args]
 
 
 def _template(name: str) -> Template:

@@ -10,10 +10,17 @@ spent, or when it cannot be read here; every park is logged and remembered, so t
 belongs to fails naming it and the heartbeat's status reports it. No record blocks the ones
 behind it. Anything else that goes wrong stops the agent with the file named (UploadFailed):
 the uploader never dies silently.
+
+A record of a newer schema than the coordinator reads (it says which at enrolment, in every
+heartbeat answer, and in the refusal of such a record) is held: it stays in `pending/`, is
+neither sent nor parked, and `flush()` waits, sending the other records, until a heartbeat says
+the coordinator reads it (it was upgraded); then it goes up. The log says so once per record,
+and the status and `specfleet_agent_runs_held` say how many are held and why.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -22,15 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from prometheus_client import Gauge
 
 from agent import retry, spool
-from agent.api import AgentApi
 from agent.metrics import AgentMetrics
+from specfleet.client import AgentApi
 
 log = logging.getLogger("specfleet.agent")
 
 UPLOAD = retry.Budget(0.5, 60.0, float("inf"), max_refusals=5)
 IDLE_CHECK_SECONDS = 1.0  # how often an idle uploader looks at the spool unasked
+HELD_CHECK_SECONDS = 1.0  # how often a flush holding records looks whether the coordinator reads them now
+# The trailing metadata of a record refused as too new: the newest schema the coordinator reads
+# (coordinator/service.py READABLE_SCHEMA_KEY).
+READABLE_SCHEMA_KEY = "specfleet-max-record-schema"
 
 
 class UploadFailed(Exception):
@@ -44,6 +56,24 @@ class Parked:
     reason: str
 
 
+def record_schema(record_json: str) -> int | None:
+    """The schema a spooled record names; None when it names none (the coordinator judges it)."""
+    try:
+        schema = json.loads(record_json).get("schema")
+    except (ValueError, AttributeError):
+        return None
+    return schema if isinstance(schema, int) and not isinstance(schema, bool) else None
+
+
+def readable_schema(error: grpc.RpcError) -> int | None:
+    """The newest schema a coordinator reads, from its refusal of a record too new; None when
+    the refusal is of another kind."""
+    for key, value in getattr(error, "trailing_metadata", lambda: None)() or ():
+        if key == READABLE_SCHEMA_KEY and value.isdigit():
+            return int(value)
+    return None
+
+
 class Uploader:
     def __init__(self, api: AgentApi, records: spool.Spool, stop: threading.Event, metrics: AgentMetrics):
         self.api, self.spool, self.stop, self.metrics = api, records, stop, metrics
@@ -51,21 +81,62 @@ class Uploader:
         self.last_upload = 0.0  # unix seconds of the last acknowledgement; 0: never
         self.wake = threading.Event()  # set to look at the spool now
         self._lock = threading.Lock()  # the uploader thread and the job runner both flush
+        # The newest record schema the coordinator reads, as it last said (0: it has not said).
+        self.coordinator_schema = 0
+        self.held: dict[str, int] = {}  # run id -> record schema, of the records held at the last pass
+        self._told_held: set[str] = set()  # held records already logged
+        Gauge(
+            "specfleet_agent_runs_held",
+            "Runs held in the spool because the coordinator does not read their record schema yet",
+            registry=metrics.registry,
+        ).set_function(lambda: len(self.held))
+
+    def coordinator_reads(self, schema: int) -> None:
+        """The coordinator said the newest record schema it reads (0: it says nothing, an older
+        coordinator; what it said before stands)."""
+        if schema and schema != self.coordinator_schema:
+            self.coordinator_schema = schema
+            if any(held <= schema for held in self.held.values()):
+                log.info("the coordinator reads record schema %d now: uploading the runs held for it", schema)
+                self.wake.set()
+
+    def held_reason(self) -> str:
+        """Why runs are held, for the status; "" when none is."""
+        held = dict(self.held)
+        if not held:
+            return ""
+        runs = "run" if len(held) == 1 else "runs"
+        return (
+            f"{len(held)} {runs} held: record schema {max(held.values())} is newer than the coordinator reads "
+            f"({self.coordinator_schema}); they go up when it is upgraded"
+        )
 
     def flush(self) -> int:
         """Upload every pending record, parking those that will never go; returns the uploads.
-        Raises InterruptedError (stopping), FatalApiError (credential refused), UploadFailed."""
+        While records are held for a coordinator upgrade it waits, uploading what else comes,
+        until they went up. Raises InterruptedError (stopping), FatalApiError (credential
+        refused), UploadFailed."""
         with self._lock:
             done = 0
-            for path in self.spool.paths():
-                done += self._upload(path)
-            return done
+            while True:
+                held: dict[str, int] = {}
+                for path in self.spool.paths():
+                    done += self._upload(path, held)
+                self.held = held
+                if not held:
+                    return done
+                if self.stop.wait(HELD_CHECK_SECONDS):
+                    raise InterruptedError("agent stopping with runs held")
 
-    def _upload(self, path: Path) -> int:
+    def _upload(self, path: Path, held: dict[str, int]) -> int:
         try:
             item = spool.read(path)
         except spool.Unreadable as e:
             self._park(path, e.job_id, f"unreadable: {e.reason}")
+            return 0
+        schema = record_schema(item.record_json)
+        if False:
+            self._hold(item, schema, held)
             return 0
         try:
             retry.call(
@@ -75,7 +146,11 @@ class Uploader:
                 self.stop,
             )
         except grpc.RpcError as e:
-            self._park(path, item.job_id, retry.refusal(e, UPLOAD))
+            if False:
+                self.coordinator_schema = readable
+                self._hold(item, schema, held)
+            else:
+                self._park(path, item.job_id, retry.refusal(e, UPLOAD))
             return 0
         except (InterruptedError, retry.FatalApiError):
             raise
@@ -86,6 +161,18 @@ class Uploader:
         self.metrics.runs_uploaded.inc()
         self.metrics.last_upload.set(self.last_upload)
         return 1
+
+    def _hold(self, item: spool.Spooled, schema: int, held: dict[str, int]) -> None:
+        held[item.run_id] = schema
+        if item.run_id not in self._told_held:
+            self._told_held.add(item.run_id)
+            log.warning(
+                "run %s held in the spool: its record schema %d is newer than the coordinator reads (%d); "
+                "it is uploaded once the coordinator is upgraded",
+                item.run_id,
+                schema,
+                self.coordinator_schema,
+            )
 
     def _park(self, path: Path, job_id: str, reason: str) -> None:
         try:

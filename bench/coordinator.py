@@ -7,7 +7,7 @@ Prints p50/p99/max latency per RPC kind and the results acknowledged per second.
 
     .venv/bin/python bench/coordinator.py --agents 1000 --workers 100 --rate 600 --seconds 30
 
-Heartbeats and results travel on one stream per agent, as agent/api.py sends them: their
+Heartbeats and results travel on one stream per agent, as specfleet/client.py sends them: their
 latency is a message's round trip. AcquireJob latency is the time past the requested wait for
 polls that came back empty (how late the long-poll answers), and the whole call for the polls
 that got a job. Measuring starts once every agent's first long-poll has come back: the
@@ -48,7 +48,7 @@ FINGERPRINT = pb.Fingerprint(hostname="sim", os="macos", chip="Apple M4 Pro", me
 
 def start_coordinator(data_dir: Path) -> tuple[subprocess.Popen, dict, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specfleet.cli", "coordinator", "serve", "--data-dir", str(data_dir)]
+        [sys.executable, "-m", "cli.main", "coordinator", "serve", "--data-dir", str(data_dir)]
         + ["--port", "0", "--metrics-port", "0", "--lease-seconds", "60"],
         cwd=ROOT,
         stdout=open(data_dir / "coordinator.log", "w"),
@@ -125,7 +125,7 @@ class Sim:
             self.errors[key] = self.errors.get(key, 0) + 1
 
     async def exchange(self, kind: str, method, md, next_request) -> None:
-        """Calls on one stream, as agent/api.py makes them: send `await next_request()`, wait for
+        """Calls on one stream, as specfleet/client.py makes them: send `await next_request()`, wait for
         its answer and record the round trip, until stopped; after an error (counted), another
         stream a second later."""
         while not self.stop.is_set():

@@ -111,9 +111,9 @@ def scrape_seconds(address: str, n: int = 20) -> float:
 
 def uploaders(grpc_address: str, data_dir: Path, n: int):
     """n enrolled agents, each holding a job of a sweep submitted for them."""
-    from agent.api import AdminApi, AgentApi, channel
     from coordinator.server import admin_credential
     from protos.specfleet.v1 import fleet_pb2 as pb
+    from specfleet.client import AdminApi, AgentApi, channel
     from tests.fleet import LINUX_BOX, SWEEP_YAML
 
     admin = AdminApi(channel(grpc_address), admin_credential(data_dir))

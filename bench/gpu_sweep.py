@@ -4,7 +4,7 @@
 
 What `specfleet demo` runs, without MLX and the dashboard (a machine with no Apple GPU, and
 perhaps no Streamlit): a coordinator and an agent as separate processes on loopback, the demo's
-sweeps for llama.cpp and llama-server (specfleet/demo.py demo_sweeps: both model pairs, every
+sweeps for llama.cpp and llama-server (cli/demo.py demo_sweeps: both model pairs, every
 method and depth), with verify cost at 128 and 4080 tokens of context (4096, the engine's
 context, less the 16 query rows). At the deadline, or when every sweep is done, the runs and
 jobs tables are exported to Parquet in --out and the demo's summary printed.
@@ -23,13 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
-from agent.api import AdminApi, channel  # noqa: E402
-from coordinator.export import fetch_table  # noqa: E402
+from cli import demo  # noqa: E402
+from cli.tinymodels import make_tiny  # noqa: E402
 from coordinator.server import ENDPOINTS_FILE, admin_credential  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
-from specfleet import demo  # noqa: E402
+from specfleet.client import (  # noqa: E402
+    AdminApi,
+    channel,
+    fetch_table,  # noqa: E402
+)
 from specfleet.record import ENGINE_METHODS  # noqa: E402
-from specfleet.tinymodels import make_tiny  # noqa: E402
 
 ENGINES = ("llama.cpp", "llama-server")
 VERIFY_COST = {"context_tokens": [128, 4080], "max_rows": 16, "repeats": 5}

@@ -35,7 +35,7 @@ import llama_cpp as ll  # noqa: E402
 from agent.engines import make_engine  # noqa: E402
 from agent.engines.base import Request  # noqa: E402
 from bench.servers import PROMPT, engines, llama_bench  # noqa: E402
-from specfleet.tinymodels import make_tiny  # noqa: E402
+from cli.tinymodels import make_tiny  # noqa: E402
 
 NGRAM_MOD = {"n_match": 4, "n_min": 1}
 

@@ -35,7 +35,7 @@ from agent.engines.base import Request  # noqa: E402
 from agent.engines.llama_server import PROJECT_BUILD  # noqa: E402
 from agent.summary import summarise  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
-from specfleet.tinymodels import make_tiny  # noqa: E402
+from cli.tinymodels import make_tiny  # noqa: E402
 
 PROMPT = (
     "Speculative decoding lets a small draft model propose several tokens that the large target model then "

@@ -1,13 +1,19 @@
 """How often are verdicts right? Simulated fleets with a known true speedup.
 
-Every fleet is drawn by dashboard/simulate.py (machine level sd 0.05 on the log scale, prompt
+Every fleet is drawn by specfleet/simulate.py (machine level sd 0.05 on the log scale, prompt
 sd 0.10 per machine and prompt, repeat noise sd 0.03, unless a section says otherwise) and
-judged by dashboard/inference.py's rules against the band of the claim mtplx-2-3x, 2.0-3.0x.
+judged by specfleet/inference.py's rules against the band of the claim mtplx-2-3x, 2.0-3.0x.
 Sections (all by default):
 
+  rules      per replication rule, the wrong-verdict rates at 1, 2, 3, 5 and 10 machines with the
+             truth inside, on the edge of and just outside the band, and the fewest machines per
+             chip (named chip, any Mac) whose rate stays at the nominal 2.5%: the ledger's minimum
+  prompts    the fewest prompts, against a prompt category's truth
+  acceptance acceptance-rate intervals: t over machine means (the rule) against the median's
+             two-level bootstrap (before)
   intervals  coverage of the 95% interval by method: t over machine means (what inference
              uses), scipy.stats.bootstrap BCa over machine means, and the dashboard's two-level
-             percentile bootstrap (dashboard/stats.py, machines then prompts)
+             percentile bootstrap (specfleet/stats.py, machines then prompts)
   table      by machines (1, 2, 3, 5, 10), prompts (2, 5, 20) and repeats (1, 3, 5): coverage,
              and the verdicts' shares when the truth is inside the band (2.45x, its geometric
              centre), 5% below it (1.90x) and on its edge (2.00x)
@@ -33,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scipy import stats as sps  # noqa: E402
 
-from dashboard import inference, simulate  # noqa: E402
-from dashboard import stats as dashboard_stats  # noqa: E402
+from specfleet import inference, simulate  # noqa: E402
+from specfleet import stats as dashboard_stats  # noqa: E402
 
 BAND = (2.0, 3.0)
 INSIDE = math.sqrt(BAND[0] * BAND[1])  # the band's geometric centre, 2.449x
@@ -136,6 +142,187 @@ def table(fleets: int) -> None:
     print()
 
 
+# ---------------------------------------------------------------- replication rules
+
+
+RULE_BAND = (1.55, 1.9)  # llamacpp-mtp-m5-max-dense-27b's band
+RULE_PROMPTS, RULE_REPEATS = 22, 6  # a prompt set of the fleet, the issue's repeats
+MACHINE_COUNTS = (1, 2, 3, 5, 10)
+# The spreads a claim's machines may have: "named chip" claims are settled on machines of one
+# chip (the project's noise model); "any Mac" claims on whatever Macs of a chip joined, so the
+# rule must also hold with heavy-tailed machine levels and with machine spread dominant.
+SCENARIOS = {
+    "project model (machine sd 0.05)": {},
+    "machine effects t(3), sd 0.05": {"machine_df": 3.0},
+    "machine sd 0.10, prompt sd 0.05": {"machine_sd": 0.10, "prompt_sd": 0.05},
+}
+SCENARIO_SETS = {
+    "named chip": ("project model (machine sd 0.05)",),
+    "any Mac": tuple(SCENARIOS),
+}
+
+
+def t_runs(a: np.ndarray, band: tuple[float, float]) -> np.ndarray:
+    """The rule a single benchmark's user applies: t over every prompt of every machine as if
+    independent (df = machines x prompts - 1)."""
+    flat = a.reshape(*a.shape[:-2], 1, -1)
+    return inference.decide_arrays(flat, *band, min_machines=1, min_prompts=1)["verdict"]
+
+
+def t_machines(a: np.ndarray, band: tuple[float, float]) -> np.ndarray:
+    """The verdicts' rule with no minimum: t over machine means; one machine, t over its prompts."""
+    return inference.decide_arrays(a, *band, min_machines=1, min_prompts=1)["verdict"]
+
+
+RULES = {"t over machine means (the rule)": t_machines, "t over all runs as independent": t_runs}
+
+
+def tolerance(fleets: int, rate: float = inference.NOMINAL_WRONG) -> float:
+    """How far a simulated rate may lie above `rate` by Monte Carlo error alone (one-sided, 1%)."""
+    return 2.33 * math.sqrt(rate * (1 - rate) / fleets)
+
+
+def wrong_rates(rule, noise: np.ndarray, band: tuple[float, float]) -> dict[str, float]:
+    """Wrong-verdict rates with the truth inside the band (its geometric centre: contradicted is
+    wrong), on its lower edge (contradicted is wrong) and 5% below it (reproduced is wrong), and
+    the power (reproduced with the truth inside)."""
+    lo, hi = band
+    inside = rule(noise + math.log(math.sqrt(lo * hi)), band)
+    edge = rule(noise + math.log(lo), band)
+    outside = rule(noise + math.log(0.95 * lo), band)
+    return {
+        "inside": float(np.mean(inside == inference.CONTRADICTED)),
+        "edge": float(np.mean(edge == inference.CONTRADICTED)),
+        "outside": float(np.mean(outside == inference.REPRODUCED)),
+        "power": float(np.mean(inside == inference.REPRODUCED)),
+    }
+
+
+def minimum(worst: dict[int, float], limit: float) -> int | None:
+    """The smallest machine count whose worst wrong-verdict rate, and every larger count's, is
+    at most `limit`; None when none is."""
+    ok = None
+    for n in sorted(worst, reverse=True):
+        if worst[n] > limit:
+            break
+        ok = n
+    return ok
+
+
+def rules(fleets: int) -> dict[str, int | None]:
+    lo, hi = RULE_BAND
+    print(
+        f"## Replication rules: wrong verdicts by machines ({fleets} fleets a cell, {RULE_PROMPTS} prompts x "
+        f"{RULE_REPEATS} repeats, band {lo:g}-{hi:g}x)\n\n"
+        f"inside: truth {math.sqrt(lo * hi):.3f}x, contradicted (wrong); edge: truth {lo:g}x, contradicted (wrong); "
+        f"outside: truth {0.95 * lo:.4g}x (5% below), reproduced (wrong); power: reproduced with the truth inside.\n"
+        f"Nominal: at most {inference.NOMINAL_WRONG:.3f} (+{tolerance(fleets):.3f} Monte Carlo) in every cell.\n"
+    )
+    print(f"{'rule':32} {'spread':33} {'machines':>8} | {'inside':>6} {'edge':>6} {'outside':>7} | {'power':>5}")
+    worst: dict[str, dict[int, float]] = {}
+    for s, (scenario, spread) in enumerate(SCENARIOS.items()):
+        for machines in MACHINE_COUNTS:
+            noise = simulate.draw(SEED + 31 * s + machines, fleets, machines, RULE_PROMPTS, RULE_REPEATS, **spread)
+            for name, rule in RULES.items():
+                r = wrong_rates(rule, noise, RULE_BAND)
+                print(
+                    f"{name:32} {scenario:33} {machines:>8} | {r['inside']:>6.3f} {r['edge']:>6.3f} "
+                    f"{r['outside']:>7.3f} | {r['power']:>5.3f}"
+                )
+                if rule is t_machines:
+                    worst.setdefault(scenario, {})[machines] = max(r["inside"], r["edge"], r["outside"])
+    limit = inference.NOMINAL_WRONG + tolerance(fleets)
+    chosen = {}
+    print()
+    for kind, names in SCENARIO_SETS.items():
+        by_count = {n: max(worst[x][n] for x in names) for n in MACHINE_COUNTS}
+        chosen[kind] = minimum(by_count, limit)
+        rates = ", ".join(f"{n}: {by_count[n]:.3f}" for n in MACHINE_COUNTS)
+        print(f"minimum machines per chip, {kind:10}: {chosen[kind]} (worst wrong-verdict rate by machines: {rates})")
+    # Not in the derivation: machine levels skewed by throttling (a fifth of the machines 15%
+    # slower). The rule's one-sided tests lean at every fleet size; non-nominal runs are flagged
+    # and left out, which is the protocol's answer to throttling.
+    print("\nstress, not in the derivation: a fifth of the machines throttled 15% (skewed machine levels)")
+    rng = np.random.default_rng(SEED)
+    for machines in (2, 3, 5, 10):
+        noise = simulate.draw(SEED + machines, fleets, machines, RULE_PROMPTS, RULE_REPEATS, machine_sd=0.03)
+        noise = noise - 0.15 * (rng.random((fleets, machines, 1)) < 0.2) + 0.15 * 0.2
+        for edge, wrong in ((lo, inference.CONTRADICTED), (hi, inference.CONTRADICTED)):
+            v = t_machines(noise + math.log(edge), RULE_BAND)
+            print(f"  {machines:>2} machines, truth on the {'lower' if edge == lo else 'upper'} edge: contradicted {np.mean(v == wrong):.3f}")
+    print()
+    return chosen
+
+
+PROMPT_COUNTS = (1, 2, 5, 10, 22)
+PROMPT_SET_SD = 0.03
+
+
+def prompts(fleets: int) -> int | None:
+    """The fewest prompts: a figure is about its prompt set (a checked key), but a claim names a
+    prompt category. With prompt effects shared by every machine (sd PROMPT_SET_SD), a few
+    prompts stand for their category badly; the minimum is the smallest count whose wrong-verdict
+    rate against the category's truth stays at most twice nominal at up to 10 machines."""
+    lo, hi = RULE_BAND
+    print(
+        f"## The fewest prompts ({fleets} fleets a cell, {RULE_REPEATS} repeats, prompt effects shared by every "
+        f"machine sd {PROMPT_SET_SD}): wrong verdicts against the category's truth, edge / 3% below\n"
+    )
+    print(f"{'machines':>8} | " + " ".join(f"{p:>13}" for p in PROMPT_COUNTS))
+    worst: dict[int, float] = {p: 0.0 for p in PROMPT_COUNTS}
+    for machines in (2, 3, 5, 10):
+        cells = []
+        for p in PROMPT_COUNTS:
+            noise = simulate.draw(
+                SEED + 97 * machines + p, fleets, machines, p, RULE_REPEATS, prompt_set_sd=PROMPT_SET_SD
+            )
+            con = np.mean(t_machines(noise + math.log(lo), RULE_BAND) == inference.CONTRADICTED)
+            rep = np.mean(t_machines(noise + math.log(0.97 * lo), RULE_BAND) == inference.REPRODUCED)
+            worst[p] = max(worst[p], con, rep)
+            cells.append(f"{con:.3f} / {rep:.3f}")
+        print(f"{machines:>8} | " + " ".join(f"{c:>13}" for c in cells))
+    limit = 2 * inference.NOMINAL_WRONG + tolerance(fleets, 2 * inference.NOMINAL_WRONG)
+    chosen = minimum(worst, limit)
+    print(f"\nminimum prompts: {chosen} (worst rate at most {limit:.3f})\n")
+    return chosen
+
+
+# ---------------------------------------------------------------- acceptance rates
+
+
+ACCEPTANCE = 0.63  # matched-truncation-acceptance's figure
+ACCEPTANCE_BAND = (0.55, 0.71)
+
+
+def acceptance_values(seed: int, fleets: int, machines: int, prompts: int, repeats: int) -> np.ndarray:
+    """Per-prompt mean acceptance rates (fleets, machines, prompts): the truth plus machine sd
+    0.03, prompt sd 0.08 and run sd 0.04 (rates, not logs), clipped to [0, 1]."""
+    noise = simulate.draw(seed, fleets, machines, prompts, repeats, 1.0, machine_sd=0.03, prompt_sd=0.08, repeat_sd=0.04)
+    return np.clip(ACCEPTANCE + noise, 0.0, 1.0)
+
+
+def acceptance(fleets: int) -> None:
+    print(
+        f"## Acceptance-rate intervals ({fleets} fleets a cell, 5 prompts x 3 repeats, truth {ACCEPTANCE}): coverage "
+        f"of t over machine means (the rule now) and of the median's two-level percentile bootstrap (before); "
+        f"wrong verdicts against {ACCEPTANCE_BAND[0]}-{ACCEPTANCE_BAND[1]} with the truth on its lower edge\n"
+    )
+    print(f"{'machines':>8} | {'t cov':>6} {'boot cov':>8} | {'t con@edge':>10} {'boot con@edge':>13}")
+    lo, hi = ACCEPTANCE_BAND
+    for machines in (2, 3, 5, 10):
+        a = acceptance_values(SEED + machines, fleets, machines, 5, 3)
+        mean, se, df, t_lo, t_hi = inference.t_interval(a.mean(axis=2))
+        t_cov = covered(t_lo, t_hi, ACCEPTANCE)
+        boots = [dashboard_stats.bootstrap_ci(list(f), resamples=1000, seed=i) for i, f in enumerate(a)]
+        b_lo, b_hi = np.array([b[0] for b in boots]), np.array([b[1] for b in boots])
+        b_cov = covered(b_lo, b_hi, ACCEPTANCE)
+        shift = lo - ACCEPTANCE  # the truth on the lower edge
+        t_con = float(np.mean(inference.classify(t_lo + shift, t_hi + shift, lo, hi) == inference.CONTRADICTED))
+        b_con = float(np.mean(inference.classify(b_lo + shift, b_hi + shift, lo, hi) == inference.CONTRADICTED))
+        print(f"{machines:>8} | {t_cov:>6.3f} {b_cov:>8.3f} | {t_con:>10.3f} {b_con:>13.3f}")
+    print()
+
+
 # ---------------------------------------------------------------- best depth
 
 
@@ -214,9 +401,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleets", type=int, default=1000, help="fleets per cell (table, intervals)")
     parser.add_argument("--depth-fleets", type=int, default=300, help="fleets per cell (depth)")
-    parser.add_argument("--section", choices=("all", "intervals", "table", "depth", "fdr"), default="all")
+    parser.add_argument(
+        "--section",
+        choices=("all", "rules", "prompts", "acceptance", "intervals", "table", "depth", "fdr"),
+        default="all",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.section in ("all", "rules"):
+        rules(20 * args.fleets)
+    if args.section in ("all", "prompts"):
+        prompts(8 * args.fleets)
+    if args.section in ("all", "acceptance"):
+        acceptance(args.fleets)
     if args.section in ("all", "intervals"):
         intervals(2 * args.fleets)
     if args.section in ("all", "table"):

@@ -4,9 +4,7 @@ position, verify-cost times, reasons) as lists; CSV writes them as JSON arrays."
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,31 +12,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from coordinator.store import open_readonly
-from protos.specfleet.v1 import fleet_pb2 as pb
-
-
-def arrow_from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(io.BytesIO(data)).read_all()
-
-
-def pages(admin, table: str, after_seq: int = 0) -> Iterator[tuple[pa.Table, int]]:
-    """The rows of a coordinator table above after_seq, one Export page at a time (at most
-    MAX_EXPORT_ROWS rows each): (page, its last seq)."""
-    while True:
-        resp = admin.Export(pb.ExportRequest(table=table, after_seq=after_seq), timeout=120)
-        if resp.rows == 0:
-            return
-        after_seq = resp.last_seq
-        yield arrow_from_ipc(resp.arrow_ipc), after_seq
-
-
-def fetch_table(admin, table: str, after_seq: int = 0) -> tuple[pa.Table | None, int]:
-    """Every row of a coordinator table above after_seq; (table or None, last seq)."""
-    parts, seqs = [], [after_seq]
-    for page, seq in pages(admin, table, after_seq):
-        parts.append(page)
-        seqs.append(seq)
-    return (pa.concat_tables(parts) if parts else None), seqs[-1]
+from specfleet.client import fetch_table
 
 
 def _write(table: pa.Table, output: Path, fmt: str) -> int:

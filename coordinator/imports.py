@@ -1,7 +1,7 @@
 """Storing imported results (`specfleet import`): the rows an admin parsed from llama-bench or
 mtplx output on their machine, in table `imported_results`, all in one transaction.
 
-The client (specfleet/importers) validated every row and the service bounded every field
+The client (cli/importers) validated every row and the service bounded every field
 (coordinator/limits.py); here the rows are checked once more for what a bound cannot say (a
 known tool and method, a JSON object where JSON is due), then stored together or not at all.
 A row's `import_id` is the SHA-256 of its tool and its fields as the file gives them, so the

@@ -6,11 +6,19 @@ the coordinator's columns, with the SHA-256 of the record as uploaded. A run id 
 is a retry when its SHA-256 is the stored one (acknowledged as a duplicate) and refused when it
 differs: one id names one run. Each batch of new runs is added to the /metrics figures
 (coordinator/figures.py) as it is stored.
+
+Bad input never costs another record its place: every record is validated (its "schema"
+present, every string sendable as UTF-8) before it joins a shared batch, and a batch whose
+insert fails for its data is inserted again record by record, so that only the offending
+record is refused (InvalidRun). A record of a newer schema than this coordinator reads is
+NewerRun: the agent holds it until the coordinator is upgraded. A write the store itself
+refuses (disk full, read-only file) is StoreUnavailable for every record of the batch: retried.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -19,8 +27,9 @@ import duckdb
 
 from coordinator import figures
 from coordinator.scheduler import Scheduler, SchedulerError
-from coordinator.store import placeholders
-from specfleet.record import InvalidRecord, RunRecord
+from coordinator.store import placeholders, store_fault
+from specfleet import record as record_module
+from specfleet.record import InvalidRecord, NewerSchema, RunRecord
 
 MAX_RECORD_BYTES = 256 * 1024
 log = logging.getLogger(__name__)
@@ -30,12 +39,69 @@ class InvalidRun(ValueError):
     pass
 
 
+class NewerRun(ValueError):
+    """A record of a schema newer than this coordinator reads: not wrong, too new. `readable`
+    is the newest schema this coordinator reads."""
+
+    def __init__(self, message: str, readable: int):
+        super().__init__(message)
+        self.readable = readable
+
+
+def readable_schema() -> int:
+    """The newest run-record schema this coordinator reads (sent at enrolment and heartbeats)."""
+    return record_module.SCHEMA_VERSION
+
+
+def unsendable(value, where: str = "record") -> list[str]:
+    """The fields of a parsed JSON value holding a string that is not valid UTF-8 (a lone
+    surrogate, which JSON's \\ud800 escape can carry): DuckDB cannot store them."""
+    if isinstance(value, str):
+        return [] if _utf8(value) else [where]
+    if isinstance(value, dict):
+        found = []
+        for key, item in value.items():
+            name = key if where == "record" else f"{where}.{key}"
+            found += unsendable(item, name) if _utf8(key) else [f"a key of {where}"]
+        return found
+    if isinstance(value, list):
+        return [name for i, item in enumerate(value) for name in unsendable(item, f"{where}[{i}]")]
+    return []
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse(record_json: str) -> RunRecord:
-    """The record of one upload; InvalidRun naming what is wrong with it."""
+    """The record of one upload; InvalidRun naming what is wrong with it (every field that is
+    not UTF-8), NewerRun for a record of a newer schema than this coordinator reads."""
     if len(record_json) > MAX_RECORD_BYTES:
         raise InvalidRun(f"run record is {len(record_json)} bytes; at most {MAX_RECORD_BYTES}")
     try:
-        return RunRecord.from_json(record_json)
+        data = json.loads(record_json)
+    except ValueError as e:
+        raise InvalidRun(f"run record is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InvalidRun(f"run record is a JSON {type(data).__name__}, not an object")
+    bad = unsendable(data)
+    if bad:
+        raise InvalidRun(f"{', '.join(bad)}: not valid UTF-8 (a lone surrogate)")
+    if "schema" not in data:
+        raise InvalidRun("schema: is required (every record names its schema version)")
+    try:
+        return RunRecord.from_dict(data)
+    except NewerSchema:
+        readable = readable_schema()
+        raise NewerRun(
+            f"run record schema {data['schema']} is newer than this coordinator reads (schema {readable}): "
+            "the agent holds it until the coordinator is upgraded",
+            readable,
+        ) from None
     except InvalidRecord as e:
         raise InvalidRun(str(e)) from None
 
@@ -65,7 +131,8 @@ def ingest(scheduler: Scheduler, agent_id: str, job_id: str, lease_id: str, reco
 
 def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool, int] | Exception]:
     """Store many runs in one transaction; per report (duplicate, ingest sequence), or the
-    InvalidRun / SchedulerError that refused it. A refused report does not affect the others."""
+    InvalidRun / NewerRun / SchedulerError that refused it. A refused report does not affect the
+    others; StoreUnavailable (raised) when the store refuses the batch's write."""
     results: list[tuple[bool, int] | Exception | None] = [None] * len(reports)
     records: list[RunRecord | None] = [None] * len(reports)
     digests = [hashlib.sha256(r.record_json.encode()).hexdigest() for r in reports]
@@ -74,7 +141,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             records[i] = parse(r.record_json)
             if records[i].job_id != r.job_id:
                 raise InvalidRun(f"record job_id {records[i].job_id!r} differs from the request's job_id {r.job_id!r}")
-        except InvalidRun as e:
+        except (InvalidRun, NewerRun) as e:
             results[i] = e
     todo = [i for i, res in enumerate(results) if res is None]
     if not todo:
@@ -106,16 +173,23 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             )
             rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]])
         if rows:
-            columns = [list(column) for column in zip(*(v for _, v in rows.values()))]
-            run_ids = columns[0]
-            try:  # one list parameter per column: DuckDB reads the rows without calling back into Python
-                inserted = con.execute(INSERT_BATCH + " RETURNING run_id, seq", columns).fetchall()
-            except duckdb.ConstraintException:  # a retry of a stored run: the statement stored
-                inserted = con.execute(  # nothing; insert the others (checking costs 2-3 ms)
-                    INSERT_BATCH + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
-                    f" {placeholders(run_ids)}) RETURNING run_id, seq",
-                    columns + run_ids,
-                ).fetchall()
+            try:
+                inserted = _insert(con, [v for _, v in rows.values()])
+            except duckdb.Error as e:
+                if store_fault(e):
+                    raise
+                # The batch's data failed it: each record alone, so that only the offender is refused.
+                log.warning("a batch of %d runs failed (%s); storing them one by one", len(rows), e)
+                inserted = []
+                for i, values in rows.values():
+                    try:
+                        inserted += _insert(con, [values])
+                    except duckdb.Error as one:
+                        if store_fault(one):
+                            raise
+                        results[i] = InvalidRun(f"run {records[i].run_id} cannot be stored: {str(one).splitlines()[0]}")
+            if inserted:
+                scheduler.store.wrote()
             for run_id, seq in inserted:
                 i = rows[run_id][0]
                 results[i] = (False, seq)
@@ -146,6 +220,21 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
         else:
             results[i] = (True, seq)  # a retry: acknowledged, never stored twice
     return results
+
+
+def _insert(con, rows: list[list]) -> list[tuple[str, int]]:
+    """Insert rows (column values in RUN_COLUMNS order, less seq); (run id, seq) of each stored.
+    A run id stored already is skipped (a retry)."""
+    columns = [list(column) for column in zip(*rows)]
+    run_ids = columns[0]
+    try:  # one list parameter per column: DuckDB reads the rows without calling back into Python
+        return con.execute(INSERT_BATCH + " RETURNING run_id, seq", columns).fetchall()
+    except duckdb.ConstraintException:  # a retry of a stored run: the statement stored
+        return con.execute(  # nothing; insert the others (checking costs 2-3 ms)
+            INSERT_BATCH + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
+            f" {placeholders(run_ids)}) RETURNING run_id, seq",
+            columns + run_ids,
+        ).fetchall()
 
 
 def _update_figures(con, lo: int, hi: int) -> None:

@@ -29,7 +29,7 @@ from coordinator.states import (
     transition,
 )
 from coordinator.store import Store, next_seq, placeholders
-from coordinator.sweeps import Sweep, agent_can_run, agent_matches
+from specfleet.sweeps import Sweep, agent_can_run, agent_matches
 
 LEASE_SECONDS = 60.0
 HEARTBEAT_INTERVAL_SECONDS = 10.0

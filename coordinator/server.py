@@ -20,7 +20,7 @@ from coordinator import auth
 from coordinator.batching import Database
 from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
-from coordinator.service import AdminServicer, AgentServicer
+from coordinator.service import AdminServicer, AgentServicer, check_lease
 from coordinator.store import Store
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -118,6 +118,7 @@ class Coordinator:
     """
 
     def __init__(self, config: CoordinatorConfig):
+        check_lease(config.lease_seconds)  # before anything is opened: one line, and no start
         self.config = config
         self.store = Store(config.data_dir)
         self.scheduler = Scheduler(self.store, lease_seconds=config.lease_seconds)

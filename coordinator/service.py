@@ -3,6 +3,10 @@
 Every request, and every message of a stream, is checked against coordinator/limits.py
 before anything else reads it: a field out of bounds is refused with INVALID_ARGUMENT naming
 it, and nothing of the request is kept or stored.
+
+A write the store refuses for its own reasons (disk full, read-only file) answers UNAVAILABLE
+(coordinator/store.py StoreUnavailable): the agent keeps what it sent and retries; heartbeats
+are answered from memory meanwhile, and reads go on.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from google.protobuf import json_format
 from coordinator import agents, auth, limits, progress
 from coordinator.batching import Batcher, Database
 from coordinator.imports import InvalidImport, store_imported
-from coordinator.ingest import InvalidRun, Report, ingest_many
+from coordinator.ingest import InvalidRun, NewerRun, Report, ingest_many, readable_schema
 from coordinator.metrics import Metrics
 from coordinator.scheduler import (
     HEARTBEAT_INTERVAL_SECONDS,
@@ -32,9 +36,10 @@ from coordinator.scheduler import (
     SchedulerError,
 )
 from coordinator.states import StateError, UnknownEntity
-from coordinator.sweeps import SweepError, parse_sweep
+from coordinator.store import StoreUnavailable
 from protos.specfleet.v1 import fleet_pb2 as pb
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
+from specfleet.sweeps import SweepError, parse_sweep
 
 log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
@@ -54,6 +59,31 @@ EXPORT_COLUMNS = {
     "imported_results": "*",
 }
 MAX_SHOWN_PROBLEMS = 20  # of a refused request, in its status
+# Leases and heartbeats: an agent beats BEATS_PER_LEASE times a lease (every lease / 3, at most
+# every HEARTBEAT_INTERVAL_SECONDS), never more often than every MIN_HEARTBEAT_SECONDS; a lease
+# too short for that is refused when the coordinator starts (check_lease).
+BEATS_PER_LEASE = 3
+MIN_HEARTBEAT_SECONDS = 1.0
+
+
+def heartbeat_interval(lease_seconds: float) -> float:
+    """The interval agents are asked to beat at: a third of the lease, at most the default."""
+    return min(HEARTBEAT_INTERVAL_SECONDS, lease_seconds / BEATS_PER_LEASE)
+
+
+def check_lease(lease_seconds: float) -> None:
+    """ValueError, in one line, for a lease that heartbeats cannot keep."""
+    shortest = BEATS_PER_LEASE * MIN_HEARTBEAT_SECONDS
+    if not lease_seconds >= shortest:  # NaN included
+        raise ValueError(
+            f"a lease of {lease_seconds:g} s is too short: agents beat {BEATS_PER_LEASE} times a lease, at most "
+            f"every {MIN_HEARTBEAT_SECONDS:g} s, so a lease is at least {shortest:g} s (--lease-seconds)"
+        )
+
+
+# Trailing metadata of a ReportResult refused as NewerRun: the newest record schema this
+# coordinator reads, so that the agent holds the record instead of parking it.
+READABLE_SCHEMA_KEY = "specfleet-max-record-schema"
 
 
 def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
@@ -66,6 +96,14 @@ async def bounded(request, context) -> None:
     if problems:
         more = f"; and {len(problems) - MAX_SHOWN_PROBLEMS} more" if len(problems) > MAX_SHOWN_PROBLEMS else ""
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems[:MAX_SHOWN_PROBLEMS]) + more)
+
+
+async def on_db(db: Database, context, fn, *args):
+    """`db.run(fn, *args)`, a store that refuses writes answered UNAVAILABLE (retryable)."""
+    try:
+        return await db.run(fn, *args)
+    except StoreUnavailable as e:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
 
 async def each_bounded(requests, context):
@@ -119,6 +157,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         for first in range(0, max(len(beats), 1), FLUSH_CHUNK):  # at least once: lease expiries
             try:
                 await self.db.run(self.scheduler.record_beats, beats[first : first + FLUSH_CHUNK])
+                if beats:
+                    self.store.wrote()
             except BaseException:
                 for beat in beats[first:]:
                     if beat.agent_id not in self.beats:
@@ -134,13 +174,17 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             await asyncio.sleep(FLUSH_SECONDS)
             try:
                 await self.flush_beats()
+            except StoreUnavailable:  # logged by the store, once; the next flush tries again
+                pass
             except Exception:  # the next flush writes the next beats; an agent's last_seen lags
                 log.exception("writing heartbeats failed")
 
     async def Enrol(self, request, context):
         await bounded(request, context)
         try:
-            agent_id, credential = await self.db.run(
+            agent_id, credential = await on_db(
+                self.db,
+                context,
                 agents.enrol,
                 self.store,
                 request.token,
@@ -156,8 +200,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         return pb.EnrolResponse(
             agent_id=agent_id,
             credential=credential,
-            heartbeat_interval_seconds=HEARTBEAT_INTERVAL_SECONDS,
+            heartbeat_interval_seconds=heartbeat_interval(self.scheduler.lease_seconds),
             lease_seconds=self.scheduler.lease_seconds,
+            max_record_schema=readable_schema(),
         )
 
     async def Heartbeat(self, requests, context):
@@ -170,7 +215,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         """Keep the beat for the next flush and extend the agent's lease, in memory."""
         fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
         self.keep_beat(Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint))
-        response = pb.HeartbeatResponse(drain=agent_id in self.draining)
+        response = pb.HeartbeatResponse(drain=agent_id in self.draining, max_record_schema=readable_schema())
         if request.job_id:
             remaining = self.scheduler.extend_lease(agent_id, request.job_id, request.lease_id)
             response.lease_valid = remaining is not None
@@ -187,7 +232,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         deadline = loop.time() + wait
         with self.waiters.waiting(agent_id) as woken:  # listen before looking: no wake-up is missed
             self.keep_beat(Beat(agent_id, status="waiting for a job"))
-            job = await self.try_acquire(agent_id)
+            job = await self.try_acquire(agent_id, context)
             while job is None and (remaining := deadline - loop.time()) > 0:
                 try:
                     async with asyncio.timeout(remaining):  # no task of its own, unlike wait_for
@@ -195,7 +240,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 except TimeoutError:
                     break
                 woken.clear()
-                job = await self.try_acquire(agent_id)
+                job = await self.try_acquire(agent_id, context)
         if job is None:
             return pb.AcquireJobResponse(has_job=False)
         return pb.AcquireJobResponse(
@@ -210,10 +255,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             ),
         )
 
-    async def try_acquire(self, agent_id: str):
+    async def try_acquire(self, agent_id: str, context):
         if not self.scheduler.may_have_work(agent_id):  # most polls: answered without the database
             return None
-        return await self.db.run(self.scheduler.try_acquire, agent_id)
+        return await on_db(self.db, context, self.scheduler.try_acquire, agent_id)
 
     async def ReportResult(self, requests, context):
         """An agent's result stream: one answer per run, in order; a refused run ends it."""
@@ -225,16 +270,30 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 )
             except InvalidRun as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except NewerRun as e:  # not parked: held by the agent until this coordinator is upgraded
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    str(e),
+                    trailing_metadata=((READABLE_SCHEMA_KEY, str(e.readable)),),
+                )
             except SchedulerError as e:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            except StoreUnavailable as e:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             (self.metrics.runs_duplicate if duplicate else self.metrics.runs_ingested).inc()
             yield pb.ReportResultResponse(duplicate=duplicate, ingest_seq=seq)
 
     async def CompleteJob(self, request, context):
         await bounded(request, context)
         try:
-            await self.db.run(
-                self.scheduler.complete, auth.current_agent.get(), request.job_id, request.lease_id, request.run_count
+            await on_db(
+                self.db,
+                context,
+                self.scheduler.complete,
+                auth.current_agent.get(),
+                request.job_id,
+                request.lease_id,
+                request.run_count,
             )
         except SchedulerError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -246,9 +305,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         agent_id, reason = auth.current_agent.get(), request.reason or "no reason given"
         try:
             if request.refused:
-                await self.db.run(self.scheduler.refuse, agent_id, request.job_id, request.lease_id, reason)
+                await on_db(self.db, context, self.scheduler.refuse, agent_id, request.job_id, request.lease_id, reason)
                 return pb.FailJobResponse(will_retry=False)
-            retry = await self.db.run(self.scheduler.fail, agent_id, request.job_id, request.lease_id, reason, True)
+            retry = await on_db(
+                self.db, context, self.scheduler.fail, agent_id, request.job_id, request.lease_id, reason, True
+            )
         except SchedulerError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.FailJobResponse(will_retry=retry)
@@ -346,7 +407,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def SubmitSweep(self, request, context):
         await bounded(request, context)
         try:
-            # Off the event loop: a sweep's parsing is bounded (coordinator/yaml_limits.py), but
+            # Off the event loop: a sweep's parsing is bounded (specfleet/yaml_limits.py), but
             # heartbeats must not wait even those milliseconds.
             sweep = await asyncio.to_thread(parse_sweep, request.yaml)
             sweep_id, jobs = await self.db.run(self.scheduler.submit, sweep, request.yaml)

@@ -6,11 +6,17 @@ threads, and a single writer keeps every state change a plain transaction. Reade
 not wait for writers (a /metrics scrape, an export) take `reader()`, a connection of their own.
 Opening the file migrates it and brings the /metrics figure tables up to date
 (coordinator/figures.py).
+
+A write that fails for the store's own reasons (disk full, a read-only file, an I/O error) is
+no caller's fault: `tx()` and `autocommit()` raise it as StoreUnavailable (answered
+UNAVAILABLE, so agents keep their runs and retry), and `refusing` says why until a write
+succeeds again. Reads go on meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from importlib import resources
@@ -21,6 +27,19 @@ import duckdb
 from coordinator import figures
 
 DB_FILENAME = "specfleet.duckdb"
+log = logging.getLogger("specfleet.coordinator")
+
+
+class StoreUnavailable(Exception):
+    """The store refuses writes for its own reasons (disk full, read-only file, I/O error):
+    nothing the caller sent is wrong, and the same write may succeed later."""
+
+
+def store_fault(e: BaseException) -> bool:
+    """Whether a DuckDB error is the store's (its file or disk), not the statement's or the data's."""
+    if isinstance(e, (duckdb.IOException, duckdb.FatalException, duckdb.PermissionException)):
+        return True
+    return isinstance(e, duckdb.TransactionException) and "Failed to commit" in str(e)
 
 
 def migrations() -> list[tuple[int, str]]:
@@ -77,26 +96,55 @@ class Store:
         figures.ensure(self._con)
         self._readers = self._con.cursor()  # what reader() opens cursors from, never used for queries
         self._readers_lock = threading.Lock()
+        self.refusing = ""  # why the store refuses writes now; "" while they succeed
+
+    def fault(self, e: BaseException) -> StoreUnavailable:
+        """Note that writes fail for the store's reasons (logged once, until one succeeds)."""
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not self.refusing:
+            log.error("the store refuses writes: %s; runs stay pending on the agents until it takes them", why)
+        self.refusing = why
+        return StoreUnavailable(f"the coordinator's store refuses writes ({why}); retry later")
+
+    def wrote(self) -> None:
+        """Told by a writer whose write committed (ingest, heartbeats; a read-only transaction
+        commits on a full disk too): a store that refused writes takes them again."""
+        if self.refusing:
+            log.warning("the store takes writes again (it refused them: %s)", self.refusing)
+            self.refusing = ""
 
     @contextlib.contextmanager
     def tx(self):
-        """A transaction on the single connection; commits on success, rolls back on error."""
+        """A transaction on the single connection; commits on success, rolls back on error.
+        StoreUnavailable when the store's file or disk fails it."""
         with self.lock:
-            self._con.execute("BEGIN")
             try:
-                yield self._con
-            except BaseException:
-                self._con.execute("ROLLBACK")
+                self._con.execute("BEGIN")
+                try:
+                    yield self._con
+                except BaseException:
+                    with contextlib.suppress(duckdb.Error):  # a failed commit leaves none to roll back
+                        self._con.execute("ROLLBACK")
+                    raise
+                self._con.execute("COMMIT")
+            except duckdb.Error as e:
+                if store_fault(e):
+                    raise self.fault(e) from e
                 raise
-            self._con.execute("COMMIT")
 
     @contextlib.contextmanager
     def autocommit(self):
         """The connection with no transaction around it: each statement commits on its own.
         For writers whose statements need not stand or fall together: it saves the BEGIN and
-        COMMIT round trips, each a release and re-acquisition of the GIL."""
+        COMMIT round trips, each a release and re-acquisition of the GIL. StoreUnavailable as
+        for tx()."""
         with self.lock:
-            yield self._con
+            try:
+                yield self._con
+            except duckdb.Error as e:
+                if store_fault(e):
+                    raise self.fault(e) from e
+                raise
 
     @contextlib.contextmanager
     def reader(self):

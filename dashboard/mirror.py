@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 
-from coordinator.export import pages
+from specfleet.client import pages
 
 TABLES = {
     "agents": "agent_id",

@@ -10,7 +10,7 @@ import pytest
 def tiny_models(tmp_path_factory):
     """The project's tiny target and draft, built once per test session (or reused from
     SPECFLEET_TINY_DIR, which the setup script fills)."""
-    from specfleet.tinymodels import make_tiny
+    from cli.tinymodels import make_tiny
 
     root = os.environ.get("SPECFLEET_TINY_DIR")
     directory = Path(root) if root else tmp_path_factory.mktemp("tiny")

@@ -8,9 +8,9 @@ import uuid
 import duckdb
 import pandas as pd
 
-from agent.api import AdminApi, AgentApi, channel
 from coordinator.server import Coordinator, CoordinatorConfig, admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AdminApi, AgentApi, channel
 from specfleet.record import ModelIdentity, RunRecord, Sampler
 
 LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_bytes=16 * 2**30, cpu_cores=2)

@@ -25,7 +25,7 @@ needs_llama_server = pytest.mark.skipif(
 
 def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
     if check and result.returncode != 0:
         raise AssertionError(f"specfleet {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
@@ -34,7 +34,7 @@ def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.Comp
 
 def spawn(*args: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "specfleet.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         stdout=open(log, "a"),
         stderr=subprocess.STDOUT,
         cwd=ROOT,

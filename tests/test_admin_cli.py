@@ -5,7 +5,7 @@ import grpc
 import pytest
 import yaml
 
-from agent.api import AgentApi, channel
+from specfleet.client import AgentApi, channel
 from tests.fleet import LINUX_BOX, SWEEP_YAML
 from tests.processes import cli
 

@@ -32,7 +32,7 @@ def test_plist_parses_and_runs_the_agent_with_its_config_dir(tmp_path):
     plist = plistlib.loads(result.path.read_bytes())
     assert plist["Label"] == "com.specfleet.agent"
     assert plist["ProgramArguments"] == [
-        sys.executable, "-m", "specfleet.cli", "agent", "run", "--config-dir", str(config),
+        sys.executable, "-m", "cli.main", "agent", "run", "--config-dir", str(config),
         "--model-dir", "/Volumes/models & more",
     ]  # fmt: skip
     assert plist["KeepAlive"] == {"SuccessfulExit": False} and plist["RunAtLoad"] is True
@@ -58,7 +58,7 @@ def test_systemd_unit_execstart_points_at_the_agent_with_its_config_dir(tmp_path
     lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
     words = shlex.split(lines["ExecStart"].replace("%%", "%"))
     assert words == [
-        sys.executable, "-m", "specfleet.cli", "agent", "run", "--config-dir", str(config), "--metrics-port", "9470",
+        sys.executable, "-m", "cli.main", "agent", "run", "--config-dir", str(config), "--metrics-port", "9470",
     ]  # fmt: skip
     assert lines["Restart"] == "on-failure" and lines["WantedBy"] == "default.target"
     assert "${" not in text

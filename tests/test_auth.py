@@ -3,8 +3,8 @@
 import grpc
 import pytest
 
-from agent.api import AdminApi, AgentApi, channel
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AdminApi, AgentApi, channel
 from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from coordinator.server import ADMIN_TOKEN_FILE
-from coordinator.sweeps import MAX_MESSAGE_CHARS
-from coordinator.yaml_limits import MAX_NODES
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.sweeps import MAX_MESSAGE_CHARS
+from specfleet.yaml_limits import MAX_NODES
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
 from tests.test_cli_errors import one_line_error, specfleet
 from tests.test_sweeps import alias_bomb, yaml_of

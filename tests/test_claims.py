@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from coordinator.sweeps import parse_sweep
-from dashboard import claims, inference
-from specfleet import speedup
+from dashboard import claims
+from specfleet import inference, speedup
 from specfleet.record import CHECKED_KEYS, IN_PROCESS_ENGINES, ModelIdentity, Sampler, is_method
+from specfleet.sweeps import parse_sweep
 from tests.fleet import fleet_db, register_runs
 from tests.test_dashboard import MLX_27B, VARIANTS, record, row, sha
 

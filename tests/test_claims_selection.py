@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from dashboard import claims, inference
+from dashboard import claims
+from specfleet import inference
 from specfleet.record import MAX_DEPTH, ModelIdentity, Sampler, is_method
 from tests.fleet import fleet_db, jobs_of
 from tests.test_claims import GOOD, claim, ours

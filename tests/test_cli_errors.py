@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cli import main as cli
 from coordinator.server import ADMIN_TOKEN_FILE, admin_credential
-from coordinator.yaml_limits import MAX_NODES
-from specfleet import cli
+from specfleet.yaml_limits import MAX_NODES
 from tests.fleet import start_coordinator
 from tests.processes import ROOT
 from tests.test_sweeps import alias_bomb, yaml_of
@@ -102,7 +102,7 @@ def specfleet(*args: str, home: Path, env: dict | None = None, timeout: float = 
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}
     environ.update(XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"), HOME=str(home))
     return subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

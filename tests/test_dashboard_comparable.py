@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from coordinator.export import fetch_table
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
+from specfleet.client import fetch_table
 from specfleet.record import CHECKED_KEYS, ModelIdentity
 from tests.fleet import admin_for, enrol, register_runs, start_coordinator
 from tests.test_dashboard import (

@@ -5,9 +5,9 @@ source, never combined with a run."""
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from cli.importers import llama_bench, mtplx
 from dashboard import imported, mirror
 from protos.specfleet.v1 import fleet_pb2 as pb
-from specfleet.importers import llama_bench, mtplx
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 from tests.test_importers import CAPTURED, MTPLX_RUN
 

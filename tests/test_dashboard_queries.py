@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coordinator.export import fetch_table
 from coordinator.server import admin_credential
-from dashboard import claims, data, stats
-from specfleet import speedup
+from dashboard import claims, data
+from specfleet import speedup, stats
+from specfleet.client import fetch_table
 from tests.fleet import admin_for, fleet_db, start_coordinator
 from tests.synthetic import RUNS_PER_JOB, seed
 

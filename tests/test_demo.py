@@ -21,7 +21,7 @@ ROW = re.compile(
 
 def run_demo(data_dir):
     return subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", "demo", "--no-dashboard", "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "cli.main", "demo", "--no-dashboard", "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -121,7 +121,7 @@ def test_demo_serves_the_dashboard_and_stops_everything_on_ctrl_c(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specfleet.cli", "demo", "--data-dir", str(tmp_path), "--dashboard-port", str(port)],
+        [sys.executable, "-m", "cli.main", "demo", "--data-dir", str(tmp_path), "--dashboard-port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

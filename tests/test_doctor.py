@@ -145,7 +145,7 @@ def test_linux_readings_say_what_is_not_available_here(tmp_path):
 
 def doctor_cli(config_dir: Path) -> tuple[int, dict[str, str]]:
     result = subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", "agent", "doctor", "--config-dir", str(config_dir)],
+        [sys.executable, "-m", "cli.main", "agent", "doctor", "--config-dir", str(config_dir)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     verdicts = {}

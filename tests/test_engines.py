@@ -10,7 +10,7 @@ import pytest
 from agent.engines import make_engine
 from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler
 from agent.engines.ngram import ngram_propose
-from specfleet import tinymodels
+from cli import tinymodels
 from specfleet.record import IN_PROCESS_ENGINES
 from specfleet.record import SPECULATIVE_METHODS as SPECULATIVE
 

@@ -8,7 +8,6 @@ import json
 import pandas as pd
 import pyarrow.parquet as pq
 
-from agent.api import AdminApi, AgentApi, channel
 from agent.engines import make_engine
 from agent.model_identity import identify
 from agent.models import HashCache, resolve
@@ -17,6 +16,7 @@ from agent.spool import Spool
 from agent.spool import read as spool_read
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AdminApi, AgentApi, channel
 from specfleet.record import JobSpec, RunRecord
 from tests.fleet import LINUX_BOX, SWEEP_YAML
 from tests.processes import cli, start_coordinator, stop

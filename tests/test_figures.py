@@ -17,8 +17,8 @@ from coordinator.ingest import Report, ingest_many
 from coordinator.metrics import Metrics, ResultFigures
 from coordinator.scheduler import Scheduler
 from coordinator.store import Store
-from coordinator.sweeps import parse_sweep
 from specfleet import speedup
+from specfleet.sweeps import parse_sweep
 from tests.fleet import make_run
 from tests.test_scheduler import Clock
 

@@ -12,13 +12,13 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from agent.api import AdminApi, channel
+from cli.importers import llama_bench
 from coordinator import limits
 from coordinator.auth import hash_secret
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
-from specfleet.importers import llama_bench
+from specfleet.client import AdminApi, channel
 from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run
 from tests.fleet import start_coordinator as start_in_process
 from tests.processes import cli

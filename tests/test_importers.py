@@ -1,4 +1,4 @@
-"""The importers (specfleet/importers) on real llama-bench output (the project's build, run once
+"""The importers (cli/importers) on real llama-bench output (the project's build, run once
 per session by conftest's llama_bench_output), on small captured copies of it
 (tests/captured/llama-bench-cpu-target.*), on mtplx files written from MTPLX's documented
 fields (tests/importer_fixtures: written by hand, no MTPLX output was captured), and on bad
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specfleet.importers import llama_bench, mtplx
-from specfleet.importers.result import BadFile
+from cli.importers import llama_bench, mtplx
+from cli.importers.result import BadFile
 from tests.conftest import LLAMA_BENCH
 
 CAPTURED = Path(__file__).parent / "captured"

@@ -1,4 +1,4 @@
-"""dashboard/inference.py on answers worked out by hand, and on fleets with a known truth.
+"""specfleet/inference.py on answers worked out by hand, and on fleets with a known truth.
 
 The calibration tests are seeded simulations at reduced size (bench/verdicts.py has the full
 tables): they would fail with the dashboard's earlier rules (a percentile bootstrap over three
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from dashboard import inference, simulate
-from dashboard.inference import CONTRADICTED, INCONCLUSIVE, REPRODUCED
+from specfleet import inference, simulate
+from specfleet.inference import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 
 BAND = (2.0, 3.0)
 
@@ -101,13 +101,63 @@ def test_an_interval_across_the_band_is_inconclusive():
 
 
 def test_fewer_machines_than_the_minimum_is_inconclusive_and_untested():
-    for machines in (1, 2):
-        d = inference.decide(made(2.45, 2.3, 2.6, machines), *BAND)
-        assert d.verdict == INCONCLUSIVE and not d.tested and "at least 3 machines" in d.why
-    one = inference.estimate(rows({"a": [0.9, 0.9, 0.91, 0.89]}))  # tight, but one machine
+    assert inference.MIN_MACHINES == 2  # bench/verdicts.py section rules; the test below checks it
+    d = inference.decide(made(2.45, 2.3, 2.6, 1), *BAND)
+    assert d.verdict == INCONCLUSIVE and not d.tested and d.p_value == 1.0
+    assert d.why.startswith("inconclusive: 1 of 2 machines; the figure 2.45x (95% interval 2.3-2.6x)")
+    assert inference.decide(made(2.45, 2.3, 2.6, 2), *BAND).verdict == REPRODUCED
+    one = inference.estimate(rows({"a": [0.9, 0.9, 0.91, 0.89, 0.9]}))  # tight, but one machine
     d = inference.decide(one, *BAND)
-    assert d.verdict == INCONCLUSIVE and "that machine only" in d.why
+    assert d.verdict == INCONCLUSIVE and "that machine only" in d.why and d.speedup == pytest.approx(math.exp(0.9))
     assert inference.decide(one, *BAND, min_machines=1).verdict == REPRODUCED  # the caller's choice
+    few = inference.estimate(rows({"a": [0.9] * 4, "b": [0.91] * 4, "c": [0.92] * 4}))
+    d = inference.decide(few, *BAND)
+    assert d.verdict == INCONCLUSIVE and not d.tested and d.why.startswith("inconclusive: 4 of 5 prompts")
+
+
+def wrong_rates(machines: int, prompts: int, fleets: int, seed: int) -> tuple[float, float]:
+    """(contradicted with the truth on the band's edge, reproduced with it 5% below), with no
+    minimum: what the ledger's minimum is chosen from."""
+    noise = simulate.draw(seed, fleets, machines, prompts, 6)
+    lo, hi = 1.55, 1.9
+    edge = inference.decide_arrays(noise + math.log(lo), lo, hi, min_machines=1, min_prompts=1)["verdict"]
+    out = inference.decide_arrays(noise + math.log(0.95 * lo), lo, hi, min_machines=1, min_prompts=1)["verdict"]
+    return float(np.mean(edge == CONTRADICTED)), float(np.mean(out == REPRODUCED))
+
+
+def test_the_minimum_machines_is_the_smallest_count_at_the_nominal_rate():
+    # One machine with 22 prompts: its interval sits on that machine's level, so a truth on the
+    # edge is contradicted in about 21% of fleets (nominal 2.5%); two machines hold 2.5%.
+    fleets = 8000
+    tol = 2.33 * math.sqrt(0.025 * 0.975 / fleets)
+    edge, out = wrong_rates(1, 22, fleets, 1)
+    assert edge > 0.15 and out > 0.03
+    for machines in (inference.MIN_MACHINES, 3):
+        edge, out = wrong_rates(machines, 22, fleets, machines)
+        assert edge <= inference.NOMINAL_WRONG + tol and out <= inference.NOMINAL_WRONG + tol
+
+
+def test_degenerate_data_gets_a_verdict_with_its_reason():
+    # identical log ratios: a zero-width interval would say "reproduced" with p 1e-32
+    same = inference.estimate(rows({m: [math.log(2.4)] * 5 for m in "abc"}))
+    assert math.isnan(same.low) and same.method == inference.NO_INTERVAL and "no spread" in same.note
+    d = inference.decide(same, *BAND)
+    assert (d.verdict, d.tested, d.p_value) == (INCONCLUSIVE, False, 1.0)
+    assert d.why.startswith("inconclusive: no interval") and "identical" in d.why and "2.4x" in d.why
+    # all-zero log ratios against "below 1x": sign(0) x inf was NaN
+    zero = inference.estimate(rows({m: [0.0] * 5 for m in "abc"}))
+    d = inference.decide(zero, 0.0, 1.0)
+    assert d.verdict == INCONCLUSIVE and not math.isnan(d.p_value)
+    p_eq, p_out = inference.band_p_values(0.0, 0.0, 2, 0.0, 1.0)
+    assert (float(p_eq), float(p_out)) == (1.0, 1.0)
+    p_eq, p_out = inference.band_p_values(np.array([0.0, 0.1]), np.array([np.nan, 0.05]), 2, 0.0, 1.0)
+    assert not np.isnan(p_eq).any() and not np.isnan(p_out).any() and p_eq[0] == 1.0
+    arrays = inference.decide_arrays(np.zeros((4, 3, 5)), 0.0, 1.0)
+    assert (arrays["verdict"] == INCONCLUSIVE).all() and (arrays["p_value"] == 1.0).all()
+    assert np.isnan(arrays["low"]).all()
+    # one prompt per machine on three machines: a verdict only past the prompt minimum
+    one_prompt = inference.decide(inference.estimate(rows({"a": [0.9], "b": [0.91], "c": [0.92]})), *BAND)
+    assert one_prompt.why.startswith("inconclusive: 1 of 5 prompts") and not one_prompt.tested
 
 
 def test_one_sided_bands():
@@ -181,29 +231,33 @@ def test_a_bootstrap_over_three_machines_cannot_hold_95_percent():
 
 @pytest.mark.parametrize("truth", [1.9, 1.99, 3.05])
 def test_a_claim_outside_its_band_is_rarely_reproduced(truth):
-    # 3 machines x 4 prompts x 2 repeats; 1.99 is the hardest case (0.5% below the edge).
-    fleets, reproduced = 400, 0
-    for seed in range(fleets):
-        e = inference.estimate(simulate.fleet(1000 + seed, 3, 4, 2, truth))
-        reproduced += inference.decide(e, *BAND).verdict == REPRODUCED
-    assert reproduced / fleets <= 0.05
+    # 3 machines x 5 prompts x 2 repeats; 1.99 is the hardest case (0.5% below the edge), where
+    # the nominal rate is 2.5%: 20,000 fleets measure it to +/- 0.26 points (2.33 sd)
+    fleets = 20000
+    noise = simulate.draw(1000, fleets, 3, 5, 2)
+    reproduced = np.mean(inference.decide_arrays(noise + math.log(truth), *BAND)["verdict"] == REPRODUCED)
+    assert reproduced <= inference.NOMINAL_WRONG + 2.33 * math.sqrt(0.025 * 0.975 / fleets)
+    if truth == 1.99:
+        assert reproduced > 0.01  # close to nominal: the check has the power to fail
 
 
 def test_a_claim_on_its_edge_is_rarely_contradicted():
-    noise = simulate.draw(4, 1000, 3, 4, 2)
+    fleets = 20000
+    noise = simulate.draw(4, fleets, 3, 5, 2)
     contradicted = np.mean(inference.decide_arrays(noise + math.log(BAND[0]), *BAND)["verdict"] == CONTRADICTED)
-    assert contradicted <= 0.05
+    assert 0.015 < contradicted <= inference.NOMINAL_WRONG + 2.33 * math.sqrt(0.025 * 0.975 / fleets)
 
 
 # ---------------------------------------------------------------- best depth
 
 
-def depth_rows(table: dict[str, dict[int, float]]) -> pd.DataFrame:
-    """{machine: {depth: log ratio}}, one prompt each."""
+def depth_rows(table: dict[str, dict[int, float]], prompts: int = 1) -> pd.DataFrame:
+    """{machine: {depth: log ratio}}, the same value at each of `prompts` prompts."""
     out = [
-        {"agent_id": m, "prompt_id": "p0", "depth": k, "log_ratio": v, "repeats": 1}
+        {"agent_id": m, "prompt_id": f"p{i}", "depth": k, "log_ratio": v, "repeats": 1}
         for m, by_depth in table.items()
         for k, v in by_depth.items()
+        for i in range(prompts)
     ]
     return pd.DataFrame(out)
 
@@ -218,20 +272,46 @@ def test_depth_p_values_by_hand():
     assert p[2] == pytest.approx(0.5 + x / (2 * math.sqrt(x * x + 2)))
 
 
+def test_depth_p_values_by_hand_with_three_depths():
+    # Depth means 0.20, 0.23, 0.25; residuals (zero row and column sums) 0.02 on the diagonal,
+    # -0.01 elsewhere: SS 0.0018 over (3 - 1)(3 - 1) = 4 df, s^2 0.00045, se sqrt(s^2 2 / 3) =
+    # sqrt(0.0003). Depth 1 lies 0.05 below the best other, depth 2 0.02, depth 3 0.02 above:
+    # p = min(1, (3 - 1) x t(4).sf(gap / se)), the factor 2 being Bonferroni over the others.
+    means, levels = [0.20, 0.23, 0.25], {"a": 0.0, "b": 0.1, "c": -0.05}
+    resid = {"a": [0.02, -0.01, -0.01], "b": [-0.01, 0.02, -0.01], "c": [-0.01, -0.01, 0.02]}
+    table = {m: {d + 1: levels[m] + means[d] + resid[m][d] for d in range(3)} for m in levels}
+    p = inference.depth_p_values(depth_rows(table))
+    se = math.sqrt(0.0003)
+    assert p[1] == pytest.approx(2 * sps.t.sf(0.05 / se, 4))  # 0.0447: excluded at 5%, only with the factor
+    assert p[2] == pytest.approx(2 * sps.t.sf(0.02 / se, 4))
+    assert p[3] == 1.0
+    assert 0.025 < p[1] < 0.05
+
+
+def test_best_depth_counts_only_machines_that_measured_every_depth():
+    clear = {m: {1: 0.3 + s, 2: 0.5 + s, 3: 0.7 + s} for m, s in (("a", 0), ("b", 0.01), ("c", -0.02))}
+    rows_ = depth_rows(clear, prompts=5)
+    partial = rows_[~((rows_["agent_id"] == "c") & (rows_["depth"] == 3))]  # c never ran depth 3
+    d = inference.decide_best_depth(partial, 3, 3, min_machines=3, resamples=100)
+    assert d.verdict == INCONCLUSIVE and d.machines == 2 and not d.tested
+    assert d.why.startswith("inconclusive: 2 of 3 machines measured every depth; 1 machine(s)")
+    assert inference.decide_best_depth(rows_, 3, 3, min_machines=3, resamples=100).machines == 3
+
+
 def test_best_depth_verdicts():
     clear = {
         m: {1: 0.3 + s, 2: 0.5 + s, 3: 0.7 + s, 4: 0.5 + s, 5: 0.3 + s}
         for m, s in (("a", 0), ("b", 0.01), ("c", -0.02))
     }
     clear["c"][4] += 0.01  # some machine x depth spread
-    d = inference.decide_best_depth(depth_rows(clear), 1, 3, resamples=200)
+    d = inference.decide_best_depth(depth_rows(clear, 5), 1, 3, resamples=200)
     assert d.verdict == REPRODUCED and d.best_depth == 3 and d.probability == 1.0 and d.tested
     assert d.speedup == pytest.approx(math.exp(np.mean([0.7, 0.71, 0.68])))
-    assert inference.decide_best_depth(depth_rows(clear), 4, 5, resamples=200).verdict == CONTRADICTED
-    assert inference.decide_best_depth(depth_rows(clear), 1, 5).verdict == INCONCLUSIVE  # no depth outside
-    two = {m: clear[m] for m in ("a", "b")}
-    d = inference.decide_best_depth(depth_rows(two), 1, 3)
-    assert d.verdict == INCONCLUSIVE and not d.tested and "at least 3" in d.why
+    assert inference.decide_best_depth(depth_rows(clear, 5), 4, 5, resamples=200).verdict == CONTRADICTED
+    assert inference.decide_best_depth(depth_rows(clear, 5), 1, 5).verdict == INCONCLUSIVE  # no depth outside
+    one = {m: clear[m] for m in ("a",)}
+    d = inference.decide_best_depth(depth_rows(one, 5), 1, 3)
+    assert d.verdict == INCONCLUSIVE and not d.tested and d.why.startswith("inconclusive: 1 of 2 machines")
 
 
 def test_best_depth_probability():
@@ -240,8 +320,28 @@ def test_best_depth_probability():
     assert inference.best_depth_probability(d, 5, 6, resamples=500, seed=1) < 0.01
     p = inference.best_depth_probability(d, 2, 4, resamples=500, seed=9)
     assert p == inference.best_depth_probability(d, 2, 4, resamples=500, seed=9)  # seeded
-    # a machine that skipped a prompt at one depth still counts at the others
-    assert 0 <= inference.best_depth_probability(d.iloc[1:], 2, 4, resamples=200) <= 1
+
+
+
+def test_best_depth_probability_of_a_machine_that_missed_a_depth_by_enumeration():
+    # One prompt each; c never ran depth 1. A resample draws 3 machines with replacement (27
+    # equally likely draws); a depth's figure is the mean over the drawn machines that measured
+    # it, so c still counts at depth 2. The exact probability that depth 2 is best, enumerated:
+    import itertools
+
+    table = {"a": {1: 0.25, 2: 0.0}, "b": {1: 0.0, 2: 0.2}, "c": {2: 0.3}}
+    wins = 0
+    for draw in itertools.product("abc", repeat=3):
+        d1 = [table[m][1] for m in draw if 1 in table[m]]
+        d2 = np.mean([table[m][2] for m in draw])
+        assert not d1 or abs(np.mean(d1) - d2) > 1e-9  # no ties
+        wins += not d1 or d2 > np.mean(d1)
+    exact = wins / 27
+    got = inference.best_depth_probability(depth_rows(table), 2, 2, resamples=40000, seed=3)
+    assert got == pytest.approx(exact, abs=0.01)
+    # were c dropped (counted only where it measured every depth), depth 2 would win less often
+    dropped = inference.best_depth_probability(depth_rows({k: table[k] for k in "ab"}), 2, 2, resamples=40000)
+    assert abs(dropped - exact) > 0.05
 
 
 @pytest.mark.parametrize("band", [(1, 3), (1, 5), (1, 1)])
@@ -250,7 +350,7 @@ def test_equal_depths_are_rarely_given_a_verdict(band):
     # 152 of 300 fleets; the bootstrap probability alone reproduces 1-5 in about 35%.
     fleets, verdicts = 300, []
     for seed in range(fleets):
-        d = simulate.depth_fleet(seed, 3, 4, 2, [2.0] * 6)
+        d = simulate.depth_fleet(seed, 3, 5, 2, [2.0] * 6)
         verdicts.append(inference.decide_best_depth(d, *band, resamples=100, seed=seed).verdict)
     verdicts = np.array(verdicts)
     assert np.mean(verdicts == REPRODUCED) <= 0.05

@@ -13,12 +13,12 @@ import time
 import pytest
 import yaml
 
-from agent.api import AdminApi, AgentApi, channel
 from agent.credentials import AgentIdentity
 from agent.spool import Spool
 from coordinator.server import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AdminApi, AgentApi, channel
 from tests.processes import spawn, start_coordinator, stop
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from agent.engines import llamacpp, llamacpp_mtp, make_engine
 from agent.engines.base import EngineError, Request, Sampler
-from specfleet import tinymodels, tinymtp
+from cli import tinymodels, tinymtp
 
 NEW_TOKENS = 32
 PROMPTS = (

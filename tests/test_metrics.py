@@ -8,8 +8,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.api import AgentApi, channel
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AgentApi, channel
 from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 M4 = pb.Fingerprint(hostname="m4", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)

@@ -1,4 +1,4 @@
-"""The benchmark prompt sets and long-context documents in coordinator/prompt_sets/.
+"""The benchmark prompt sets and long-context documents in specfleet/prompt_sets/.
 
 Speculative decoding with n-gram or prompt-lookup drafting speeds up text that repeats itself,
 so prompts padded by repetition inflate acceptance. These tests hold the data to its promise:
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SETS_DIR = ROOT / "coordinator" / "prompt_sets"
+SETS_DIR = ROOT / "specfleet" / "prompt_sets"
 CATEGORIES = ("conversation", "translation", "summarisation", "qa", "math", "rag", "code")
 MIN_CHARS = {
     "conversation": 300,
@@ -214,7 +214,7 @@ def test_built_prompts_repeat_nothing_their_sources_do_not_at_every_context_dept
     occur twice only where one source text (a document, or the prompt) holds it twice itself;
     padding by repetition, or one document twice, would fail here."""
     from agent.prompts import build, context
-    from coordinator import prompt_library
+    from specfleet import prompt_library
 
     def tokenize(text: str) -> tuple[int, ...]:
         return tuple(tokenizer.encode(text).ids)

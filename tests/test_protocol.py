@@ -178,7 +178,7 @@ def test_runs_carry_typed_environment_readings_and_the_jobs_identity():
 
 
 def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
-    from coordinator.sweeps import SweepError, parse_sweep
+    from specfleet.sweeps import SweepError, parse_sweep
 
     base = "name: cool\nmodels: {mlx: {target: /m}}\nengines: [mlx]\nprompt_sets: [code]\n"
     assert all(c.cooldown_seconds == 2.5 for c in parse_sweep(base + "cooldown_seconds: 2.5\n").cells())

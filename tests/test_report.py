@@ -21,9 +21,9 @@ import pytest
 from PIL import Image
 from websockets.sync.client import connect
 
+from cli.report import cell
 from dashboard import data
 from protos.specfleet.v1 import fleet_pb2 as pb
-from specfleet.report import cell
 from tests.fleet import admin_for, start_coordinator
 from tests.test_browser import CHROMIUM, START_SECONDS, DevTools, free_port, stop_group, wait_http
 from tests.test_dashboard import MLX_27B, expected_speedup, seed_fleet
@@ -35,7 +35,7 @@ CLI_SECONDS = 120
 
 def report(fleet, *args: str, **env: str) -> subprocess.CompletedProcess:
     coordinator, token, _ = fleet
-    command = [sys.executable, "-m", "specfleet.cli", "report", *args]
+    command = [sys.executable, "-m", "cli.main", "report", *args]
     command += ["--coordinator", f"127.0.0.1:{coordinator.port}", "--admin-token", token]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     return subprocess.run(command, capture_output=True, text=True, timeout=CLI_SECONDS, cwd=ROOT, env=env)
@@ -266,3 +266,64 @@ def test_bad_inputs_are_one_line_errors(fleet, sweeps, tmp_path, args, status, s
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and said.format(**names) in lines[0], done.stderr
     assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+BUILD_TWICE = """
+import sys
+from pathlib import Path
+from cli import report
+address, token, first, second, out = sys.argv[1:]
+for sweep in (first, second, first):
+    report.make(address, token, sweep, "md", Path(out) / sweep)
+    print((Path(out) / sweep / "report.md").read_text().count("\\n"))
+assert "streamlit" not in sys.modules, "building a report imported streamlit"
+"""
+
+
+def test_reports_of_two_sweeps_in_one_process_without_streamlit(fleet, sweeps, tmp_path):
+    """The report reads the dashboard's pure queries (dashboard/queries.py) on a mirror of its
+    own, narrowed by a view: one process builds mini-1's, mini-2's and mini-1's again, each the
+    same as the CLI's, and never imports Streamlit."""
+    coordinator, token, _ = fleet
+    first, second = sweeps["seed-mini-1"], sweeps["seed-mini-2"]
+    command = [sys.executable, "-c", BUILD_TWICE, f"127.0.0.1:{coordinator.port}", token, first, second]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [*command, str(tmp_path)], capture_output=True, text=True, timeout=CLI_SECONDS, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    for sweep in (first, second):
+        alone = tmp_path / f"cli-{sweep}"
+        assert report(fleet, sweep, "--output", str(alone)).returncode == 0
+        assert (tmp_path / sweep / "report.md").read_text() == (alone / "report.md").read_text(), sweep
+    mini_2 = (tmp_path / second / "report.md").read_text()
+    _, machines = table(mini_2, "Machines")
+    assert machines["name"].tolist() == ["mini-2"]
+
+
+def test_a_sweep_view_narrows_every_query_and_deletes_nothing(fleet, sweeps):
+    """dashboard/queries.py SweepView: the sweep's runs through a temporary view on a
+    connection of its own; the mirror keeps every run, and the sweep id is a bound parameter."""
+    from dashboard import queries
+
+    coordinator, token, truth = fleet
+    mirror = queries.open_mirror(f"127.0.0.1:{coordinator.port}", token)
+    try:
+        mirror.sync()
+        every = int(mirror.query("SELECT count(*) AS n FROM runs")["n"][0])
+        per_sweep = mirror.query("SELECT sweep_id, count(*) AS n FROM runs GROUP BY ALL").set_index("sweep_id")["n"]
+        assert len(per_sweep) >= 4 and every == per_sweep.sum()
+        for name in ("seed-mini-1", "seed-studio"):
+            view = queries.SweepView(mirror, sweeps[name])
+            assert int(view.query("SELECT count(*) AS n FROM runs")["n"][0]) == per_sweep[sweeps[name]]
+            with view.cursor() as con:  # the claims' connections see the sweep alone too
+                assert con.execute("SELECT count(DISTINCT sweep_id) FROM runs").fetchone()[0] == 1
+            assert set(queries.decode_speed(view, queries.Filters())["chip"]) == set(
+                truth[truth["agent"] == name.removeprefix("seed-")]["chip"]
+            )
+            view.close()
+        hostile = queries.SweepView(mirror, "x' OR '1'='1")
+        assert int(hostile.query("SELECT count(*) AS n FROM runs")["n"][0]) == 0
+        assert int(mirror.query("SELECT count(*) AS n FROM runs")["n"][0]) == every  # nothing deleted
+    finally:
+        mirror.close()

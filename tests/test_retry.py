@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from agent import heartbeat, retry, upload
-from agent.api import CallStream, StreamError
+from specfleet.client import CallStream, StreamError
 
 Code = grpc.StatusCode
 

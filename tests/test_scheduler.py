@@ -6,7 +6,7 @@ from coordinator import agents, auth
 from coordinator.ingest import ingest
 from coordinator.scheduler import Beat, NoMatchingAgents, Scheduler, SchedulerError
 from coordinator.store import Store, migrations, open_readonly
-from coordinator.sweeps import parse_sweep
+from specfleet.sweeps import parse_sweep
 from tests.fleet import SWEEP_YAML, make_run
 
 

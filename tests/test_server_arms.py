@@ -4,8 +4,8 @@ parameters, whole command lines from the seeds) and OpenAI-compatible servers' t
 import pytest
 import yaml
 
-from coordinator.sweeps import SweepError, parse_sweep
 from specfleet.record import Arm, ServerSpec
+from specfleet.sweeps import SweepError, parse_sweep
 
 MODEL = "Qwen3.5-9B-MTP-Q4_K_M.gguf"
 # The bug report's two command lines (seeds/001), the baseline with the MTP GGUF: one model.

@@ -20,7 +20,7 @@ from coordinator.states import (
     transition,
 )
 from coordinator.store import Store
-from coordinator.sweeps import parse_sweep
+from specfleet.sweeps import parse_sweep
 from tests.fleet import SWEEP_YAML
 from tests.test_scheduler import Clock
 

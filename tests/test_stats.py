@@ -1,4 +1,4 @@
-"""dashboard/stats.py against answers worked out by hand."""
+"""specfleet/stats.py against answers worked out by hand."""
 
 import duckdb
 import numpy as np
@@ -6,8 +6,7 @@ import pandas as pd
 import pytest
 from scipy.stats import t as stats_t
 
-from dashboard import inference, stats
-from specfleet import speedup
+from specfleet import inference, speedup, stats
 from tests.fleet import register_runs
 from tests.test_dashboard import record, row
 

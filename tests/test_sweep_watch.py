@@ -14,11 +14,11 @@ import pytest
 import yaml
 from rich.console import Console
 
+from cli.watch import Bars, eta_text, watch
 from coordinator.progress import AgentOnSweep, JobProgress, eta_seconds, expected_runs, sweep_progress
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.record import Arm, JobSpec, Prompt, Sampler, VerifyCost
-from specfleet.watch import Bars, eta_text, watch
 from tests.processes import ROOT, cli, spawn, start_coordinator, stop
 
 SWEEP_LINE = re.compile(
@@ -61,7 +61,7 @@ def test_watch_piped_prints_a_line_per_change_of_a_real_sweep(tmp_path, tiny_mod
         (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
         sweep_id = cli("sweep", "submit", str(tmp_path / "sweep.yaml"), *admin).stdout.split()[1].rstrip(":")
         watched = subprocess.run(
-            [sys.executable, "-m", "specfleet.cli", "sweep", "status", "--watch", sweep_id, "--interval", "0.2",
+            [sys.executable, "-m", "cli.main", "sweep", "status", "--watch", sweep_id, "--interval", "0.2",
              *admin],
             capture_output=True, text=True, timeout=120, cwd=ROOT,
         )  # fmt: skip

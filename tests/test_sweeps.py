@@ -2,10 +2,10 @@
 
 import pytest
 
-from coordinator import prompt_library
-from coordinator.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, SweepError, agent_matches, parse_sweep
-from coordinator.yaml_limits import MAX_NODES
+from specfleet import prompt_library
 from specfleet.record import Arm, JobSpec, Sampler, VerifyCost
+from specfleet.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, SweepError, agent_matches, parse_sweep
+from specfleet.yaml_limits import MAX_NODES
 from tests.fleet import SWEEP_YAML
 
 GOOD = {

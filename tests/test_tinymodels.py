@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 
-from specfleet import tinymodels
-from specfleet.tinymodels import make_tiny
+from cli import tinymodels
+from cli.tinymodels import make_tiny
 
 TEXT = "def lookup(context, n_min, n_max):\n    return context[-n:]  # M4 Pro: 42.0 tok/s\n\n"
 

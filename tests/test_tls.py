@@ -10,11 +10,11 @@ import urllib.request
 import grpc
 import pytest
 
-from agent.api import AdminApi, AgentApi, channel
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AdminApi, AgentApi, channel
 from tests.fleet import LINUX_BOX, start_coordinator
 from tests.processes import ROOT, cli, stop
 from tests.processes import start_coordinator as start_coordinator_process

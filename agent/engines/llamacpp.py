@@ -57,6 +57,10 @@ GGML_LOG_LEVEL_ERROR = 3
 # that a verify batch of up to MAX_DEPTH proposals can be rolled back to any accepted prefix.
 ROLLBACK_SNAPSHOTS = MAX_DEPTH
 STATE_RECURRENT_ONLY = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a hybrid's recurrent state, not its KV cache
+# Greedy sampling as an in-place argmax over llama.cpp's logits instead of its sampler chain
+# (_Chain); False gives the chain back, for bench/overhead.py's comparison.
+GREEDY_IN_PLACE = True
+MAX_ROW_VIEWS = 4 * (MAX_DEPTH + 1)  # numpy views of logits rows a chain keeps (a verify batch has up to MAX_DEPTH + 1)
 
 _log = logging.getLogger(__name__)
 
@@ -250,9 +254,22 @@ class _Context:
 class _Chain:
     """A llama.cpp sampler chain: greedy, or top-k, top-p, temperature and a seeded draw, in
     llama.cpp's usual order. Draft and verify each get one with the same settings; with
-    `banned` (token ids of a vocabulary of n_vocab), a logit bias of -inf on them comes first."""
+    `banned` (token ids of a vocabulary of n_vocab), a logit bias of -inf on them comes first.
+
+    Greedy sampling skips the chain (GREEDY_IN_PLACE): llama_sampler_sample fills a candidate
+    array of the whole vocabulary (12 bytes a token), biases it and scans it, every token
+    (about 150 us a token at a 49k vocabulary on the H200 machine's CPU, issue 28). The argmax
+    of the logits row, read in place through a numpy view of llama.cpp's own buffer (no copy),
+    is the same token: the first maximum, as llama.cpp's greedy sampler picks it. Only where
+    that token is banned is the row copied, the banned ids set to -inf, and the argmax taken
+    again, as the logit-bias sampler would have it."""
 
     def __init__(self, sampler: Sampler, banned: list[int] | None = None, n_vocab: int = 0):
+        self.in_place = sampler.greedy and GREEDY_IN_PLACE
+        self.banned = frozenset(banned or ())
+        self._banned_ids = np.array(sorted(self.banned), dtype=np.intp)
+        self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, n_vocab) -> a view of that row
+        self._vocab_sizes: dict[int, int] = {}  # id of a context without n_vocab -> its vocabulary size
         params = ll.llama_sampler_chain_default_params()
         params.no_perf = True
         self.chain = ll.llama_sampler_chain_init(params)
@@ -270,10 +287,42 @@ class _Chain:
             ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_dist(sampler.seed))
 
     def sample(self, context: _Context, row: int = -1) -> int:
-        return ll.llama_sampler_sample(self.chain, context.ctx, row)
+        if not self.in_place:
+            return ll.llama_sampler_sample(self.chain, context.ctx, row)
+        logits = self.logits(context, row)
+        token = int(logits.argmax())
+        if token in self.banned:
+            masked = logits.copy()
+            masked[self._banned_ids[self._banned_ids < len(masked)]] = -np.inf
+            token = int(masked.argmax())
+        return token
+
+    def logits(self, context, row: int = -1) -> np.ndarray:
+        """Output row `row` of the context's last decode as a float32 view of llama.cpp's buffer:
+        valid until the context decodes again. Views are kept per address, so a row costs one
+        llama_get_logits_ith call and a dictionary lookup."""
+        pointer = ll.llama_get_logits_ith(context.ctx, row)
+        if not pointer:
+            raise EngineError(f"llama.cpp holds no logits for output row {row}")
+        key = (ctypes.addressof(pointer.contents), getattr(context, "n_vocab", 0) or self._vocab_size(context))
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= MAX_ROW_VIEWS:  # the buffer moved (it grew): forget the old rows
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array((ctypes.c_float * key[1]).from_address(key[0]))
+        return view
+
+    def _vocab_size(self, context) -> int:
+        """The vocabulary size of a context that does not carry it (the MTP head's)."""
+        size = self._vocab_sizes.get(id(context))
+        if size is None:
+            model = ll.llama_get_model(context.ctx)
+            size = self._vocab_sizes[id(context)] = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+        return size
 
     def free(self) -> None:
         ll.llama_sampler_free(self.chain)
+        self._views.clear()
 
 
 class _DraftModel:

@@ -5,7 +5,7 @@ Where the server comes from: an arm's `command` template, else the cell's `serve
 every arm without one, else the server already running at the cell's `server.url`, which must be
 on this machine (127.0.0.1, localhost or ::1). A template is split like a shell line and may use
 {model} (the target's local path), {depth} (the arm's) and {port}, as the sweep file does
-(coordinator/server_arms.py); it must use {port},
+(specfleet/server_arms.py); it must use {port},
 because the engine picks a free loopback port for every server it starts (a server that listens
 elsewhere would be waited for in vain). Servers started here are ready when GET /health, or
 where that is 404, GET /v1/models, answers 200; they are stopped with the engine (close()).

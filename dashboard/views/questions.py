@@ -4,7 +4,8 @@ the system it names; our loop of the same method on the same weights beside it, 
 import streamlit as st
 
 from dashboard import claims as ledger
-from dashboard import data, inference
+from dashboard import data
+from specfleet import inference
 
 BADGE = {
     inference.REPRODUCED: ":green-badge[reproduced]",

@@ -1,12 +1,12 @@
 """`specfleet report`: one sweep's results as Markdown with PNG plots beside it (ready to paste
 into a GitHub issue), or as one self-contained HTML file with the plots inline.
 
-Every figure is the dashboard's: the report syncs the dashboard's own mirror (dashboard/data.py
-`mirror`), keeps only the sweep's runs in it, and asks the dashboard's query functions, for each
-of the sweep's comparable groups, what the Compare page shows for that group; the plots are the
-dashboard's charts (dashboard/plots.py) rendered to PNG without a browser (vl-convert). Because
-the process's mirror is narrowed to one sweep, a report is built once per process (the CLI's);
-the dashboard's queries in the same process would see that sweep only.
+Every figure is the dashboard's: the report opens a mirror of its own (dashboard/queries.py
+open_mirror), syncs it, and asks the dashboard's pure queries (dashboard/queries.py, no
+Streamlit) on a SweepView of it: every query reads the sweep's runs alone through a temporary
+view, while the mirror keeps every run. For each of the sweep's comparable groups it shows what
+the Compare page shows for that group; the plots are the dashboard's charts (dashboard/plots.py)
+rendered to PNG without a browser (vl-convert).
 """
 
 from __future__ import annotations
@@ -96,14 +96,18 @@ def _check_writable(out_dir: Path) -> None:
 def build(address: str, token: str, sweep_id: str) -> list[Block]:
     """The report's blocks, in order: the sweep, its machines, its sweep file and server command
     lines, per comparable group the Compare page's figures, the verdicts of the claims its runs
-    enter, and its flagged runs. Narrows this process's dashboard mirror to the sweep."""
-    from streamlit import logger
+    enter, and its flagged runs."""
+    from dashboard import queries
 
-    logger.set_log_level("error")  # outside `streamlit run`, st.cache_* warn of bare mode at every call
-    from dashboard import data
+    mirror = queries.open_mirror(address, token)
+    try:
+        mirror.sync()
+        return _blocks(queries, mirror, address, sweep_id)
+    finally:
+        mirror.close()
 
-    mirror = data.mirror(address, token)
-    seqs = mirror.sync()
+
+def _blocks(q, mirror, address: str, sweep_id: str) -> list[Block]:
     sweep = mirror.query("SELECT sweep_id, name, state, yaml FROM sweeps WHERE sweep_id = ?", [sweep_id])
     if sweep.empty:
         raise ValueError(f"no sweep {sweep_id!r} on the coordinator at {address} (`specfleet sweep list` lists them)")
@@ -112,28 +116,29 @@ def build(address: str, token: str, sweep_id: str) -> list[Block]:
     if counted.empty or not int(counted["n"][0]):
         why = f"`specfleet sweep status {sweep_id}` says why"
         raise ValueError(f"sweep {sweep_id} ({name}, {state}) has no runs: nothing to report ({why})")
-    mirror.query("DELETE FROM runs WHERE sweep_id IS DISTINCT FROM ?", [sweep_id])
-    v = data.Version(address, token, **seqs)
-
-    blocks: list[Block] = [Heading(f"Sweep {name}", 1), Text(_progress(data.sweeps(v), sweep_id))]
-    failures = data.failures(v)
-    failures = failures[failures["sweep_id"] == sweep_id] if not failures.empty else failures
-    if not failures.empty:
-        blocks.append(Table(failures[["job_id", "agent", "state", "attempt", "reason"]]))
-    blocks += _machines(data, v, mirror, sweep_id)
-    blocks += [Heading("The sweep file", 2), Code(sweep_file, "yaml")]
-    commands = mirror.query(
-        "SELECT system_method, server_command, count(*) AS runs FROM runs WHERE server_command != '' GROUP BY ALL"
-        " ORDER BY ALL"
-    )
-    if not commands.empty:
-        blocks += [Heading("Server command lines", 2), Table(commands)]
-    chips = data.chips(v)
-    for group in data.groups(v, data.Filters()).itertuples():
-        blocks += _group(data, v, group, chips)
-    blocks += _verdicts(data, v)
-    blocks += _flagged(data, v)
-    return blocks
+    db = q.SweepView(mirror, sweep_id)  # every query below reads the sweep's runs alone
+    try:
+        blocks: list[Block] = [Heading(f"Sweep {name}", 1), Text(_progress(q.sweeps(db), sweep_id))]
+        failures = q.failures(db)
+        failures = failures[failures["sweep_id"] == sweep_id] if not failures.empty else failures
+        if not failures.empty:
+            blocks.append(Table(failures[["job_id", "agent", "state", "attempt", "reason"]]))
+        blocks += _machines(q, db, sweep_id)
+        blocks += [Heading("The sweep file", 2), Code(sweep_file, "yaml")]
+        commands = db.query(
+            "SELECT system_method, server_command, count(*) AS runs FROM runs WHERE server_command != ''"
+            " GROUP BY ALL ORDER BY ALL"
+        )
+        if not commands.empty:
+            blocks += [Heading("Server command lines", 2), Table(commands)]
+        chips = q.chips(db)
+        for group in q.groups(db, q.Filters()).itertuples():
+            blocks += _group(q, db, group, chips)
+        blocks += _verdicts(q, db)
+        blocks += _flagged(q, db)
+        return blocks
+    finally:
+        db.close()
 
 
 def _progress(sweeps: pd.DataFrame, sweep_id: str) -> str:
@@ -143,43 +148,43 @@ def _progress(sweeps: pd.DataFrame, sweep_id: str) -> str:
     return f"Sweep {sweep_id}: {s['state']}; {int(s['jobs'])} job(s): {states}, {open_jobs}; {int(s['runs'])} run(s)."
 
 
-def _machines(data, v, mirror, sweep_id: str) -> list[Block]:
+def _machines(q, db, sweep_id: str) -> list[Block]:
     """The agents that ran the sweep's jobs (or stored its runs), with the engines and versions
     their runs recorded."""
-    ran = mirror.query(
+    ran = db.query(
         "SELECT DISTINCT agent_id FROM jobs WHERE sweep_id = ? AND coalesce(agent_id, '') != ''"
         " UNION SELECT DISTINCT agent_id FROM runs",
         [sweep_id],
     )
-    engines = mirror.query(
+    engines = db.query(
         "SELECT agent_id, string_agg(DISTINCT engine || ' ' || engine_version, '; ' ORDER BY engine || ' '"
         " || engine_version) AS engine_versions, coalesce(string_agg(DISTINCT nullif(server_version, ''), '; '"
         " ORDER BY nullif(server_version, '')), '') AS server_versions FROM runs GROUP BY agent_id"
     )
-    agents = data.agents(v)
+    agents = q.agents(db)
     agents = agents[agents["agent_id"].isin(ran["agent_id"])].merge(engines, on="agent_id", how="left")
     return [Heading("Machines", 2), Table(agents[[*MACHINE_COLUMNS, "engine_versions", "server_versions"]])]
 
 
-def _group(data, v, group, chips: list[str]) -> list[Block]:
+def _group(q, db, group, chips: list[str]) -> list[Block]:
     """The Compare page's figures for one comparable group: speedup against depth with its
     intervals, decode tok/s, acceptance by position, draft versus verify time, verify cost."""
     from dashboard import plots
 
-    f = data.Filters(comparable=group.comparable)
+    f = q.Filters(comparable=group.comparable)
     out: list[Block] = [
         Heading(f"Group {group.comparable}: {group.system_label} · {group.model}", 2),
-        Text(f"{data.group_label(group)}. {group.runs} run(s) on {group.machines} machine(s): {group.chips}."),
+        Text(f"{q.group_label(group)}. {group.runs} run(s) on {group.machines} machine(s): {group.chips}."),
         Heading("Speedup over the baseline against draft depth", 3),
     ]
-    for r in data.lossy_runs(v, f).itertuples():
+    for r in q.lossy_runs(db, f).itertuples():
         out.append(
             Text(
                 f"Engine defect on {r.chip} · {r.system_label} · {r.method} K={r.depth}: {r.runs} run(s) changed the"
                 f" output against the {r.checked_against}; they are left out of every speedup."
             )
         )
-    speedups = data.speedups(v, f)
+    speedups = q.speedups(db, f)
     if speedups.empty:
         out.append(Text("No arm with a baseline in this group."))
     else:
@@ -191,10 +196,10 @@ def _group(data, v, group, chips: list[str]) -> list[Block]:
     for name, title, empty in SECTIONS:
         out.append(Heading(title, 3))
         if name == "acceptance_by_position":
-            for r in data.collapsed_acceptance(v, f).itertuples():
+            for r in q.collapsed_acceptance(db, f).itertuples():
                 said = f"Acceptance collapsed on {r.chip} · {r.engine} · {r.method} · {r.model}: {r.runs} run(s)."
                 out.append(Text(f"{said} {r.reason}"))
-        frame = getattr(data, name)(v, f)
+        frame = getattr(q, name)(db, f)
         if frame.empty:
             out.append(Text(empty))
         else:
@@ -208,29 +213,30 @@ def _plot(stem: str, kind: str, title: str, chart) -> Plot:
     return Plot(f"{stem}-{kind}", title, buf.getvalue())
 
 
-def _verdicts(data, v) -> list[Block]:
+def _verdicts(q, db) -> list[Block]:
     """The Questions page's rows of the claims whose conditions select runs of the sweep."""
-    claims = {c.id: c for c in data.claims()}
-    tested = [cid for cid, sel in data.selections(v).items() if sel["selected"]]
+    ledger = q.load_claims()
+    claims = {c.id: c for c in ledger}
+    tested = [cid for cid, sel in q.selections(db, ledger).items() if sel["selected"]]
     out: list[Block] = [Heading("Verdicts of the claims it tests", 2)]
     if not tested:
-        return [*out, Text(f"No claim of the ledger ({data.ledger_path()}) selects a run of this sweep.")]
-    rows = data.verdicts(v)
+        return [*out, Text(f"No claim of the ledger ({q.ledger_path()}) selects a run of this sweep.")]
+    rows = q.verdicts(db, ledger)
     out += [Text(f"{cid}: {claims[cid].statement}") for cid in tested]
     return [*out, Table(rows[rows["claim"].isin(tested)][VERDICT_COLUMNS])]
 
 
-def _flagged(data, v) -> list[Block]:
+def _flagged(q, db) -> list[Block]:
     """The Runs page's counts for the sweep, and its runs with a flag or a degraded environment."""
-    every = data.Filters()
-    summary = data.runs_summary(v, every)
-    counts = ", ".join(f"{summary[k]} {k}" for k in ("nominal", "degraded", "unknown", *data.FLAG_NAMES))
+    every = q.Filters()
+    summary = q.runs_summary(db, every)
+    counts = ", ".join(f"{summary[k]} {k}" for k in ("nominal", "degraded", "unknown", *q.FLAG_NAMES))
     out: list[Block] = [Heading("Flagged runs", 2), Text(f"{summary['runs']} run(s): {counts}.")]
-    runs = data.runs_table(v, every, limit=summary["runs"])
+    runs = q.runs_table(db, every, limit=summary["runs"])
     flagged = runs[(runs["flags"] != "") | (runs["nominal"] == "degraded")]
     if flagged.empty:
         return [*out, Text("No run was flagged or ran in a degraded environment.")]
-    names = data.agents(v).set_index("agent_id")["name"]
+    names = q.agents(db).set_index("agent_id")["name"]
     flagged = flagged.assign(machine=flagged["agent_id"].map(names))[FLAGGED_COLUMNS]
     if len(flagged) > FLAGGED_SHOWN:
         out.append(Text(f"The first {FLAGGED_SHOWN} of {len(flagged)} flagged runs:"))

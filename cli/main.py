@@ -89,13 +89,13 @@ def _admin_token(args) -> str:
 
 
 def _admin(args):
-    from agent.api import AdminApi, channel
+    from specfleet.client import AdminApi, channel
 
     return AdminApi(channel(args.coordinator, **_tls_files(args)), _admin_token(args))
 
 
 def _tls_files(args) -> dict[str, Path | None]:
-    """The ca/cert/key arguments of agent.api.channel from --tls-ca/--tls-cert/--tls-key."""
+    """The ca/cert/key arguments of specfleet.client.channel from --tls-ca/--tls-cert/--tls-key."""
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_cert and not args.tls_ca):
         sys.exit("error: --tls-cert and --tls-key go together, and need --tls-ca")
     return {k: Path(v) if v else None for k, v in (("ca", args.tls_ca), ("cert", args.tls_cert), ("key", args.tls_key))}
@@ -219,8 +219,8 @@ def cmd_agents_set_state(args) -> int:
 
 
 def cmd_sweep_submit(args) -> int:
-    from coordinator.sweeps import SweepError, parse_sweep
     from protos.specfleet.v1 import fleet_pb2 as pb
+    from specfleet.sweeps import SweepError, parse_sweep
 
     try:
         text = Path(args.file).read_text()
@@ -275,7 +275,7 @@ def cmd_sweep_status(args) -> int:
         return 0
     from rich.console import Console
 
-    from specfleet.watch import watch
+    from cli.watch import watch
 
     running = {s.sweep_id for s in sweeps if s.state == "running"}
     if not running:
@@ -299,9 +299,10 @@ def cmd_sweep_cancel(args) -> int:
 
 
 def cmd_agent_enrol(args) -> int:
-    from agent import api, retry
+    from agent import retry
     from agent.credentials import AgentIdentity
     from agent.fingerprint import available_engines, fingerprint
+    from specfleet import client as api
 
     labels = {}
     for item in args.label:
@@ -400,9 +401,9 @@ def cmd_import(args) -> int:
     coordinator in one call (or none: a bad row refuses the whole file)."""
     import getpass
 
+    from cli.importers import llama_bench, mtplx
     from coordinator.server import MAX_MESSAGE_BYTES
     from protos.specfleet.v1 import fleet_pb2 as pb
-    from specfleet.importers import llama_bench, mtplx
 
     path = Path(args.path)
     results = llama_bench.parse(path, args.format) if args.tool == "llama-bench" else mtplx.parse(path)
@@ -450,7 +451,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from specfleet.report import make
+    from cli.report import make
 
     if args.tls_ca:  # it reads the coordinator through the dashboard's mirror, as `specfleet dashboard` does
         sys.exit("error: specfleet report reads the coordinator without TLS, as the dashboard does: drop --tls-ca")
@@ -465,7 +466,7 @@ def cmd_dashboard(args) -> int:
 
 
 def cmd_models_make_tiny(args) -> int:
-    from specfleet.tinymodels import make_tiny
+    from cli.tinymodels import make_tiny
 
     models = make_tiny(Path(args.dir))
     for field, path in models.paths().items():
@@ -474,7 +475,7 @@ def cmd_models_make_tiny(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from specfleet.demo import run_demo
+    from cli.demo import run_demo
 
     return run_demo(Path(args.data_dir), dashboard=not args.no_dashboard, dashboard_port=args.dashboard_port)
 
@@ -613,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_resource_flags(p)
     p.set_defaults(fn=cmd_agent_doctor)
 
-    from specfleet.importers import LLAMA_BENCH_FORMATS
+    from cli.importers import LLAMA_BENCH_FORMATS
 
     imports = sub.add_parser("import", help="results measured by other tools, stored apart from the fleet's runs")
     imports = imports.add_subparsers(dest="sub", required=True)

@@ -84,7 +84,12 @@ import pandas as pd
 from scipy import stats
 
 CONFIDENCE = 0.95
-MIN_MACHINES = 3
+# The fewest machines (per chip) and prompts (on each machine) a verdict needs, chosen by
+# simulation (bench/verdicts.py, section `rules`; docs/verdicts.md "How many machines a claim
+# needs"): the smallest counts whose wrong-verdict rate stays at the nominal rate.
+MIN_MACHINES = 2
+MIN_PROMPTS = 5
+NOMINAL_WRONG = (1 - 0.95) / 2  # a verdict's nominal error at the worst edge: 2.5%
 FDR_Q = 0.05
 BEST_DEPTH_RESAMPLES = 2000
 BEST_DEPTH_SEED = 20261
@@ -98,6 +103,8 @@ INCONCLUSIVE = "inconclusive"
 T_MACHINES = "t over machines"
 T_PROMPTS = "t over one machine's prompts"
 NO_INTERVAL = "none"
+LOG = "log"  # the figure is a ratio, its interval t on the log scale (speedups)
+LINEAR = "linear"  # the figure is a mean, its interval t on its own scale (acceptance rates)
 
 # The columns that name one figure (specfleet.speedup's keys): an estimate is of one of them.
 FIGURE_KEYS = ("comparable", "chip", "method", "depth")
@@ -123,6 +130,7 @@ class Estimate:
     log_mean: float = math.nan
     log_se: float = math.nan
     df: int = 0
+    scale: str = LOG  # LOG: log_mean and log_se on the log scale; LINEAR: on the figure's own
 
 
 def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, ...]:
@@ -170,6 +178,9 @@ def estimate(per_prompt: pd.DataFrame, confidence: float = CONFIDENCE) -> Estima
         if prompts < 2:
             method, note = NO_INTERVAL, "one machine and one prompt: no interval"
     mean, se, df, low, high = (float(x) for x in t_interval(values, confidence))
+    if se == 0:  # identical values: a zero-width interval would claim certainty it has not
+        low = high = se = math.nan
+        method, note = NO_INTERVAL, _zero_spread_note(machines)
     return Estimate(
         speedup=math.exp(mean),
         low=math.exp(low),
@@ -183,6 +194,59 @@ def estimate(per_prompt: pd.DataFrame, confidence: float = CONFIDENCE) -> Estima
         log_mean=mean,
         log_se=se,
         df=int(df),
+    )
+
+
+def _zero_spread_note(machines: int) -> str:
+    what = f"the {machines} machines' figures are" if machines >= 2 else "the machine's prompts are"
+    return f"{what} identical: no spread, so no interval (replayed or synthetic results?)"
+
+
+def estimate_mean(values: pd.DataFrame, column: str = "value", confidence: float = CONFIDENCE) -> Estimate:
+    """A mean on its own scale (acceptance rates: 0-1) with the interval the speedups use: each
+    machine's mean over its prompts (each prompt's value the mean over its runs) is one
+    observation, t over machine means (df = machines - 1); one machine, t over its prompts,
+    noted. Needs agent_id, prompt_id and `column`; non-finite values are left out (noted).
+    `speedup` holds the mean, `pairs` the runs; log_mean and log_se are on the linear scale."""
+    missing = {"agent_id", "prompt_id", column} - set(values.columns)
+    if missing:
+        raise ValueError(f"estimate_mean needs columns {sorted(missing)}")
+    finite = np.isfinite(values[column].to_numpy(dtype=float))
+    dropped, values = int((~finite).sum()), values[finite]
+    if values.empty:
+        nan = math.nan
+        return Estimate(nan, nan, nan, 0, 0, 0, NO_INTERVAL, "no values", confidence, scale=LINEAR)
+    per_prompt = values.groupby(["agent_id", "prompt_id"], sort=True)[column].mean()
+    by_machine = per_prompt.groupby(level="agent_id")
+    means = by_machine.mean().to_numpy()
+    machines, prompts = len(means), int(by_machine.size().min())
+    if machines >= 2:
+        series, method, note = means, T_MACHINES, ""
+    else:
+        series, method = per_prompt.to_numpy(dtype=float), T_PROMPTS
+        note = "one machine: the interval is over its prompts and describes that machine only, not the fleet"
+        if prompts < 2:
+            method, note = NO_INTERVAL, "one machine and one prompt: no interval"
+    mean, se, df, low, high = (float(x) for x in t_interval(series, confidence))
+    if se == 0:
+        low = high = se = math.nan
+        method, note = NO_INTERVAL, _zero_spread_note(machines)
+    if dropped:
+        note = "; ".join(x for x in (note, f"{dropped} non-finite value(s) left out") if x)
+    return Estimate(
+        speedup=mean,
+        low=low,
+        high=high,
+        machines=machines,
+        prompts=prompts,
+        pairs=len(values),
+        method=method,
+        note=note,
+        confidence=confidence,
+        log_mean=mean,
+        log_se=se,
+        df=int(df),
+        scale=LINEAR,
     )
 
 
@@ -238,38 +302,69 @@ def classify(low, high, band_low: float, band_high: float) -> np.ndarray:
     return np.select([inside, outside], [REPRODUCED, CONTRADICTED], INCONCLUSIVE)
 
 
-def band_p_values(log_mean, log_se, df, band_low: float, band_high: float) -> tuple[np.ndarray, np.ndarray]:
-    """(p_equivalence, p_beyond), vectorised, on the log scale with t(df):
+def band_p_values(
+    log_mean, log_se, df, band_low: float, band_high: float, scale: str = LOG
+) -> tuple[np.ndarray, np.ndarray]:
+    """(p_equivalence, p_beyond), vectorised, with t(df) on the estimate's scale (LOG: the band's
+    edges are logged; LINEAR: taken as they are):
 
     p_equivalence: TOST of H0 "the truth lies outside the band", the larger of the one-sided
       p-values against each edge (an infinite edge or a zero one is no constraint: p 0 there);
     p_beyond: the one-sided test of H0 "the truth lies inside the band or beyond its other
-      edge" against the edge nearest the estimate (the side it lies on)."""
+      edge" against the edge nearest the estimate (the side it lies on).
+
+    A zero or missing standard error gives p 1 for both (no test can be made: never NaN)."""
     m, se = np.asarray(log_mean, dtype=float), np.asarray(log_se, dtype=float)
-    lo = -np.inf if band_low == 0 else math.log(band_low)
-    hi = np.inf if math.isinf(band_high) else math.log(band_high)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z_lo = np.where(se > 0, (m - lo) / se, np.sign(m - lo) * np.inf)
-        z_hi = np.where(se > 0, (m - hi) / se, np.sign(m - hi) * np.inf)
+    if scale == LOG:
+        lo = -np.inf if band_low == 0 else math.log(band_low)
+        hi = np.inf if math.isinf(band_high) else math.log(band_high)
+    elif scale == LINEAR:
+        lo = -np.inf if band_low == 0 else float(band_low)
+        hi = float(band_high)
+    else:
+        raise ValueError(f"scale {scale!r}: {LOG} or {LINEAR}")
+    usable = np.isfinite(se) & (se > 0) & np.isfinite(m)
+    safe = np.where(usable, se, 1.0)
+    with np.errstate(invalid="ignore"):
+        z_lo = np.where(usable, (m - lo) / safe, 0.0)
+        z_hi = np.where(usable, (m - hi) / safe, 0.0)
+    df = np.maximum(np.asarray(df, dtype=float), 1.0)
     p_above_lo = stats.t.sf(z_lo, df)  # H0: truth <= low edge
     p_below_hi = stats.t.cdf(z_hi, df)  # H0: truth >= high edge
     p_equivalence = np.maximum(p_above_lo, p_below_hi)
     # beyond the high edge (H0: truth <= high) or below the low edge (H0: truth >= low)
     beyond_high, beyond_low = stats.t.sf(z_hi, df), stats.t.cdf(z_lo, df)
-    nearer_high = (m - hi) > (lo - m)
+    with np.errstate(invalid="ignore"):
+        nearer_high = (m - hi) > (lo - m)
     p_beyond = np.where(nearer_high, beyond_high, beyond_low)
-    return p_equivalence, p_beyond
+    return np.where(usable, p_equivalence, 1.0), np.where(usable, p_beyond, 1.0)
 
 
-def decide(estimate: Estimate, band_low: float, band_high: float, min_machines: int = MIN_MACHINES) -> Decision:
+def too_few(have: int, need: int, what: str) -> str:
+    """The verdict's words when a count is short of the rule's: "inconclusive: 1 of 2 machines"."""
+    return f"{INCONCLUSIVE}: {have} of {need} {what}"
+
+
+def decide(
+    estimate: Estimate,
+    band_low: float,
+    band_high: float,
+    min_machines: int = MIN_MACHINES,
+    min_prompts: int = MIN_PROMPTS,
+) -> Decision:
     """Reproduced when the interval lies inside [band_low, band_high], contradicted when it
-    lies wholly outside, inconclusive otherwise or with fewer than min_machines machines (or no
-    interval). The p-values test the same thing on the log scale (module docstring)."""
+    lies wholly outside, inconclusive otherwise. Inconclusive and untested, with the figure
+    still shown and the reason first in `why`: fewer than min_machines machines
+    ("inconclusive: 1 of 2 machines"), fewer than min_prompts prompts on some machine, no pairs,
+    or no interval (identical values: no spread). The p-values test the same thing on the
+    estimate's scale (module docstring); they are never NaN."""
     _check_band(band_low, band_high)
     e = estimate
     band = band_text(band_low, band_high)
+    unit = "x" if e.scale == LOG else ""
+    band = band if unit else band.replace("x", "")
     counts = f"{e.machines} machine(s), fewest {e.prompts} prompt(s), {e.pairs} pair(s)"
-    interval = f"{e.confidence:.0%} interval {e.low:.3g}-{e.high:.3g}x"
+    interval = f"{e.confidence:.0%} interval {e.low:.3g}-{e.high:.3g}{unit}"
     base = dict(
         speedup=e.speedup,
         low=e.low,
@@ -280,14 +375,20 @@ def decide(estimate: Estimate, band_low: float, band_high: float, min_machines: 
         band_low=band_low,
         band_high=band_high,
     )
+    figure = "" if not math.isfinite(e.speedup) else f"; the figure {e.speedup:.3g}{unit}"
+    figure += f" ({interval})" if figure and math.isfinite(e.low) else ""
+    note = f" ({e.note})" if e.note else ""
+    if e.machines == 0:
+        return Decision(INCONCLUSIVE, f"{INCONCLUSIVE}: no pairs{note}", **base)
     if e.machines < min_machines:
-        why = f"{counts}: needs at least {min_machines} machines"
-        if e.note:
-            why += f" ({e.note})"
+        why = f"{too_few(e.machines, min_machines, 'machines')}{figure}; {counts}{note}"
         return Decision(INCONCLUSIVE, why, **base)
-    if not (np.isfinite(e.low) and np.isfinite(e.high)):
-        return Decision(INCONCLUSIVE, f"{counts}: no interval", **base)
-    p_eq, p_out = (float(x) for x in band_p_values(e.log_mean, e.log_se, e.df, band_low, band_high))
+    if e.prompts < min_prompts:
+        why = f"{too_few(e.prompts, min_prompts, 'prompts')} on a machine{figure}; {counts}{note}"
+        return Decision(INCONCLUSIVE, why, **base)
+    if not (np.isfinite(e.low) and np.isfinite(e.high) and e.high > e.low):
+        return Decision(INCONCLUSIVE, f"{INCONCLUSIVE}: no interval{note}{figure}; {counts}", **base)
+    p_eq, p_out = (float(x) for x in band_p_values(e.log_mean, e.log_se, e.df, band_low, band_high, e.scale))
     verdict = str(classify(e.low, e.high, band_low, band_high))
     tests = dict(p_equivalence=p_eq, p_beyond=p_out, tested=True)
     if verdict == REPRODUCED:
@@ -296,7 +397,7 @@ def decide(estimate: Estimate, band_low: float, band_high: float, min_machines: 
     if verdict == CONTRADICTED:
         why = f"{interval} lies wholly outside {band} (p {p_out:.2g}); {counts}"
         return Decision(verdict, why, p_value=p_out, **tests, **base)
-    why = f"{interval} reaches across an edge of {band} (speedup {e.speedup:.3g}x); {counts}"
+    why = f"{interval} reaches across an edge of {band} (figure {e.speedup:.3g}{unit}); {counts}"
     return Decision(verdict, why, p_value=1.0, **tests, **base)
 
 
@@ -306,6 +407,7 @@ def decide_arrays(
     band_high: float,
     min_machines: int = MIN_MACHINES,
     confidence: float = CONFIDENCE,
+    min_prompts: int = MIN_PROMPTS,
 ) -> dict[str, np.ndarray]:
     """`decide(estimate(...))` for many complete fleets at once: log_ratios is an array
     (..., machines, prompts) of per-prompt mean log ratios (every machine ran every prompt).
@@ -316,9 +418,11 @@ def decide_arrays(
     machines = a.shape[-2]
     values = a.mean(axis=-1) if machines >= 2 else a[..., 0, :]
     mean, se, df, low, high = t_interval(values, confidence)
-    low, high = np.exp(low), np.exp(high)
+    with np.errstate(invalid="ignore"):
+        flat = ~(np.asarray(se) > 0)  # identical values: no interval
+    low, high = np.exp(np.where(flat, np.nan, low)), np.exp(np.where(flat, np.nan, high))
     verdict = classify(low, high, band_low, band_high)
-    if machines < min_machines:
+    if machines < min_machines or a.shape[-1] < min_prompts:
         verdict = np.full(verdict.shape, INCONCLUSIVE)
     with np.errstate(invalid="ignore"):
         p_eq, p_out = band_p_values(mean, se, df, band_low, band_high)
@@ -382,6 +486,15 @@ def best_depth_probability(
     return hits / resamples
 
 
+def complete_machines(per_prompt_by_depth: pd.DataFrame) -> list:
+    """The machines that measured every depth of the rows (at least one prompt at each): the
+    ones depth_p_values' two-way table holds, and so the ones a best-depth verdict rests on."""
+    d = per_prompt_by_depth
+    n_depths = d["depth"].nunique()
+    per = d.dropna(subset=["log_ratio"]).groupby("agent_id")["depth"].nunique()
+    return sorted(per.index[per == n_depths])
+
+
 def depth_p_values(per_prompt_by_depth: pd.DataFrame) -> pd.Series:
     """For each depth, the p-value of "this depth is a best depth" (highest true speedup, ties
     included), indexed by depth. A depth d is excluded at level a when some other depth beats
@@ -428,6 +541,7 @@ def decide_best_depth(
     confidence: float = CONFIDENCE,
     rule: str = "confidence-set",
     level: float = BEST_DEPTH_LEVEL,
+    min_prompts: int = MIN_PROMPTS,
 ) -> Decision:
     """Is the best depth in [low, high] (depths, inclusive)?
 
@@ -457,7 +571,11 @@ def decide_best_depth(
     _one_figure(d, "best depth")
     depths = np.sort(d["depth"].unique()) if len(d) else np.array([])
     by_depth = {int(k): estimate(g.drop(columns="depth"), confidence) for k, g in d.groupby("depth")}
-    machines = int(d["agent_id"].nunique())
+    # Only machines that measured every depth enter the confidence set (depth_p_values), so only
+    # they count toward the minimum; the others are named in `why`.
+    complete = complete_machines(d) if len(d) else []
+    machines = len(complete)
+    partial = int(d["agent_id"].nunique()) - machines if len(d) else 0
     best = max(by_depth, key=lambda k: by_depth[k].speedup) if by_depth else None
     e = by_depth[best] if best is not None else Estimate(math.nan, math.nan, math.nan, 0, 0, 0, NO_INTERVAL)
     base = dict(
@@ -473,12 +591,17 @@ def decide_best_depth(
     )
     band = f"[{low:g}, {high:g}]"
     inside = (depths >= low) & (depths <= high)
+    left = f"; {partial} machine(s) that missed a depth left out" if partial else ""
     if machines < min_machines:
-        return Decision(INCONCLUSIVE, f"{machines} machine(s): needs at least {min_machines}", **base)
+        why = f"{too_few(machines, min_machines, 'machines')} measured every depth{left}"
+        return Decision(INCONCLUSIVE, why, **base)
+    if base["prompts"] < min_prompts:
+        return Decision(INCONCLUSIVE, f"{too_few(base['prompts'], min_prompts, 'prompts')} on a machine{left}", **base)
     if not inside.any() or inside.all():
         return Decision(INCONCLUSIVE, f"needs depths both inside and outside {band}", **base)
     prob = best_depth_probability(d, low, high, resamples, seed)
     said = f"best depth measured {best} ({e.speedup:.3g}x), bootstrap P(best in {band}) {prob:.2f}"
+    said = f"{machines} machine(s) measured every depth{left}; " + said
     if rule == "bootstrap":
         p_in, p_out, alpha = 1 - prob, prob, 1 - level
         yes, no = f"P >= {level:g}", f"P <= {1 - level:.2g}"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import duckdb
 
-from specfleet.importers import LLAMA_BENCH_FORMATS as FORMATS
-from specfleet.importers.result import BadFile, Fields, ImportedResult, Source, at_most_rows, read_source
+from cli.importers import LLAMA_BENCH_FORMATS as FORMATS
+from cli.importers.result import BadFile, Fields, ImportedResult, Source, at_most_rows, read_source
 
 TOOL = "llama-bench"
 # Backend flags of llama-bench versions before its `backends` field, in the order it printed them.

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator import prompt_library, server_arms, yaml_limits
+from specfleet import prompt_library, server_arms, yaml_limits
 from specfleet.design import rounded_repeats
 from specfleet.record import (
     ENGINE_METHODS,
@@ -105,7 +105,7 @@ class Sweep:
     deadline_seconds: float
     cooldown_seconds: float = 0.0  # rest before every measured run (thermal recovery)
     server: ServerSpec | None = None  # server engines: what every arm shares
-    server_arms: dict[str, list[Arm]] | None = None  # server engine -> its arms (coordinator/server_arms.py)
+    server_arms: dict[str, list[Arm]] | None = None  # server engine -> its arms (specfleet/server_arms.py)
     ngram_params: dict[str, int] | None = None  # JobSpec's ngram_mod_* and ngram_map_* fields
 
     def arms_of(self, engine: str) -> list[Arm]:

@@ -22,7 +22,7 @@ import json
 import re
 from pathlib import Path
 
-from specfleet.importers.result import BadFile, Fields, ImportedResult, Source, at_most_rows, read_source
+from cli.importers.result import BadFile, Fields, ImportedResult, Source, at_most_rows, read_source
 
 ENVELOPE = "envelope.json"
 TUNE_PATTERNS = ("tuning.json", "tune*.json")

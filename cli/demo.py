@@ -22,18 +22,17 @@ import pyarrow.compute as pc
 import yaml
 from rich.console import Console
 
-from agent.api import AdminApi, AgentApi, channel
 from agent.credentials import CREDENTIAL_FILE, AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
-from coordinator.export import fetch_table
+from cli.tinymodels import make_tiny
+from cli.watch import watch
 from coordinator.server import ENDPOINTS_FILE, admin_credential
 from dashboard.serve import command as dashboard_command
 from dashboard.serve import environment as dashboard_environment
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
+from specfleet.client import AdminApi, AgentApi, channel, fetch_table
 from specfleet.record import VERIFY_COST
-from specfleet.tinymodels import make_tiny
-from specfleet.watch import watch
 
 DEMO_AGENT = "demo-agent"
 SWEEP_TIMEOUT_SECONDS = 1800
@@ -113,7 +112,7 @@ def demo_sweeps(models) -> list[dict]:
 
 
 def _specfleet(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specfleet.cli", *args]
+    return [sys.executable, "-m", "cli.main", *args]
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, what: str, log: Path) -> dict:

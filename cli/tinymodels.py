@@ -86,7 +86,7 @@ class TinyModels:
     mlx_draft: Path
     gguf_target: Path
     gguf_draft: Path
-    # Qwen3.5-style targets with one MTP block (specfleet/tinymtp.py), and a hybrid draft
+    # Qwen3.5-style targets with one MTP block (cli/tinymtp.py), and a hybrid draft
     mlx_mtp_dense: Path
     mlx_mtp_hybrid: Path
     mlx_mtp_hybrid_draft: Path
@@ -505,7 +505,7 @@ def make_tiny(directory: Path) -> TinyModels:
     target, draft, draft_shape = layer_skip_pair(TARGET_SHAPE, vocab.size, TARGET_SEED)
     write_model(directory, "target", TARGET_SHAPE, target, vocab)
     write_model(directory, "draft", draft_shape, draft, vocab)
-    from specfleet import tinymtp  # it builds on this module
+    from cli import tinymtp  # it builds on this module
 
     tinymtp.write_all(directory, vocab)
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)

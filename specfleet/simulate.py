@@ -10,7 +10,7 @@ prompt ~ N(0, prompt_sd) drawn per machine and prompt (how far a prompt's speedu
 machine lies from the machine's level) and repeat ~ N(0, repeat_sd) (run-to-run noise). The
 rows are specfleet.speedup.per_prompt_sql's: the mean over a prompt's repeats, one row per
 machine and prompt. The truth is `true_speedup`, the fleet's geometric-mean speedup over
-machines for this prompt set (the quantity dashboard.inference estimates).
+machines for this prompt set (the quantity specfleet.inference estimates).
 
 `prompt_set_sd` adds an effect per prompt shared by every machine (a prompt that accelerates
 well everywhere). The prompt set is a checked key, so a fleet's figure is about its prompt set:

@@ -3,7 +3,7 @@
 A speedup is specfleet/speedup.py's, the one definition every surface shows: arm over baseline
 on the same attempt, prompt and repeat, pooled only inside a comparable group, combined on the
 log scale (repeats, then prompts, then machines) and exponentiated. `speedups` adds what the
-dashboard shows beside it: the 95% interval the verdicts use (dashboard/inference.py: t over
+dashboard shows beside it: the 95% interval the verdicts use (specfleet/inference.py: t over
 machine means), and the pairs left out because a run was not nominal. Other figures (decode
 tok/s, acceptance) are medians with a two-level bootstrap (machines, then values inside each
 drawn machine). Every figure carries the machines, prompts and pairs or runs behind it.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from dashboard import inference
+from specfleet import inference
 from specfleet import speedup as definition
 
 BOOTSTRAP_SEED = 20260
@@ -87,7 +87,7 @@ def bootstrap_ci(
 def speedup_intervals(per_prompt: pd.DataFrame) -> pd.DataFrame:
     """The 95% interval of each speedup from specfleet.speedup.per_prompt_sql's rows (one per
     comparable group, chip, machine, arm and prompt: the mean log ratio over its repeats): the
-    one the verdicts use (dashboard/inference.py `estimate`: t over machine means; over one
+    one the verdicts use (specfleet/inference.py `estimate`: t over machine means; over one
     machine's prompts when it is the only one; none for a single prompt of a single machine)."""
     cols = [*SPEEDUP_KEYS, "ci_low", "ci_high"]
     if per_prompt.empty:

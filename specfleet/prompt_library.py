@@ -1,4 +1,4 @@
-"""The prompt sets and context documents shipped in coordinator/prompt_sets/, and their digests.
+"""The prompt sets and context documents shipped in specfleet/prompt_sets/, and their digests.
 
 One YAML file per set (its category, source, licence and prompts) and documents.yaml (distinct
 prose from which long contexts are built; see agent/prompts.py). A cell's prompt-set digest is
@@ -34,7 +34,7 @@ class PromptSet:
 
 
 def _files():
-    return resources.files("coordinator.prompt_sets")
+    return resources.files("specfleet.prompt_sets")
 
 
 @functools.cache

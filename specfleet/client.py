@@ -1,13 +1,17 @@
-"""A thin gRPC client for the coordinator: one method per call (heartbeats and results each
-travel on one stream), no retries (see retry.py)."""
+"""A thin gRPC client for the coordinator, shared by the agent, the dashboard and the CLI: one
+method per call (heartbeats and results each travel on one stream), no retries (the agent adds
+them: agent/retry.py); and the Export read path (a table's rows one page at a time, as Arrow)."""
 
 from __future__ import annotations
 
+import io
 import queue
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 
 from protos.specfleet.v1 import fleet_pb2 as pb
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
@@ -166,3 +170,30 @@ class AdminApi:
         """AdminApi.CreateToken(request) etc.: every admin RPC with the admin credential attached."""
         rpc = getattr(self._stub, name)
         return lambda request, timeout=CALL_TIMEOUT_SECONDS: rpc(request, metadata=self._metadata, timeout=timeout)
+
+
+# ---------------------------------------------------------------- the Export read path
+
+
+def arrow_from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(io.BytesIO(data)).read_all()
+
+
+def pages(admin, table: str, after_seq: int = 0) -> Iterator[tuple[pa.Table, int]]:
+    """The rows of a coordinator table above after_seq, one Export page at a time (at most
+    MAX_EXPORT_ROWS rows each): (page, its last seq)."""
+    while True:
+        resp = admin.Export(pb.ExportRequest(table=table, after_seq=after_seq), timeout=120)
+        if resp.rows == 0:
+            return
+        after_seq = resp.last_seq
+        yield arrow_from_ipc(resp.arrow_ipc), after_seq
+
+
+def fetch_table(admin, table: str, after_seq: int = 0) -> tuple[pa.Table | None, int]:
+    """Every row of a coordinator table above after_seq; (table or None, last seq)."""
+    parts, seqs = [], [after_seq]
+    for page, seq in pages(admin, table, after_seq):
+        parts.append(page)
+        seqs.append(seq)
+    return (pa.concat_tables(parts) if parts else None), seqs[-1]

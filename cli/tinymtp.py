@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specfleet import tinymodels as tm
+from cli import tinymodels as tm
 
 ROPE_THETA = 10_000_000.0
 PARTIAL_ROTARY = 0.25

@@ -1,0 +1,681 @@
+"""The dashboard's queries, pure: DuckDB and pandas over a mirror of the coordinator, no Streamlit.
+
+Every function takes `db` first: what it reads, anything with `query(sql, params) -> DataFrame`
+and `cursor() -> DuckDBPyConnection` (a connection of its own, for the claims' temporary tables
+and downloads read in batches): a dashboard.mirror.Mirror, or a SweepView of one narrowed to a
+sweep's runs (cli/report.py). dashboard/data.py wraps each in Streamlit's caches for the pages,
+under the same name; `specfleet report` calls them on a mirror of its own.
+
+Runs are read from the mirror's typed columns (specfleet/record.py RunRecord, one column per
+field) and `LABELS`, computed once per run as it arrives: what every page names a run by (the
+system it measured, dashboard/claims.py system_label; its comparable group; its models as
+reference@digest; its sampler; its environment state). Filtering and aggregation run in
+DuckDB; SQL never carries user input as text: filters travel as bound parameters. Speedups are
+specfleet/speedup.py's (through specfleet/stats.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import threading
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from dashboard import claims as ledger
+from dashboard.mirror import Mirror
+from specfleet import speedup, stats
+from specfleet.client import AdminApi, channel
+from specfleet.record import VERIFY_COST
+from specfleet.sweeps import SweepError, parse_sweep
+
+
+def model_label(prefix: str) -> str:
+    """SQL: a model named by its reference and the first 12 hex digits of its digest
+    ("target.gguf@571b2644b2e8"), never by a path; '' when the run has no such model.
+    `prefix` is "target" or "draft", optionally qualified ("g.target")."""
+    ref, digest = f"{prefix}_reference", f"{prefix}_digest"
+    return f"CASE WHEN {ref} = '' THEN '' WHEN {digest} = '' THEN {ref} ELSE {ref} || '@' || left({digest}, 12) END"
+
+
+def sampler_label(prefix: str = "") -> str:
+    """SQL: "greedy" or "T=0.7 top_p=0.9 top_k=20 seed=1": every checked sampler key that is
+    not its default, so that no two samplers share a label."""
+    s = f"{prefix}sampler_"
+    rest = f"' top_p=' || printf('%g', {s}top_p) || ' top_k=' || {s}top_k || ' seed=' || {s}seed"
+    return (
+        f"CASE WHEN {s}temperature != 0 THEN 'T=' || printf('%g', {s}temperature) || {rest}"
+        f" WHEN {s}top_p != 1 OR {s}top_k != 0 OR {s}seed != 0 THEN 'greedy' || {rest} ELSE 'greedy' END"
+    )
+
+
+NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' ELSE 'unknown' END"
+# A run's flags at a glance: an output that differed from its reference (lossy: a defect, in no
+# figure), client and server timings more than 5% apart, a stateful drafter that inherited
+# state from earlier requests, collapsed acceptance. '' when none.
+FLAGS = (
+    "concat_ws(', ', CASE WHEN lossless IS NOT DISTINCT FROM false THEN 'lossy' END,"
+    " CASE WHEN timings_disagree THEN 'timings disagree' END, CASE WHEN drafter_warm THEN 'warm drafter' END,"
+    " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END)"
+)
+FLAG_NAMES = ("lossy", "timings disagree", "warm drafter", "acceptance collapsed")
+# What the pages name a run by, computed once per run as it arrives in the mirror (Mirror's
+# `derived`): the system it measured (system_label "llama-server", "MTPLX (openai)", "specfleet
+# mlx"; system_method with the method: "llama-server draft-mtp"), its comparable group, its
+# models as reference@digest, its sampler, its environment state, its acceptance rate. Every
+# query reads them as columns of the mirror's `runs`.
+LABELS = (
+    f"{speedup.COMPARABLE_ID} AS comparable, {ledger.system_label_sql()} AS system_label,"
+    f" {ledger.system_label_sql()} || ' ' || method AS system_method, {model_label('target')} AS model,"
+    f" {model_label('draft')} AS draft_model, {sampler_label()} AS sampler, {NOMINAL} AS nominal,"
+    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate"
+)
+DOWNLOAD_BATCH = 50_000
+# Filter field -> the column of runs (LABELS) it selects on.
+FILTER_COLUMNS = {
+    "model": "model",
+    "system": "system_label",
+    "engine": "engine",
+    "method": "method",
+    "sampler": "sampler",
+    "prompt_set": "prompt_set",
+}
+FILTER_FIELDS = tuple(FILTER_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Selected values per field (system: system_label values); an empty tuple selects
+    everything. `comparable`: one comparable group's id (specfleet.speedup.COMPARABLE_ID), or
+    '' for every group."""
+
+    model: tuple[str, ...] = ()
+    system: tuple[str, ...] = ()
+    engine: tuple[str, ...] = ()
+    method: tuple[str, ...] = ()
+    sampler: tuple[str, ...] = ()
+    prompt_set: tuple[str, ...] = ()
+    comparable: str = ""
+
+
+def selected(f: Filters, generation: bool = True) -> tuple[str, dict]:
+    """A parenthesised relation of the runs `f` selects, and its named parameters. A method
+    filter keeps the baselines (every speedup needs them); `generation` leaves out verify-cost
+    runs, which are never speedups."""
+    where, params = [], {}
+    for name in ("model", "system", "engine", "sampler", "prompt_set"):
+        if getattr(f, name):
+            where.append(f"list_contains(${name}::VARCHAR[], {FILTER_COLUMNS[name]})")
+            params[name] = list(getattr(f, name))
+    if f.method:
+        where.append("(list_contains($method::VARCHAR[], method) OR method = 'baseline')")
+        params["method"] = list(f.method)
+    if f.comparable:
+        where.append("comparable = $comparable")
+        params["comparable"] = f.comparable
+    if generation:
+        where.append(f"method != '{VERIFY_COST}'")
+    return f"(SELECT * FROM runs WHERE {' AND '.join(where) or 'true'})", params
+
+
+# Per job, engine, system and target model: the last run stored. What a claim's results are
+# keyed on (_claim_key): they are recomputed only when runs they could select, or their jobs,
+# changed.
+RUN_SYSTEMS = [
+    "CREATE TABLE IF NOT EXISTS run_systems (job_id VARCHAR, engine VARCHAR, system VARCHAR,"
+    " target_reference VARCHAR, last_seq BIGINT, PRIMARY KEY (job_id, engine, system, target_reference))",
+    "INSERT INTO run_systems SELECT job_id, engine, system, target_reference, max(seq) FROM _batch GROUP BY ALL"
+    " ON CONFLICT DO UPDATE SET last_seq = greatest(last_seq, excluded.last_seq)",
+]
+
+
+def open_mirror(address: str, token: str, path=None) -> Mirror:
+    """A mirror of the coordinator at `address` with the labels the queries read (LABELS) and
+    the claims' keys (RUN_SYSTEMS); not synced yet. The dashboard keeps one per process; a
+    report opens its own."""
+    return Mirror(
+        AdminApi(channel(address), token), derived={"runs": LABELS}, summaries={"runs": RUN_SYSTEMS}, path=path
+    )
+
+
+class SweepView:
+    """A mirror narrowed to one sweep's runs, for the queries: every connection it hands out
+    (query's, cursor()) has a temporary view `runs` of that sweep's runs in front of the
+    mirror's table, so every query, the claims' included, reads the sweep alone while the
+    mirror keeps every run (nothing is deleted from it). Agents, sweeps and jobs stay whole.
+    The sweep id travels as a bound parameter, never as SQL text."""
+
+    def __init__(self, mirror: Mirror, sweep_id: str):
+        self.mirror, self.sweep_id = mirror, sweep_id
+        self._lock = threading.Lock()
+        self._con = self.cursor()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        con = self.mirror.cursor()
+        catalog = con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+        con.execute("CREATE TEMP TABLE _sweep AS SELECT ?::VARCHAR AS sweep_id", [self.sweep_id])
+        con.execute(
+            f'CREATE TEMP VIEW runs AS SELECT * FROM "{catalog}".main.runs'
+            " WHERE sweep_id = (SELECT sweep_id FROM _sweep)"
+        )
+        return con
+
+    def query(self, sql: str, params: list | dict | None = None) -> pd.DataFrame:
+        """A pandas DataFrame; an empty one when the table has not arrived yet (Mirror.query)."""
+        with self._lock:
+            try:
+                return self._con.execute(sql, params or []).df()
+            except duckdb.CatalogException:
+                return pd.DataFrame()
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+
+# ---------------------------------------------------------------- fleet and sweeps
+
+
+def agents(db) -> pd.DataFrame:
+    return db.query(
+        "SELECT name, chip, try_cast(fingerprint->>'gpuCores' AS INTEGER) AS gpu_cores,"
+        " round(memory_bytes / 2^30, 1) AS memory_gib, fingerprint->>'osVersion' AS os_version,"
+        " fingerprint->>'modelIdentifier' AS model_identifier,"
+        " round(try_cast(fingerprint->>'memoryBandwidthBytesPerSecond' AS DOUBLE) / 1e9, 1) AS bandwidth_gb_per_s,"
+        " state, status, current_job_id, to_timestamp(last_seen) AS last_seen, agent_id"
+        " FROM agents ORDER BY name",
+    )
+
+
+def chips(db) -> list[str]:
+    """Every chip the fleet has seen, sorted: the domain of the one chip->colour mapping."""
+    seen = set(db.query("SELECT DISTINCT chip FROM agents").get("chip", []))
+    seen |= set(db.query("SELECT DISTINCT chip FROM runs").get("chip", []))
+    return sorted(seen)
+
+
+def sweeps(db) -> pd.DataFrame:
+    """Progress per sweep: jobs (one per cell and machine) by state, runs, failures with reasons.
+    A job an agent refused (coordinator/states.py: refused, with its reason) is finished."""
+    out = db.query(
+        "SELECT s.sweep_id, s.name, s.state, to_timestamp(s.created_at) AS created_at,"
+        " count(j.job_id) AS jobs,"
+        " count(j.job_id) FILTER (WHERE j.state = 'queued') AS queued,"
+        " count(j.job_id) FILTER (WHERE j.state = 'leased') AS in_flight,"
+        " count(j.job_id) FILTER (WHERE j.state = 'done') AS done,"
+        " count(j.job_id) FILTER (WHERE j.state = 'failed') AS failed,"
+        " count(j.job_id) FILTER (WHERE j.state = 'refused') AS refused,"
+        " count(j.job_id) FILTER (WHERE j.state = 'cancelled') AS cancelled"
+        " FROM sweeps s LEFT JOIN jobs j USING (sweep_id) GROUP BY ALL ORDER BY created_at DESC",
+    )
+    if out.empty:
+        return out
+    runs = db.query("SELECT sweep_id, count(*) AS runs FROM runs GROUP BY ALL")
+    out = out.merge(runs, on="sweep_id", how="left") if not runs.empty else out.assign(runs=0)
+    out["runs"] = out["runs"].fillna(0).astype(int)
+    finished = out["done"] + out["failed"] + out["refused"] + out["cancelled"]
+    out["progress"] = (finished / out["jobs"].where(out["jobs"] > 0)).fillna(0)
+    return out
+
+
+def failures(db) -> pd.DataFrame:
+    """Jobs that failed or that their agent refused, with the state and the reason."""
+    return db.query(
+        "SELECT j.sweep_id, j.job_id, a.name AS agent, j.state, j.attempt, j.reason,"
+        " to_timestamp(j.updated_at) AS failed_at FROM jobs j LEFT JOIN agents a USING (agent_id)"
+        " WHERE j.state IN ('failed', 'refused') ORDER BY j.updated_at DESC",
+    )
+
+
+# ---------------------------------------------------------------- runs
+
+
+def run_count(db) -> int:
+    """Generation runs mirrored (verify-cost steps apart)."""
+    df = db.query(f"SELECT count(*) AS n FROM runs WHERE method != '{VERIFY_COST}'")
+    return int(df["n"][0]) if not df.empty else 0
+
+
+def filter_options(db) -> dict[str, list[str]]:
+    out = {}
+    for field, column in FILTER_COLUMNS.items():
+        df = db.query(
+            f"SELECT DISTINCT {column} AS value FROM runs"
+            f" WHERE method != '{VERIFY_COST}' AND {column} != '' ORDER BY 1",
+        )
+        out[field] = df["value"].tolist() if not df.empty else []
+    return out
+
+
+RUNS_SHOWN = 1000  # the Runs page's table: the latest runs of the selection; downloads hold all
+
+
+def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
+    """selected(f) with verify-cost runs, narrowed to the chips and environment states given."""
+    source, params = selected(f, generation=False)
+    where = []
+    if chips:
+        where.append("list_contains($chips::VARCHAR[], chip)")
+        params["chips"] = list(chips)
+    if states:
+        where.append("list_contains($states::VARCHAR[], nominal)")
+        params["states"] = list(states)
+    return f"(SELECT * FROM {source} WHERE {' AND '.join(where) or 'true'})", params
+
+
+def _runs_sql(source: str) -> str:
+    names = "nominal, system_method, model, draft_model, sampler, comparable"
+    speeds = "decode_tokens_per_second, server_decode_tokens_per_second, server_version, server_command"
+    return (
+        f"SELECT {names}, {FLAGS} AS flags, {speedup.counts_sql('s')} AS counts,"
+        f" to_timestamp(started_at_unix_seconds) AS started_at, {speeds},"
+        f" * EXCLUDE ({names}, {speeds}) REPLACE (to_timestamp(ingested_at) AS ingested_at)"
+        f" FROM {source} s"
+    )
+
+
+def runs_table(
+    db, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = (), limit: int = RUNS_SHOWN
+) -> pd.DataFrame:
+    """The latest `limit` runs the filters, chips and environment states select (verify-cost
+    runs too), in the order they were stored: every typed column, the names it goes by first
+    (the system and method it measured, its flags), then its decode tok/s beside the server's
+    own and the server's version and command, times as timestamps. `counts` says whether the
+    run may enter a figure: runs of a lost attempt or a failed job are shown, never counted."""
+    source, params = _runs_source(f, chips, states)
+    sql = f"SELECT * FROM ({_runs_sql(source)} ORDER BY seq DESC LIMIT $limit) ORDER BY seq"
+    return db.query(sql, {**params, "limit": limit})
+
+
+def runs_summary(db, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = ()) -> dict:
+    """What the Runs page says of the whole selection: runs, machines, chips (and every chip of
+    the filters, for the chip selector), runs per environment state, runs per flag."""
+    source, params = _runs_source(f, chips, states)
+    flags = ", ".join(f"count(*) FILTER (WHERE contains(flags, '{flag}')) AS \"{flag}\"" for flag in FLAG_NAMES)
+    row = db.query(
+        f"SELECT count(*) AS runs, count(DISTINCT agent_id) AS machines, count(DISTINCT chip) AS chips, {flags},"
+        " count(*) FILTER (WHERE nominal = 'nominal') AS nominal, count(*) FILTER (WHERE nominal = 'unknown')"
+        f" AS unknown, count(*) FILTER (WHERE nominal = 'degraded') AS degraded"
+        f" FROM (SELECT *, {FLAGS} AS flags FROM {source})",
+        params,
+    )
+    out = {k: int(x) for k, x in row.iloc[0].items()} if not row.empty else {}
+    every, every_params = selected(f, generation=False)
+    listed = db.query(f"SELECT DISTINCT chip FROM {every} ORDER BY 1", every_params)
+    out["chip_options"] = listed["chip"].tolist() if not listed.empty else []
+    return out
+
+
+def runs_download(db, f: Filters, chips: tuple[str, ...], states: tuple[str, ...], fmt: str) -> bytes:
+    """Every run of the selection (not only those shown) as CSV or Parquet, the Runs table's
+    columns, read in batches so a million runs never sit in memory as rows. List columns
+    (acceptance by position, verify cost, environment reasons) are lists in Parquet and
+    "[a, b]" in CSV."""
+    source, params = _runs_source(f, chips, states)
+    out = io.BytesIO()
+    with contextlib.closing(db.cursor()) as con:
+        reader = con.sql(f"{_runs_sql(source)} ORDER BY seq", params=params).to_arrow_reader(DOWNLOAD_BATCH)
+        if fmt == "parquet":
+            with pq.ParquetWriter(out, reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+            return out.getvalue()
+        header = True
+        for batch in reader:
+            frame = batch.to_pandas()
+            for col in frame.columns:
+                if frame[col].dtype == object and frame[col].map(lambda x: isinstance(x, np.ndarray)).any():
+                    frame[col] = frame[col].map(lambda x: x.tolist() if isinstance(x, np.ndarray) else x)
+            frame.to_csv(out, index=False, header=header)
+            header = False
+    return out.getvalue()
+
+
+def nominal_counts(db, f: Filters) -> dict[str, int]:
+    source, params = selected(f)
+    df = db.query(f"SELECT nominal, count(*) AS n FROM {source} GROUP BY ALL", params)
+    return dict(zip(df["nominal"], df["n"].astype(int))) if not df.empty else {}
+
+
+def collapsed_acceptance(db, f: Filters) -> pd.DataFrame:
+    """Runs the agent flagged for collapsed acceptance (acceptance_collapsed, with its reason),
+    per chip, engine, method and model. They stay in every figure: the collapse is the
+    finding, and usually a broken model conversion."""
+    source, params = selected(f)
+    df = db.query(
+        "SELECT chip, engine, method, model, count(*) AS runs, arg_min(acceptance_reason, seq) AS reason"
+        f" FROM {source} WHERE acceptance_collapsed GROUP BY ALL ORDER BY chip, engine, method",
+        params,
+    )
+    return df if not df.empty else pd.DataFrame(columns=["chip", "engine", "method", "model", "runs", "reason"])
+
+
+def lossy_runs(db, f: Filters) -> pd.DataFrame:
+    """Runs whose output differed from their reference (lossless false: the greedy baseline's,
+    or on llama.cpp the same-seed baseline's), per chip, system, method and depth: an engine
+    defect, never a figure (specfleet/speedup.py leaves them out of every speedup)."""
+    source, params = selected(f)
+    df = db.query(
+        "SELECT chip, system_label, engine, method, depth, any_value(lossless_check) AS checked_against,"
+        " count(*) AS runs FROM " + source + " WHERE lossless IS NOT DISTINCT FROM false"
+        " GROUP BY chip, system_label, engine, method, depth ORDER BY ALL",
+        params,
+    )
+    columns = ["chip", "system_label", "engine", "method", "depth", "checked_against", "runs"]
+    return df if not df.empty else pd.DataFrame(columns=columns)
+
+
+def _flagged(db, f: Filters, flag: str) -> pd.DataFrame:
+    """Runs with `flag` (a boolean column of the record, never user input) true, per chip,
+    system, method and depth, with the medians of the client's and the server's decode tok/s."""
+    source, params = selected(f)
+    df = db.query(
+        "SELECT chip, system_method, method, depth, count(*) AS runs, count(DISTINCT agent_id) AS machines,"
+        " median(decode_tokens_per_second) AS client_tokens_per_second,"
+        " median(server_decode_tokens_per_second) AS server_tokens_per_second"
+        f" FROM {source} WHERE {flag} GROUP BY ALL ORDER BY ALL",
+        params,
+    )
+    columns = ["chip", "system_method", "method", "depth", "runs", "machines"]
+    columns += ["client_tokens_per_second", "server_tokens_per_second"]
+    return df if not df.empty else pd.DataFrame(columns=columns)
+
+
+def timings_disagree(db, f: Filters) -> pd.DataFrame:
+    """Server runs whose decode tok/s as the client timed it and as the server reported it
+    differ by more than 5% (timings_disagree), per chip, system, method and depth. They stay in
+    the figures, which are the client's; the page says so."""
+    return _flagged(db, f, "timings_disagree")
+
+
+def warm_drafters(db, f: Filters) -> pd.DataFrame:
+    """Runs whose stateful drafter (ngram-mod's table, ngram-cache) inherited state from
+    earlier requests (drafter_warm true), per chip, system, method and depth: a fresh server's
+    acceptance and speed may be lower. They stay in the figures; the page says so."""
+    return _flagged(db, f, "drafter_warm")
+
+
+def server_figures(db, f: Filters) -> pd.DataFrame:
+    """Server runs (llama-server, OpenAI-compatible servers) per chip, system, arm and server
+    build: the server's version and command line, the median decode tok/s as the client timed
+    it beside the server's own, and the runs whose timings disagree or whose drafter was warm,
+    with the machines, prompts and runs behind them."""
+    source, params = selected(f)
+    return db.query(
+        "SELECT chip, system_method, depth, server_version, any_value(server_command) AS server_command,"
+        " count(DISTINCT server_command) AS commands,"
+        " median(decode_tokens_per_second) AS client_tokens_per_second,"
+        " median(server_decode_tokens_per_second) AS server_tokens_per_second,"
+        " count(*) FILTER (WHERE timings_disagree) AS timings_disagree_runs,"
+        " count(*) FILTER (WHERE drafter_warm) AS warm_drafter_runs,"
+        " count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        f" FROM {source} WHERE system != '{ledger.OURS}' AND nominal != 'degraded'"
+        " GROUP BY chip, system_method, depth, server_version ORDER BY ALL",
+        params,
+    )
+
+
+# ---------------------------------------------------------------- comparable groups
+
+
+def group_label(g) -> str:
+    """How the selector names a comparable group: the system it measured (system_label),
+    models, prompt set, context, sampler."""
+    draft = f"draft {g.draft_model}" if g.draft_model else "no draft"
+    return (
+        f"{g.system_label} · {g.model} · {draft} · {g.prompt_set} · context {g.context_tokens} · {g.sampler}"
+        f" · group {g.comparable}"
+    )
+
+
+def groups(db, f: Filters) -> pd.DataFrame:
+    """The comparable groups (specfleet.speedup.groups) of the runs `f` selects, whichever
+    group `f` names, most runs first; with the names the selector shows and the chips."""
+    source, params = selected(dataclasses.replace(f, comparable=""))
+    grouped = speedup.groups_sql(source, comparable="comparable")  # the mirror's column: no md5 of every run
+    df = db.query(
+        f"SELECT g.comparable, {ledger.system_label_sql('g.')} AS system_label, g.engine,"
+        f" {model_label('g.target')} AS model, {model_label('g.draft')} AS draft_model,"
+        f" g.prompt_set, g.context_tokens, {sampler_label('g.')} AS sampler, g.runs, m.machines, m.chips,"
+        " g.* EXCLUDE (comparable, engine, prompt_set, context_tokens, runs)"
+        f" FROM ({grouped}) g JOIN (SELECT comparable, count(DISTINCT agent_id) AS machines,"
+        f" string_agg(DISTINCT chip, ', ' ORDER BY chip) AS chips FROM {source} GROUP BY ALL) m USING (comparable)"
+        " ORDER BY g.runs DESC, g.comparable",
+        params,
+    )
+    if not df.empty:
+        df.insert(1, "label", [group_label(g) for g in df.itertuples()])
+    return df
+
+
+def _group_keys(db, comparable: str) -> tuple[str, dict]:
+    """SQL condition: a verify-cost run of the group's target model, engine and engine version
+    (its context depth and sampler are its own); true without a group."""
+    if not comparable:
+        return "true", {}
+    return (
+        "EXISTS (SELECT 1 FROM runs g WHERE g.comparable = $comparable AND g.target_digest = r.target_digest"
+        " AND g.engine = r.engine AND g.engine_version = r.engine_version)"
+    ), {"comparable": comparable}
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+def speedups(db, f: Filters, named: pd.DataFrame | None = None) -> pd.DataFrame:
+    """specfleet.speedup's speedup per comparable group, chip and arm, with its 95% interval,
+    machines, prompts, pairs and the pairs left out for a run that was not nominal. `named`:
+    groups(db, f) when the caller has it already."""
+    source, params = selected(f)
+    out = stats.speedups(db.query, source, params)
+    if out.empty:
+        return out
+    named = groups(db, f) if named is None else named
+    names = named[["comparable", "system_label", "model", "draft_model"]]  # reference@digest, never a path
+    out = out.merge(names, on="comparable", how="left").drop(columns=["target_reference", "draft_reference"])
+    first = ["comparable", "system_label", "engine", "model", "draft_model"]
+    return out[first + [c for c in out.columns if c not in first]]
+
+
+def decode_speed(db, f: Filters) -> pd.DataFrame:
+    """Median decode tok/s per chip, engine and arm, with its interval, machines, prompts, runs."""
+    source, params = selected(f)
+    values = db.query(
+        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
+        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {source}",
+        params,
+    )
+    return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
+
+
+def energy(db, f: Filters) -> pd.DataFrame:
+    """Median tokens per joule (1 / joules_per_token) per chip, engine and arm, with its
+    interval, machines, prompts and runs, beside the median decode tok/s of the same runs and
+    the counters they read (energy_source: nvml, rapl, ioreport). Only runs that recorded their
+    energy: a machine with no readable counter records none, never an estimate."""
+    source, params = selected(f)
+    values = db.query(
+        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
+        " prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,"
+        f" nominal = 'degraded' AS degraded FROM {source} WHERE joules_per_token > 0",
+        params,
+    )
+    if values.empty:
+        return values
+    out = stats.summarise(values, by=("chip", "engine", "arm"), column="tokens_per_joule")
+    kept = values[~values["degraded"]]
+    beside = kept.groupby(["chip", "engine", "arm"], as_index=False).agg(
+        decode_tokens_per_second=("decode_tokens_per_second", "median"),
+        energy_source=("energy_source", lambda s: ", ".join(sorted(set(s)))),
+    )
+    out = out.rename(columns={"median": "tokens_per_joule"}).merge(beside, on=["chip", "engine", "arm"], how="left")
+    first = ["chip", "engine", "arm", "tokens_per_joule", "ci_low", "ci_high", "decode_tokens_per_second"]
+    return out[first + [c for c in out.columns if c not in first]]
+
+
+def acceptance_by_position(db, f: Filters) -> pd.DataFrame:
+    """Median share accepted at each draft position (acceptance_by_position), per chip and arm;
+    positions nothing was proposed at are left out."""
+    source, params = selected(f)
+    return db.query(
+        "SELECT chip, engine, method, depth, position, median(share) AS acceptance,"
+        " count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        " FROM (SELECT chip, engine, method, depth, agent_id, prompt_id, drafted_by_position AS drafted,"
+        " unnest(acceptance_by_position) AS share, generate_subscripts(acceptance_by_position, 1) AS position"
+        f" FROM {source} WHERE method != 'baseline' AND nominal != 'degraded')"
+        " WHERE len(drafted) = 0 OR drafted[position] > 0"
+        " GROUP BY ALL ORDER BY chip, engine, method, depth, position",
+        params,
+    )
+
+
+def draft_verify(db, f: Filters) -> pd.DataFrame:
+    """Median draft and verify milliseconds per generated token, per chip and arm. Reference
+    arms (the libraries' own loops) report no rounds: nothing to split."""
+    source, params = selected(f)
+    agg = db.query(
+        "SELECT chip, engine || ' · ' || method || ' K=' || depth AS arm,"
+        " median(draft_seconds / generated_tokens * 1e3) AS draft, median(verify_seconds / generated_tokens * 1e3)"
+        " AS verify, count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        f" FROM {source} WHERE method != 'baseline' AND nominal != 'degraded' AND generated_tokens > 0"
+        " AND draft_seconds + verify_seconds > 0 GROUP BY ALL ORDER BY ALL",
+        params,
+    )
+    if agg.empty:
+        return agg
+    return agg.melt(
+        id_vars=["chip", "arm", "machines", "prompts", "runs"],
+        value_vars=["draft", "verify"],
+        var_name="phase",
+        value_name="ms",
+    )
+
+
+def verify_cost(db, f: Filters) -> pd.DataFrame:
+    """T(M)/T(1) per chip, engine and context depth (verify_cost_seconds, context_tokens):
+    the median over machines of each machine's latest curve. With a group chosen, the curves
+    of its target model, engine and engine version."""
+    where, params = [f"r.method = '{VERIFY_COST}'", "r.nominal != 'degraded'"], {}
+    for name in ("model", "engine"):
+        if getattr(f, name):
+            where.append(f"list_contains(${name}::VARCHAR[], r.{name})")
+            params[name] = list(getattr(f, name))
+    group, group_params = _group_keys(db, f.comparable)
+    where.append(group)
+    params |= group_params
+    return db.query(
+        "WITH curves AS (SELECT chip, engine, agent_id, context_tokens, arg_max(verify_cost_seconds, seq) AS t"
+        f" FROM runs r WHERE {' AND '.join(where)} GROUP BY ALL),"
+        " points AS (SELECT chip, engine, agent_id, context_tokens, t, unnest(range(1, len(t) + 1)) AS m FROM curves)"
+        " SELECT chip, engine, context_tokens, m AS rows, median(t[m] / t[1]) AS ratio,"
+        " count(DISTINCT agent_id) AS machines FROM points WHERE t[1] > 0 GROUP BY ALL ORDER BY ALL",
+        params,
+    )
+
+
+def roofline(db, f: Filters) -> pd.DataFrame:
+    """Share of the memory-bandwidth roofline of baseline decoding: decode tok/s x bytes read per
+    token (the target's size, target_bytes) / the chip's bandwidth. `share` is NaN and `why`
+    says what is missing when the runs record no model size or the machine no bandwidth."""
+    source, params = selected(f)
+    df = db.query(
+        "SELECT r.chip, r.engine, r.model, median(r.decode_tokens_per_second) AS decode_tokens_per_second,"
+        " median(nullif(r.target_bytes, 0)) AS bytes_per_token, median(a.bandwidth) / 1e9 AS bandwidth_gb_per_s,"
+        " count(DISTINCT r.agent_id) AS machines, count(DISTINCT r.prompt_id) AS prompts, count(*) AS runs"
+        f" FROM {source} r LEFT JOIN (SELECT agent_id, nullif(try_cast(fingerprint->>'memoryBandwidthBytesPerSecond'"
+        " AS DOUBLE), 0) AS bandwidth FROM agents) a USING (agent_id)"
+        " WHERE r.method = 'baseline' AND r.nominal != 'degraded' GROUP BY ALL ORDER BY ALL",
+        params,
+    )
+    if df.empty:
+        return df
+    df["why"] = np.where(
+        df["bytes_per_token"].isna(),
+        "model size not recorded (target_bytes)",
+        np.where(df["bandwidth_gb_per_s"].isna(), "memory bandwidth unknown for this machine", ""),
+    )
+    share = df["decode_tokens_per_second"] * df["bytes_per_token"] / (df["bandwidth_gb_per_s"] * 1e9)
+    df.insert(5, "share", share.where(df["why"] == "").astype(float))
+    return df
+
+
+# ---------------------------------------------------------------- claims
+
+
+def ledger_path() -> str:
+    """The claims ledger: dashboard/claims.yaml, or SPECFLEET_CLAIMS to use another file."""
+    return os.environ.get("SPECFLEET_CLAIMS") or str(ledger.LEDGER)
+
+
+def load_claims(path: str | None = None) -> list[ledger.Claim]:
+    """The checked ledger (ledger_path() by default); raises ClaimError naming faulty fields."""
+    return ledger.load_claims(path or ledger_path())
+
+
+def claim_sweeps(claims: list[ledger.Claim]) -> dict[str, tuple[str, list[str]]]:
+    """Per claim id, the sweep file that would test it and what the coordinator's sweep
+    parser refuses in it ([] when it would take it)."""
+    out = {}
+    for claim in claims:
+        text = ledger.sweep_yaml(claim)
+        try:
+            parse_sweep(text)
+            out[claim.id] = (text, [])
+        except SweepError as e:
+            out[claim.id] = (text, list(e.problems))
+    return out
+
+
+def claim_rows(db, claim: ledger.Claim) -> pd.DataFrame:
+    """One claim's rows (dashboard/claims.py evaluate), before the false-discovery step, on a
+    connection of its own closed after use (the claims' temporary tables)."""
+    with contextlib.closing(db.cursor()) as con:
+        return ledger.evaluate(claim, con)
+
+
+def adjusted(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The claims' rows after the false-discovery step across the whole ledger."""
+    if not frames:
+        return pd.DataFrame(columns=ledger.VERDICT_COLUMNS)
+    return ledger.adjust(pd.concat(frames, ignore_index=True))
+
+
+def verdicts(db, claims: list[ledger.Claim]) -> pd.DataFrame:
+    """One row per claim, comparable group and chip (and depth), after the false-discovery
+    step across the whole ledger (verdict: the raw one; adjusted_verdict: the one that stands)."""
+    return adjusted([claim_rows(db, c) for c in claims])
+
+
+def selections(db, claims: list[ledger.Claim]) -> dict[str, dict]:
+    """Per claim id, the runs its conditions select and what each condition left out."""
+    with contextlib.closing(db.cursor()) as con:
+        return {c.id: ledger.selection(c, con) for c in claims}
+
+
+def systems(db) -> pd.DataFrame:
+    """Per engine, system and target model: the last run stored and the last change of its jobs."""
+    return db.query(
+        "SELECT engine, system, lower(trim(target_reference)) AS model, max(r.last_seq) AS runs,"
+        " coalesce(max(j.seq), 0) AS jobs FROM run_systems r LEFT JOIN jobs j USING (job_id) GROUP BY ALL",
+    )
+
+
+def claim_key(claim: ledger.Claim, systems: pd.DataFrame) -> tuple:
+    """What a claim's rows depend on: the last run and job change among the runs of its engine
+    and system (of its models, when it names them), and the same for our loop beside it."""
+
+    def of(c: ledger.Claim | None) -> tuple[int, int]:
+        if c is None or systems.empty:
+            return (0, 0)
+        rows = systems[(systems["engine"] == c.engine) & (systems["system"] == c.system)]
+        if c.conditions.get("models"):
+            rows = rows[rows["model"].isin([m.strip().lower() for m in c.conditions["models"]])]
+        return (int(rows["runs"].max()), int(rows["jobs"].max())) if len(rows) else (0, 0)
+
+    return of(claim), of(ledger.our_loop(claim))
