@@ -29,7 +29,8 @@ from collections.abc import Callable
 
 from agent import energy, environment, prompts
 from agent.engines.base import Engine, EngineError, Generation, Request
-from agent.summary import acceptance_flags, relative_spread, summarise
+from agent.summary import acceptance_flags, relative_spread, server_flags, summarise
+from specfleet import settings as declared
 from specfleet.design import rounded_repeats, williams
 from specfleet.record import (
     IN_PROCESS_ENGINES,
@@ -40,6 +41,7 @@ from specfleet.record import (
     ModelIdentity,
     RunRecord,
     Sampler,
+    Settings,
 )
 
 WARMUP_AGREEMENT = 0.05  # two consecutive warm-up runs within 5% of each other count as steady
@@ -138,6 +140,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
         load_seconds=load_seconds,
         cooldown_seconds=spec.cooldown_seconds,
         arm_order="williams" if len(arms) > 1 else "single",
+        settings=declared.for_engine(spec.settings, spec.engine),  # what the job ran with, as recorded
     )
 
     def request(arm: Arm, tokens, sampler: Sampler = spec.sampler) -> Request:
@@ -147,12 +150,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
             method=arm.method,
             depth=arm.depth,
             sampler=sampler,
-            ngram_min=spec.ngram_min,
-            ngram_max=spec.ngram_max,
-            ngram_mod_n_match=spec.ngram_mod_n_match,
-            ngram_mod_n_min=spec.ngram_mod_n_min,
-            ngram_map_size_n=spec.ngram_map_size_n,
-            ngram_map_min_hits=spec.ngram_map_min_hits,
+            settings=spec.settings,
             flags=arm.flags,
             command=arm.command,
         )
@@ -224,7 +222,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
                     **fields,
                     **summarise(gen),
                     **acceptance_flags(arm.method, gen),
-                    **common,
+                    **{**common, **server_settings(common["settings"], gen)},
                 )
             )
             emitted += 1
@@ -257,6 +255,13 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
     if spec.verify_cost is not None:
         emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted
+
+
+def server_settings(settings: Settings, gen: Generation) -> dict:
+    """A server run's settings with the flags its server was started with (a checked key)."""
+    if gen.server is None:
+        return {}
+    return {"settings": dataclasses.replace(settings, server_flags=server_flags(gen.server.command))}
 
 
 def energy_fields(drawn: energy.Energy | None, tokens: int) -> dict:

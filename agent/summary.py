@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 import statistics
 
 from agent.engines.base import Generation
+from specfleet.server_arms import AGENT_FLAGS, DRAFT_FLAGS, MODEL_FLAGS
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -72,6 +74,25 @@ def summarise(gen: Generation) -> dict:
     if gen.server is not None:
         fields.update(server_fields(gen, fields["decode_tokens_per_second"]))
     return fields
+
+
+def server_flags(command: str) -> str:
+    """A server's command line as recorded flags (RunRecord.settings.server_flags, a checked key):
+    without the binary (its version is recorded apart), the model paths, host and port, which
+    differ between machines and runs without changing what is measured; the rest in its order."""
+    try:
+        words = shlex.split(command)[1:]
+    except ValueError:
+        return command
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS:
+            skip = True
+        elif not word.startswith(tuple(f"{f}=" for f in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS)):
+            out.append(word)
+    return shlex.join(out)
 
 
 def server_fields(gen: Generation, client_tokens_per_second: float) -> dict:

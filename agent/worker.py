@@ -17,6 +17,7 @@ moment, and its end of file (the agent is gone, even before the worker started) 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,12 +25,15 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
+
 from agent.engines import make_engine
 from agent.engines.base import EngineError
 from agent.engines.server_process import stop_all
 from agent.protocol import run_job
 from agent.spool import Spool
 from specfleet.record import JobSpec, ModelIdentity
+from specfleet.settings import BY_NAME
 
 ORPHANED_EXIT_STATUS = 3
 ENGINE_ERROR_STATUS = 1
@@ -50,14 +54,31 @@ def _exit_when_orphaned(alive_fd: int) -> None:
     os._exit(ORPHANED_EXIT_STATUS)
 
 
+def default_threads() -> int:
+    """The agent's thread count for llama.cpp where a sweep names none: the machine's physical
+    cores (llama.cpp's own default), the same for our loop and llama-server."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def resolved(spec: JobSpec) -> JobSpec:
+    """The spec with what the agent decides filled in: threads 0 -> default_threads()."""
+    if spec.settings.threads == 0 and spec.engine in BY_NAME["threads"].engines:
+        return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, threads=default_threads()))
+    return spec
+
+
 def engine_options(spec: JobSpec, job: dict, workdir: Path) -> dict:
-    """make_engine's options for the job's engine: server engines get the cell's server settings,
-    the machine's memory (for their interleaving) and the job directory for their servers' logs."""
+    """make_engine's options for the job's engine: the llama.cpp engines get the cell's declared
+    settings (threads, ...); server engines the cell's server settings, the machine's memory (for
+    their interleaving) and the job directory for their servers' logs."""
+    if spec.engine == "llama.cpp":
+        return {"settings": spec.settings}
     if spec.engine not in ("llama-server", "openai"):
         return {}
     options = {"memory_bytes": job.get("memory_bytes") or None, "log_dir": str(workdir)}
     if spec.engine == "llama-server":
-        return {**options, "binary": job.get("llama_server"), "flags": spec.server.flags if spec.server else ()}
+        flags = spec.server.flags if spec.server else ()
+        return {**options, "binary": job.get("llama_server"), "flags": flags, "settings": spec.settings}
     return {**options, "server": spec.server}
 
 
@@ -66,7 +87,7 @@ def main(argv: list[str]) -> int:
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     spool = Spool(Path(argv[1]))
-    spec = JobSpec.from_json(job["spec"])
+    spec = resolved(JobSpec.from_json(job["spec"]))
     models = {role: ModelIdentity(**identity) for role, identity in job["models"].items()}
     try:
         runs = run_job(

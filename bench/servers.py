@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.engines import make_engine  # noqa: E402
-from agent.engines.base import Request  # noqa: E402
+from agent.engines.base import Request, Settings  # noqa: E402
 from agent.engines.llama_server import PROJECT_BUILD  # noqa: E402
 from agent.summary import summarise  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         mine, theirs = side_by_side(
             ours,
             server,
-            Request(prompt, n, "ngram-mod", k, ngram_mod_n_match=mod["n_match"], ngram_mod_n_min=mod["n_min"]),
+            Request(prompt, n, "ngram-mod", k, settings=Settings(ngram_mod_n_match=mod["n_match"], ngram_mod_n_min=mod["n_min"])),
             Request(prompt, n, "ngram-mod", k, flags=flags),
             repeats,
         )

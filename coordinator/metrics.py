@@ -22,7 +22,7 @@ import time
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -30,6 +30,7 @@ from coordinator import figures
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 from coordinator.states import JobState
+from specfleet.record import CHECKED_KEYS
 
 RESULTS_EVERY_SECONDS = 5.0  # the result figures are recomputed at most this often (ResultFigures)
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -128,21 +129,29 @@ def _result_families(arm_speeds, speedups, groups):
     info = GaugeMetricFamily(
         "specfleet_comparable_group_info",
         "What each comparable group of runs holds: only runs equal on all of these are pooled",
-        labels=["comparable", "engine", "engine_version", "system", "model", "model_digest", "draft",
-                "draft_digest", "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens"],
-    )  # fmt: skip
-    for g in groups.itertuples():
+        labels=["comparable", "model", "draft", "sampler", "prompt_set", *INFO_LABELS.values()],
+    )
+    for g in groups.to_dict("records"):
         sampler = (
-            f"temperature={g.sampler_temperature:g},top_p={g.sampler_top_p:g},"
-            f"top_k={g.sampler_top_k},seed={g.sampler_seed}"
+            f"temperature={g['sampler_temperature']:g},top_p={g['sampler_top_p']:g},"
+            f"top_k={g['sampler_top_k']},seed={g['sampler_seed']}"
         )
-        info.add_metric(
-            [g.comparable, g.engine, g.engine_version, g.system, g.target_reference, g.target_digest[:12],
-             g.draft_reference, g.draft_digest[:12], sampler, g.prompt_set, g.prompt_set_digest[:12],
-             str(g.context_tokens), str(g.max_new_tokens)],
-            1,
-        )  # fmt: skip
+        names = [g["comparable"], g["target_reference"], g["draft_reference"], sampler, g["prompt_set"]]
+        info.add_metric(names + [_label_value(key, g[key]) for key in INFO_LABELS], 1)
     yield info
+
+
+# The group info's labels: one per checked key (specfleet/settings.py), the sampler's four as one
+# `sampler` label, digests cut to 12 characters.
+INFO_LABELS = {k: {"target_digest": "model_digest"}.get(k, k) for k in CHECKED_KEYS if not k.startswith("sampler_")}
+
+
+def _label_value(key: str, value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if key.endswith("_digest"):
+        return str(value)[:12]
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 class Metrics:
@@ -154,6 +163,12 @@ class Metrics:
         self.runs_duplicate = Counter(
             "specfleet_runs_duplicate_total", "Run uploads acknowledged as duplicates", registry=self.registry
         )
+        store = scheduler.store
+        Gauge(
+            "specfleet_store_writable",
+            "1 while the store takes writes; 0 while it refuses them (disk full, read-only file, I/O error)",
+            registry=self.registry,
+        ).set_function(lambda: 0 if store.refusing else 1)
         self.lease_expiries = Counter(
             "specfleet_lease_expiries_total", "Leases that expired without a heartbeat", registry=self.registry
         )

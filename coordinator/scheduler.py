@@ -166,7 +166,8 @@ class Scheduler:
             if not jobs:
                 needs = [
                     f"{e} with {m['memory_gb']} GB of memory" if "memory_gb" in m else e
-                    for e, m in sweep.models.items()
+                    for e, pairs in sweep.models.items()
+                    for m in pairs
                 ]
                 raise NoMatchingAgents(
                     f"sweep {sweep.name!r}: no enrolled agent matches its target and has one of its engines "

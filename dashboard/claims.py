@@ -43,6 +43,7 @@ import pandas as pd
 import yaml
 
 from specfleet import inference, server_arms, speedup
+from specfleet import settings as declared
 from specfleet.record import (
     ARCHITECTURE_SUFFIX,
     CHECKED_KEYS,
@@ -69,7 +70,9 @@ RULE_FIELDS = {
 }
 RULE_METRICS = {"best_depth_in": ("best_depth",), "none_measured": ("runs",)}
 CLAIM_KEYS = {"id", "statement", "source", "conditions", "metric", "expected", "verdict", "sweep", "note"}
-CONDITION_KEYS = {
+# Conditions with a shape of their own, checked and selected below; every other declared setting a
+# claim may select on (specfleet/settings.py, `condition`) is a value or a list of values matched exactly.
+OWN_CONDITIONS = {
     "engine",
     "system",
     "method",
@@ -84,6 +87,8 @@ CONDITION_KEYS = {
     "prompt_set",
     "context_tokens",
 }
+DECLARED_CONDITIONS = {s.name: s for s in declared.CONDITIONS if s.name not in OWN_CONDITIONS}
+CONDITION_KEYS = OWN_CONDITIONS | set(DECLARED_CONDITIONS)
 SWEEP_FIELDS = ("target", "draft", "flags", "command", "arm_command", "max_new_tokens")
 # The system under test as runs record it (RunRecord.system): our in-process loops, llama.cpp's
 # own server, or for engine openai the OpenAI-compatible server's own name.
@@ -325,6 +330,11 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
         )
     elif isinstance(method, str) and is_speculative(method) and 0 in depths:
         fail("conditions.depth", f"a {method} run records a depth 1-{MAX_DEPTH}: depth 0 selects none")
+    for name, setting in DECLARED_CONDITIONS.items():
+        values = _as_list(cond.get(name))
+        why = next((setting.check(v) or "must not be null" for v in values if v is None or setting.check(v)), None)
+        if why:
+            fail(f"conditions.{name}", why)
     sampler = cond.get("sampler", {})
     if not isinstance(sampler, dict):
         fail("conditions.sampler", "must be a mapping of temperature, top_p, top_k, seed")
@@ -367,9 +377,13 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
         }
         for name, floor in least.items():
             if name in v and (not _is_int(v[name]) or v[name] < floor):
-                why = "must be a positive integer" if floor == 1 else (
-                    f"must be an integer >= {floor}: fewer gives wrong verdicts more often than the nominal 2.5%"
-                    " (bench/verdicts.py)"
+                why = (
+                    "must be a positive integer"
+                    if floor == 1
+                    else (
+                        f"must be an integer >= {floor}: fewer gives wrong verdicts more often than the nominal 2.5%"
+                        " (bench/verdicts.py)"
+                    )
                 )
                 fail(f"verdict.{name}", why)
         if len(problems) == before:
@@ -555,6 +569,10 @@ def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
     elif chip:
         out.append(("chip", "chip = $chip"))
         params["chip"] = chip
+    for name, setting in DECLARED_CONDITIONS.items():
+        if c.get(name) is not None:
+            out.append((name, f"list_contains(${name}::{declared.sql_type(setting)}[], {name})"))
+            params[name] = _as_list(c[name])
     if c.get("models"):
         out.append(("models", "list_contains($models::VARCHAR[], lower(trim(target_reference)))"))
         params["models"] = [m.strip().lower() for m in c["models"]]
@@ -830,7 +848,9 @@ def _acceptance_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
             ]
             degraded = at["degraded"].fillna(False).astype(bool)
             e = inference.estimate_mean(at[~degraded], "rate")
-            d = _too_few_runs(claim, inference.decide(e, r.band_low, r.band_high, r.min_machines, r.min_prompts), e.pairs)
+            d = _too_few_runs(
+                claim, inference.decide(e, r.band_low, r.band_high, r.min_machines, r.min_prompts), e.pairs
+            )
             row = _from_decision(d)
             row["why"] = (f"K={depth}: " if len(claim.depths) > 1 else "") + row["why"]
             rows.append(dict(where, **row, excluded_runs=int(degraded.sum())))

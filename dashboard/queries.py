@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 from dashboard import claims as ledger
 from dashboard.mirror import Mirror
-from specfleet import speedup, stats
+from specfleet import settings as declared
+from specfleet import speedup, stats, versions
 from specfleet.client import AdminApi, channel
 from specfleet.record import VERIFY_COST
 from specfleet.sweeps import SweepError, parse_sweep
@@ -424,13 +425,23 @@ def server_figures(db, f: Filters) -> pd.DataFrame:
 # ---------------------------------------------------------------- comparable groups
 
 
+# The checked keys the group label names in its own words; the others follow the declaration.
+LABELLED_KEYS = frozenset({"engine", "engine_version", "system", "target_digest", "draft_digest", "prompt_set_digest",
+                           "context_tokens", "sampler_temperature", "sampler_top_p", "sampler_top_k",
+                           "sampler_seed"})  # fmt: skip
+
+
 def group_label(g) -> str:
     """How the selector names a comparable group: the system it measured (system_label),
-    models, prompt set, context, sampler."""
+    models, prompt set, context, sampler, then every other checked setting set to other than its
+    default (specfleet/settings.py describe: power mode, threads, ...)."""
     draft = f"draft {g.draft_model}" if g.draft_model else "no draft"
+    values = g._asdict() if hasattr(g, "_asdict") else dict(g)
+    rest = declared.describe(values, LABELLED_KEYS)
     return (
         f"{g.system_label} · {g.model} · {draft} · {g.prompt_set} · context {g.context_tokens} · {g.sampler}"
-        f" · group {g.comparable}"
+        + (f" · {rest}" if rest else "")
+        + f" · group {g.comparable}"
     )
 
 
@@ -603,6 +614,70 @@ def roofline(db, f: Filters) -> pd.DataFrame:
     share = df["decode_tokens_per_second"] * df["bytes_per_token"] / (df["bandwidth_gb_per_s"] * 1e9)
     df.insert(5, "share", share.where(df["why"] == "").astype(float))
     return df
+
+
+# ---------------------------------------------------------------- versions
+
+# A setting: every checked key but the versions (specfleet/versions.py); a version: the
+# version keys' values, joined.
+SETTING_ID = (
+    "left(md5(concat_ws('|', "
+    + ", ".join(f"coalesce(CAST({k} AS VARCHAR), '')" for k in versions.SETTING_KEYS)
+    + ")), 12)"
+)
+VERSION_LABEL = (
+    "concat_ws(' · ', " + ", ".join(f"nullif(CAST({k} AS VARCHAR), '')" for k in versions.VERSION_KEYS) + ")"
+)
+SETTING_COLUMNS = ["setting", "system_label", "engine", "model", "draft_model", "prompt_set", "context_tokens"]
+SETTING_COLUMNS += ["sampler", "versions"]
+
+
+def version_per_prompt(db, f: Filters) -> pd.DataFrame:
+    """specfleet/versions.py's input: per setting, version, chip, arm, machine and prompt, the
+    mean log decode tok/s over the prompt's repeats, the log of the mean acceptance rate, the
+    repeats and the first ingest sequence; with what names the setting. Only runs that may
+    enter a figure (specfleet.speedup: the job's current attempt, nominal or unknown, never
+    lossy, a speed above 0); `f.comparable` is ignored (a group holds one version)."""
+    source, params = selected(dataclasses.replace(f, comparable=""))
+    return db.query(
+        f"SELECT {SETTING_ID} AS setting, {VERSION_LABEL} AS version, chip, method, depth, agent_id, prompt_id,"
+        " avg(ln(decode_tokens_per_second)) AS log_tps, ln(nullif(avg(acceptance_rate), 0)) AS log_acceptance,"
+        " count(*) AS repeats, min(seq) AS first_seq, any_value(system_label) AS system_label,"
+        " any_value(engine) AS engine, any_value(model) AS model, any_value(draft_model) AS draft_model,"
+        " any_value(prompt_set) AS prompt_set, any_value(context_tokens) AS context_tokens,"
+        f" any_value(sampler) AS sampler FROM {speedup.valid_sql(source)} WHERE decode_tokens_per_second > 0"
+        " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
+        " GROUP BY setting, version, chip, method, depth, agent_id, prompt_id",
+        params,
+    )
+
+
+def version_settings(per_prompt: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting measured under two or more versions: what names it, and its
+    versions in the order they were first measured."""
+    if per_prompt.empty:
+        return pd.DataFrame(columns=SETTING_COLUMNS)
+    out = []
+    for _, g in per_prompt.groupby("setting", sort=True):
+        seen = versions.order(g)
+        if len(seen) >= 2:
+            first = g.iloc[0]
+            out.append({c: first[c] for c in SETTING_COLUMNS[:-1]} | {"versions": " → ".join(seen)})
+    return pd.DataFrame(out, columns=SETTING_COLUMNS)
+
+
+def version_changes(db, f: Filters, tolerance: float = versions.TOLERANCE) -> pd.DataFrame:
+    """specfleet/versions.py's changes between consecutive versions of every setting measured
+    under several (decode tok/s per arm, speedup, acceptance), per chip, with what names the
+    setting: ratio new / old, its interval, the change called (regression, gain, unchanged,
+    inconclusive) with tolerance `tolerance`."""
+    per_prompt = version_per_prompt(db, f)
+    settings = version_settings(per_prompt)
+    if settings.empty:
+        return pd.DataFrame(columns=[*versions.COLUMNS, *SETTING_COLUMNS[1:-1]])
+    kept = per_prompt[per_prompt["setting"].isin(settings["setting"])]
+    out = versions.changes(kept, tolerance)
+    return out.merge(settings.drop(columns=["versions"]), on="setting", how="left")
 
 
 # ---------------------------------------------------------------- claims

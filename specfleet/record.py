@@ -6,8 +6,16 @@ worker builds it once; the spool, the protocol (`ReportResultRequest.record_json
 store (one column per leaf field, `RunRecord.row()`) and the export carry it unchanged. A job's
 cell is a `JobSpec`, with every default in one place.
 
-Adding a field to the record touches this file, a numbered store migration that adds its
-column, and the page that shows it: ingest and export follow `RunRecord.columns()`.
+A setting (anything that can change a measurement) is declared in specfleet/settings.py; the
+record carries the declared settings in its `settings` part (one store column each, named as the
+setting) and its checked keys are the declaration's. Adding a measured field to the record touches
+this file, a numbered store migration that adds its column, the schema version and the page that
+shows it: ingest and export follow `RunRecord.columns()`.
+
+The record's schema version moves with every field (`FIELDS_SINCE`). A record of an older
+version is read with the fields it predates unknown (None, never a guessed value); a record of a
+newer version is refused with `NewerSchema`, which the coordinator answers so that the agent
+holds it until the coordinator is upgraded.
 """
 
 from __future__ import annotations
@@ -20,7 +28,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
-SCHEMA_VERSION = 2
+from specfleet import settings as declared
+from specfleet.settings import Settings
+
+# 1: the first record; 2: systems under test (migration 003), the accelerator (005), power mode (007);
+# 3: every declared setting in `settings` (specfleet/settings.py, migration 008).
+SCHEMA_VERSION = 3
 
 # In-process engines run our decode loops; "llama-server" runs llama.cpp's own server as a
 # subprocess, "openai" any OpenAI-compatible server (MTPLX, OptiQ, oMLX, mlx_lm.server, ...):
@@ -127,6 +140,15 @@ def architecture_family(name: str) -> str:
 
 class InvalidRecord(ValueError):
     """A record or spec that fails validation; the message names every faulty field."""
+
+
+class NewerSchema(InvalidRecord):
+    """A record of a schema newer than this code reads: not faulty, but to be held (never parked)
+    until the reader is upgraded."""
+
+    def __init__(self, schema: int):
+        self.schema = schema
+        super().__init__(f"schema: record schema {schema} is newer than {SCHEMA_VERSION}, the newest this code reads")
 
 
 # ---------------------------------------------------------------- parts
@@ -273,6 +295,9 @@ class RunRecord:
     # Linux the ACPI platform profile ("balanced"); None where it cannot be read. A checked key:
     # the same Mac can decode 2.5-3x faster in High Power than in Automatic.
     power_mode: str | None = None
+    # Every declared setting (specfleet/settings.py), one column each; None where it does not
+    # apply to the engine or was not recorded (records older than schema 3).
+    settings: Settings = Settings()
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self):
@@ -345,12 +370,18 @@ def _nested(tp) -> type | None:
     return tp if dataclasses.is_dataclass(tp) else None
 
 
+def _part_prefix(prefix: str, name: str) -> str:
+    """Column prefix of a nested part: `<part>_`, except the settings part, whose columns are the
+    declared settings' own names."""
+    return prefix if name == "settings" else f"{prefix}{name}_"
+
+
 def _flatten(cls, value, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, tp, _ in _fields(cls):
         v = getattr(value, name) if value is not None else None
         if _nested(tp):
-            out.update(_flatten(tp, v, f"{prefix}{name}_"))
+            out.update(_flatten(tp, v, _part_prefix(prefix, name)))
         else:
             out[f"{prefix}{name}"] = list(v) if isinstance(v, tuple) else v
     return out
@@ -360,7 +391,7 @@ def _unflatten(cls, row: dict[str, Any], prefix: str) -> dict[str, Any]:
     out = {}
     for name, tp, _ in _fields(cls):
         if _nested(tp):
-            out[name] = _unflatten(tp, row, f"{prefix}{name}_")
+            out[name] = _unflatten(tp, row, _part_prefix(prefix, name))
         elif f"{prefix}{name}" in row:
             out[name] = row[f"{prefix}{name}"]
     return out
@@ -418,15 +449,57 @@ def _coerce(tp, value, where: str):
     raise TypeError(f"{where}: unsupported field type {tp}")
 
 
+# Fields added after the first record schema: name -> the schema that added it. A record of an
+# older schema has none of them (each is unknown: None); settings carry their own `since`.
+FIELDS_SINCE = {
+    **dict.fromkeys(
+        ("system", "server_version", "server_command", "server_decode_tokens_per_second", "server_prefill_seconds",
+         "timings_disagree", "drafter_warm", "interleaving", "backend", "energy_source", "energy_joules",
+         "joules_per_token", "power_mode"),
+        2,
+    ),
+    "settings": min(s.since for s in declared.CARRIED),
+}  # fmt: skip
+
+
+def _schema_of(data: dict[str, Any]) -> int:
+    """The record's schema version: required, at most SCHEMA_VERSION (NewerSchema otherwise)."""
+    schema = data.get("schema")
+    if schema is None:
+        raise InvalidRecord(f"schema: is required (the record's schema version, {SCHEMA_VERSION} for this code)")
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
+        raise InvalidRecord(f"schema: must be a positive integer, got {schema!r}")
+    if schema > SCHEMA_VERSION:
+        raise NewerSchema(schema)
+    return schema
+
+
+def _upgrade(data: dict[str, Any], schema: int) -> dict[str, Any]:
+    """A record of an older schema in the current one's shape: the fields it predates unknown."""
+    if schema == SCHEMA_VERSION:
+        return data
+
+    def known(value) -> bool:
+        return value is not None and (not isinstance(value, dict) or any(v is not None for v in value.values()))
+
+    later = [name for name, since in FIELDS_SINCE.items() if since > schema and known(data.get(name))]
+    if later:
+        raise InvalidRecord(f"{later[0]}: unknown field in a schema {schema} record")
+    out = dict(data, schema=SCHEMA_VERSION)
+    if FIELDS_SINCE["settings"] > schema:
+        out["settings"] = {s.name: None for s in declared.CARRIED}
+    return out
+
+
 def _build(cls, data: dict[str, Any], where: str):
     if not isinstance(data, dict):
         raise InvalidRecord(f"{where or 'record'}: must be a mapping")
+    if cls is RunRecord:
+        data = _upgrade(data, _schema_of(data))
     fields = _fields(cls)
     if not data.keys() <= _names(cls):
         unknown = sorted(set(data) - _names(cls), key=str)
         raise InvalidRecord(f"{where}{unknown[0]}: unknown field (schema {SCHEMA_VERSION})")
-    if cls is RunRecord and data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise InvalidRecord(f"schema: record schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
     kwargs = {}
     for name, tp, has_default in fields:
         if name not in data:
@@ -559,6 +632,7 @@ def _problems(r: RunRecord) -> list[str]:
     bounded("server_prefill_seconds", 0, MAX_SECONDS)
     if r.interleaving not in INTERLEAVINGS:
         problems.append(f"interleaving {r.interleaving!r} is not one of {', '.join(map(repr, INTERLEAVINGS))}")
+    problems += [f"settings.{p}" for p in declared.problems(r.settings)]
     if r.engine in IN_PROCESS_ENGINES and r.system != "specfleet":
         problems.append(f"system of an in-process {r.engine} run is 'specfleet', got {r.system!r}")
     if r.engine == "llama-server" and r.system != "llama-server":
@@ -625,14 +699,9 @@ class JobSpec:
     context_tokens: int = 0
     sampler: Sampler = Sampler()
     memory_gb: float = 0.0  # memory the agent needs for this engine's models; 0: no figure
-    ngram_min: int = 1
-    ngram_max: int = 3
-    # llama.cpp's n-gram drafters' own parameters (defaults as llama.cpp's), for our loops'
-    # ngram-mod and ngram-map-k4v; server arms carry them as their --spec-ngram-* flags.
-    ngram_mod_n_match: int = 24
-    ngram_mod_n_min: int = 48
-    ngram_map_size_n: int = 12
-    ngram_map_min_hits: int = 1
+    # The cell's declared settings (specfleet/settings.py) as the sweep chose them; the agent
+    # resolves what it must (threads 0: its own default) before the engine gets them.
+    settings: Settings = Settings()
     verify_cost: VerifyCost | None = None
     server: ServerSpec | None = None  # server engines only
     max_new_tokens: int = 128
@@ -656,10 +725,37 @@ class JobSpec:
         return dataclasses.replace(self, model={**self.model, **paths})
 
 
+# Job specs of schema 2 carried the n-gram drafters' parameters at their top level.
+_SPEC_KEYS_BEFORE_SETTINGS = {
+    "ngram_min": "ngram_n_min",
+    "ngram_max": "ngram_n_max",
+    "ngram_mod_n_match": "ngram_mod_n_match",
+    "ngram_mod_n_min": "ngram_mod_n_min",
+    "ngram_map_size_n": "ngram_map_size_n",
+    "ngram_map_min_hits": "ngram_map_min_hits",
+}
+
+
+def settings_from_dict(data: dict[str, Any], where: str = "settings") -> Settings:
+    """Settings from their dict, checked against the declaration; InvalidRecord naming every faulty one."""
+    if not isinstance(data, dict):
+        raise InvalidRecord(f"{where}: must be a mapping")
+    unknown = sorted(set(data) - {s.name for s in declared.CARRIED}, key=str)
+    if unknown:
+        raise InvalidRecord(f"{where}.{unknown[0]}: unknown setting")
+    settings = Settings(**data)
+    problems = declared.problems(settings)
+    if problems:
+        raise InvalidRecord(f"{where}: " + "; ".join(problems))
+    return settings
+
+
 def _spec_from_dict(data: dict[str, Any]) -> JobSpec:
     if not isinstance(data, dict):
         raise InvalidRecord("job spec: must be a mapping")
     data = dict(data)
+    legacy = {new: data.pop(old) for old, new in _SPEC_KEYS_BEFORE_SETTINGS.items() if old in data}
+    data["settings"] = settings_from_dict({**legacy, **data.get("settings", {})}, "job spec: settings")
     try:
         data["prompts"] = tuple(Prompt(**p) for p in data.get("prompts", ()))
         data["arms"] = tuple(Arm(**{**a, "flags": tuple(a.get("flags", ()))}) for a in data.get("arms", ()))
@@ -679,23 +775,9 @@ def _spec_from_dict(data: dict[str, Any]) -> JobSpec:
 # ---------------------------------------------------------------- comparability
 
 # The run record's columns that must be equal for two runs to be pooled in one comparison
-# (pyperf's _CHECKED_METADATA). Chip and machine are not here: they are what a comparison
-# puts side by side.
-CHECKED_KEYS = (
-    "target_digest",
-    "draft_digest",
-    "engine",
-    "engine_version",
-    "system",  # two OpenAI-compatible servers (MTPLX, OptiQ) are two systems under one engine
-    "sampler_temperature",
-    "sampler_top_p",
-    "sampler_top_k",
-    "sampler_seed",
-    "prompt_set_digest",
-    "context_tokens",
-    "max_new_tokens",
-    "power_mode",
-)
+# (pyperf's _CHECKED_METADATA): the declaration's checked settings. Chip and machine are not
+# here: they are what a comparison puts side by side.
+CHECKED_KEYS = declared.CHECKED
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -33,6 +33,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
+from specfleet import settings as declared
 from specfleet.record import MAX_DEPTH, OPENAI_METHODS, SERVER_SPEC_TYPES, Arm, ServerSpec, is_method
 
 SERVER_KEYS = {"flags", "system", "command", "url"}
@@ -101,6 +102,9 @@ def flags_of(c, where: str, value) -> tuple[str, ...]:
     for word in words:
         if word in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS | {SPEC_TYPE_FLAG}:
             c.fail(where, f"must not hold {word}: the sweep's models, arms and the agent set it")
+        elif word in declared.OWNED_SERVER_FLAGS:
+            owner = declared.OWNED_SERVER_FLAGS[word]
+            c.fail(where, f"must not hold {word}: it is the sweep setting {owner.sweep} (recorded and compared)")
     return tuple(words)
 
 

@@ -10,12 +10,14 @@ Validation collects every problem, each naming its field, before anything is sto
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from specfleet import prompt_library, server_arms, yaml_limits
+from specfleet import settings as declared
 from specfleet.design import rounded_repeats
 from specfleet.record import (
     ENGINE_METHODS,
@@ -29,6 +31,7 @@ from specfleet.record import (
     JobSpec,
     Sampler,
     ServerSpec,
+    Settings,
     VerifyCost,
 )
 
@@ -44,9 +47,7 @@ TOP_KEYS = {
     "prompts",
     "context_tokens",
     "methods",
-    "ngram",
-    "ngram_mod",
-    "ngram_map",
+    *{s.sweep.split(".")[0] for s in declared.SWEEP_SETTINGS},  # the declared settings' fields and sections
     "server",
     "arms",
     "verify_cost",
@@ -89,14 +90,14 @@ class SweepError(ValueError):
 class Sweep:
     name: str
     target: dict[str, Any]
-    models: dict[str, dict[str, Any]]
+    models: dict[str, list[dict[str, Any]]]  # engine -> its model pairs ({target, draft, memory_gb}), a cell each
     engines: list[str]
     samplers: list[Sampler]
     prompt_sets: list[str]
     prompts: int | None  # the first N prompts of each set; None: all
     context_tokens: list[int]
     arms: list[Arm]  # in-process engines' arms, from `methods`
-    ngram: dict[str, int]
+    settings: dict[str, list]  # declared setting -> its values (more than one: a dimension of the matrix)
     verify_cost: VerifyCost | None
     max_new_tokens: int
     warmup: int
@@ -106,7 +107,6 @@ class Sweep:
     cooldown_seconds: float = 0.0  # rest before every measured run (thermal recovery)
     server: ServerSpec | None = None  # server engines: what every arm shares
     server_arms: dict[str, list[Arm]] | None = None  # server engine -> its arms (specfleet/server_arms.py)
-    ngram_params: dict[str, int] | None = None  # JobSpec's ngram_mod_* and ngram_map_* fields
 
     def arms_of(self, engine: str) -> list[Arm]:
         if engine in IN_PROCESS_ENGINES:
@@ -117,12 +117,11 @@ class Sweep:
         """One job spec per cell: what a worker needs to run it."""
         sets = prompt_library.prompt_sets()
         cells = []
-        for engine in self.engines:
-            model = self.models[engine]
+        for engine, model in ((e, m) for e in self.engines for m in self.models[e]):
             for sampler in self.samplers:
                 for name in self.prompt_sets:
                     prompts = sets[name].prompts[: self.prompts]
-                    for context in self.context_tokens:
+                    for context, settings in itertools.product(self.context_tokens, self.settings_of(engine)):
                         docs = prompt_library.context_documents(context)
                         cells.append(
                             JobSpec(
@@ -137,11 +136,9 @@ class Sweep:
                                 context_tokens=context,
                                 arms=tuple(self.arms_of(engine)),
                                 sampler=sampler,
-                                ngram_min=self.ngram["n_min"],
-                                ngram_max=self.ngram["n_max"],
+                                settings=settings,
                                 verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES else None,
                                 server=None if engine in IN_PROCESS_ENGINES else self.server,
-                                **(self.ngram_params or {}),
                                 max_new_tokens=self.max_new_tokens,
                                 warmup_cap=self.warmup,
                                 repeats=self.repeats,
@@ -150,6 +147,15 @@ class Sweep:
                             )
                         )
         return cells
+
+    def settings_of(self, engine: str) -> list[Settings]:
+        """The engine's cells' settings: one per combination of the values of the settings that
+        apply to it (the others at their defaults, recorded as not applicable)."""
+        names = [s.name for s in declared.SWEEP_SETTINGS if engine in s.engines]
+        values = [self.settings[name] for name in names]
+        return [
+            declared.for_engine(Settings(**dict(zip(names, combo))), engine) for combo in itertools.product(*values)
+        ]
 
     def notes(self) -> list[str]:
         """What the sweep will do differently from what the file says, for the submitter."""
@@ -278,23 +284,23 @@ def parse_sweep(text: str) -> Sweep:
 
     models = doc.get("models")
     if not isinstance(models, dict):
-        c.fail("models", "is required: a mapping of engine to {target, draft}")
+        c.fail("models", "is required: a mapping of engine to {target, draft} or to a list of them")
         models = {}
     c.unknown_keys("models.", models, set(ENGINES))
     clean_models = {}
     for e in known_engines:
-        m = models.get(e)
-        if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
-            c.fail(f"models.{e}.target", "is required for every engine in engines")
-            continue
-        c.unknown_keys(f"models.{e}.", m, MODEL_KEYS)
-        if e in IN_PROCESS_ENGINES and {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
-            c.fail(f"models.{e}.draft", "is required when methods include draft")
-        clean_models[e] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
-        if "memory_gb" in m:
-            memory_gb = c.number(f"models.{e}.memory_gb", m["memory_gb"], 0, 16384)
-            if memory_gb is not None:
-                clean_models[e]["memory_gb"] = memory_gb
+        pairs = models.get(e)
+        listed = isinstance(pairs, list)
+        if listed and not pairs:
+            c.fail(f"models.{e}", "lists no model")
+        clean_models[e] = []
+        for i, m in enumerate(pairs if listed else [pairs]):
+            where = f"models.{e}[{i}]" if listed else f"models.{e}"
+            pair = _model_pair(c, where, m, e, methods)
+            if pair is not None:
+                clean_models[e].append(pair)
+        if len({(p["target"], p.get("draft")) for p in clean_models[e]}) != len(clean_models[e]):
+            c.fail(f"models.{e}", "lists a target and draft pair twice")
 
     samplers = doc.get("samplers") or [{"temperature": 0.0}]
     clean_samplers = []
@@ -337,15 +343,11 @@ def parse_sweep(text: str) -> Sweep:
     if len(set(contexts)) != len(contexts):
         c.fail("context_tokens", "lists a depth twice")
 
-    ngram = doc.get("ngram") or {}
-    if not isinstance(ngram, dict):
-        c.fail("ngram", "must be a mapping {n_min, n_max}")
-        ngram = {}
-    c.unknown_keys("ngram.", ngram, {"n_min", "n_max"})
-    n_min = c.number("ngram.n_min", ngram.get("n_min"), 1, 16, integer=True, default=JobSpec.ngram_min)
-    n_max = c.number("ngram.n_max", ngram.get("n_max"), 1, 16, integer=True, default=JobSpec.ngram_max)
-    if n_min > n_max:
-        c.fail("ngram", f"n_min ({n_min}) must not exceed n_max ({n_max})")
+    settings = parse_settings(c, doc)
+    if max(settings["ngram_n_min"]) > min(settings["ngram_n_max"]):
+        c.fail(
+            "ngram", f"n_min ({max(settings['ngram_n_min'])}) must not exceed n_max ({min(settings['ngram_n_max'])})"
+        )
 
     verify_cost = doc.get("verify_cost")
     if verify_cost is not None:
@@ -370,24 +372,16 @@ def parse_sweep(text: str) -> Sweep:
             ),
         )
 
-    ngram_params = {}
-    for section, fields in (("ngram_mod", ("n_match", "n_min")), ("ngram_map", ("size_n", "min_hits"))):
-        given = doc.get(section) or {}
-        if not isinstance(given, dict):
-            c.fail(section, f"must be a mapping {{{', '.join(fields)}}}")
-            given = {}
-        c.unknown_keys(f"{section}.", given, set(fields))
-        for field in fields:
-            key = f"{section}_{field}"
-            ngram_params[key] = c.number(
-                f"{section}.{field}", given.get(field), 1, 1024, integer=True, default=getattr(JobSpec, key)
-            )
-
     server = server_arms.parse_server(c, doc, known_engines)
     serving = {}
     for e in known_engines:
         if e not in IN_PROCESS_ENGINES:
-            serving[e] = server_arms.parse_arms(c, doc, e, clean_models.get(e, {}), server)
+            pairs = clean_models.get(e) or [{}]
+            serving[e] = server_arms.parse_arms(c, doc, e, pairs[0], server)
+            for pair in pairs[1:]:  # command-line arms that name a model must name every pair's
+                scratch = _Checker()
+                server_arms.parse_arms(scratch, doc, e, pair, server)
+                c.problems += [p for p in scratch.problems if p not in c.problems]
     if "arms" in doc and not serving:
         c.fail("arms", "server arms apply to engines llama-server and openai; in-process engines take methods")
 
@@ -401,7 +395,7 @@ def parse_sweep(text: str) -> Sweep:
         prompts=prompts,
         context_tokens=contexts,
         arms=arms,
-        ngram={"n_min": n_min, "n_max": n_max},
+        settings=settings,
         verify_cost=verify_cost,
         max_new_tokens=c.number(
             "max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=JobSpec.max_new_tokens
@@ -417,11 +411,61 @@ def parse_sweep(text: str) -> Sweep:
         ),
         server=server,
         server_arms=serving,
-        ngram_params=ngram_params,
     )
     if c.problems:
         raise SweepError(c.problems)
     return sweep
+
+
+def _model_pair(c: _Checker, where: str, m, engine: str, methods: dict) -> dict[str, Any] | None:
+    """One {target, draft, memory_gb} of models.<engine>: a cell of its own."""
+    if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
+        c.fail(f"{where}.target", "is required for every engine in engines")
+        return None
+    c.unknown_keys(f"{where}.", m, MODEL_KEYS)
+    if engine in IN_PROCESS_ENGINES and {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
+        c.fail(f"{where}.draft", "is required when methods include draft")
+    pair: dict[str, Any] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
+    if "memory_gb" in m:
+        memory_gb = c.number(f"{where}.memory_gb", m["memory_gb"], 0, 16384)
+        if memory_gb is not None:
+            pair["memory_gb"] = memory_gb
+    return pair
+
+
+def parse_settings(c: _Checker, doc: dict[str, Any]) -> dict[str, list]:
+    """Every declared sweep setting's values (specfleet/settings.py): a field of the file, top
+    level ("threads") or in a section ("ngram_mod.n_match"); a scalar, or a list of distinct values
+    (a dimension: one cell per value); absent, its default."""
+    out: dict[str, list] = {}
+    sections: dict[str, set[str]] = {}
+    for s in declared.SWEEP_SETTINGS:
+        section, _, key = s.sweep.rpartition(".")
+        if section:
+            sections.setdefault(section, set()).add(key)
+    for section, keys in sections.items():
+        if not isinstance(doc.get(section) or {}, dict):
+            c.fail(section, f"must be a mapping {{{', '.join(sorted(keys))}}}")
+        else:
+            c.unknown_keys(f"{section}.", doc.get(section) or {}, keys)
+    for s in declared.SWEEP_SETTINGS:
+        section, _, key = s.sweep.rpartition(".")
+        holder = doc.get(section) if section else doc
+        given = holder.get(key) if isinstance(holder, dict) else None
+        values = given if isinstance(given, list) else [given]
+        if not values:
+            c.fail(s.sweep, "must be a value or a non-empty list of values")
+        elif len({repr(v) for v in values}) != len(values):
+            c.fail(s.sweep, "lists a value twice")
+        good = []
+        for i, value in enumerate(values):
+            where = s.sweep if len(values) == 1 and not isinstance(given, list) else f"{s.sweep}[{i}]"
+            why = s.check(value)
+            if why:
+                c.fail(where, why)
+            good.append(s.default if value is None or why else value)
+        out[s.name] = good or [s.default]
+    return out
 
 
 def agent_can_run(cell: JobSpec, agent: dict[str, Any]) -> bool:

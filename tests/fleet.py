@@ -10,8 +10,9 @@ import pandas as pd
 
 from coordinator.server import Coordinator, CoordinatorConfig, admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet import settings as declared
 from specfleet.client import AdminApi, AgentApi, channel
-from specfleet.record import ModelIdentity, RunRecord, Sampler
+from specfleet.record import ModelIdentity, RunRecord, Sampler, Settings
 
 LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_bytes=16 * 2**30, cpu_cores=2)
 
@@ -37,6 +38,22 @@ def enrol(
 
 
 TARGET = ModelIdentity(reference="target", digest="cd" * 32, architecture="LlamaForCausalLM", context_length=4096)
+
+
+def another_value(setting: declared.Setting):
+    """A valid value of a declared setting other than its default (the comparability tables)."""
+    if setting.choices:
+        return next(c for c in setting.choices if c != setting.default)
+    if setting.type is int:
+        return setting.default + 1 if setting.default is not None else int(setting.lo or 1)
+    if setting.type is float:
+        return (setting.default or 0.0) + 0.5
+    return "--changed 1"
+
+
+def setting_changes() -> dict[str, dict]:
+    """Per declared checked setting that the record carries: record fields changing it alone."""
+    return {s.name: {"settings": Settings(**{s.name: another_value(s)})} for s in declared.CARRIED if s.checked}
 
 
 def run_record(job_id: str, method: str = "baseline", depth: int = 0, tps: float = 100.0, **overrides) -> RunRecord:

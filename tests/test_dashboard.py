@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.record import ModelIdentity, RunRecord, Sampler
-from tests.fleet import admin_for, enrol, run_record, start_coordinator
+from tests.fleet import admin_for, enrol, run_record, setting_changes, start_coordinator
 
 APP = "../dashboard/app.py"
 
@@ -110,6 +110,9 @@ VARIANTS = {
     "context_tokens": dict(context_tokens=4096),
     "max_new_tokens": dict(max_new_tokens=128),
     "power_mode": dict(power_mode="high"),  # from unknown: High Power runs are never pooled with them
+    "backend": dict(backend="cuda"),
+    "server_version": dict(server_version="version: 9999 (0c1e570)"),
+    **setting_changes(),  # every declared setting the record carries (specfleet/settings.py)
 }
 
 

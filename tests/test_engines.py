@@ -8,7 +8,7 @@ import time
 import pytest
 
 from agent.engines import make_engine
-from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler
+from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler, Settings
 from agent.engines.ngram import ngram_propose
 from cli import tinymodels
 from specfleet.record import IN_PROCESS_ENGINES
@@ -141,7 +141,9 @@ def test_baseline_measures(engine, prompts):
 def test_speculative_greedy_is_lossless(engine, prompts, method, depth):
     for prompt in prompts:
         baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
-        request = Request(prompt, NEW_TOKENS, method=method, depth=depth, ngram_min=1, ngram_max=3)
+        request = Request(
+            prompt, NEW_TOKENS, method=method, depth=depth, settings=Settings(ngram_n_min=1, ngram_n_max=3)
+        )
         gen = engine.generate(request)
         assert gen.tokens == baseline
         _check_accounting(gen, request)
@@ -251,7 +253,9 @@ def test_no_method_emits_eos(engine, sampler):
         if method in ("baseline", "mtp"):  # the tiny llama target has no MTP head
             continue
         depth = 3 if method in SPECULATIVE else 0
-        gen = engine.generate(Request(prompt, 48, method=method, depth=depth, sampler=sampler, **SMALL_NGRAMS))
+        gen = engine.generate(
+            Request(prompt, 48, method=method, depth=depth, sampler=sampler, settings=Settings(**SMALL_NGRAMS))
+        )
         assert EOS not in gen.tokens, method
         if sampler.greedy:
             assert gen.tokens == baseline, method
@@ -277,7 +281,7 @@ def test_every_speculative_method_is_lossless(engine, prompts, method):
     for prompt in [*prompts, engine.tokenize(EOS_PROMPT)]:
         baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
         for depth in (1, 4):
-            request = Request(prompt, NEW_TOKENS, method=method, depth=depth, **SMALL_NGRAMS)
+            request = Request(prompt, NEW_TOKENS, method=method, depth=depth, settings=Settings(**SMALL_NGRAMS))
             gen = engine.generate(request)
             assert gen.tokens == baseline, (method, depth)
             _check_accounting(gen, request)
@@ -311,7 +315,10 @@ BAD_REQUESTS = [
     ({"method": "draft", "depth": 0}, r"depth from 1 to 64, got 0"),
     ({"method": "ngram", "depth": MAX_DEPTH + 1}, r"depth from 1 to 64, got 65"),
     ({"method": "baseline", "depth": 2}, r"'baseline' takes depth 0, got 2"),
-    ({"method": "ngram", "depth": 2, "ngram_min": 3, "ngram_max": 2}, r"ngram_min <= ngram_max"),
+    (
+        {"method": "ngram", "depth": 2, "settings": Settings(ngram_n_min=3, ngram_n_max=2)},
+        r"ngram_n_min <= ngram_n_max",
+    ),
     ({"prompt_tokens": ()}, r"prompt is empty"),
     ({"prompt_tokens": (1, 100_000)}, r"outside the vocabulary of 512: \[100000\]"),
     ({"max_new_tokens": 0}, r"max_new_tokens must be at least 1"),

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AgentApi, channel
+from specfleet.record import CHECKED_KEYS
 from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 M4 = pb.Fingerprint(hostname="m4", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)
@@ -28,6 +29,8 @@ ALLOWED_LABELS = {
     "specfleet_comparable_group_info": {
         "comparable", "engine", "engine_version", "system", "model", "model_digest", "draft", "draft_digest",
         "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens",
+        # and one per checked key the declaration adds (specfleet/settings.py): power_mode, threads, ...
+        *(k for k in CHECKED_KEYS if not k.startswith("sampler_") and k != "target_digest"),
     },
 }  # fmt: skip
 

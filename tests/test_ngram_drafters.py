@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agent.engines import make_engine
-from agent.engines.base import EngineError, Request
+from agent.engines.base import EngineError, Request, Settings
 from agent.engines.ngram import (
     MOD_EMPTY,
     MOD_TABLE_SLOTS,
@@ -313,7 +313,10 @@ def _server_replay(method: str, prompt: list[int], tokens: list[int], params: di
 def test_llama_cpp_drafters_are_lossless_and_draft(engine, method):
     prompt = engine.tokenize(REPEATING)
     baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
-    gen = engine.generate(Request(prompt, NEW_TOKENS, method=method, **RUNS[method]))
+    params = {k: v for k, v in RUNS[method].items() if k != "depth"}
+    gen = engine.generate(
+        Request(prompt, NEW_TOKENS, method=method, depth=RUNS[method]["depth"], settings=Settings(**params))
+    )
     assert gen.tokens == baseline
     drafted, accepted = sum(r.drafted for r in gen.rounds), sum(r.accepted for r in gen.rounds)
     assert drafted > accepted > 0  # drafts accepted, and some rejected (rolled back)
@@ -336,12 +339,13 @@ def test_default_parameters_are_lossless(engine, method):
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"method": "ngram-mod", "ngram_mod_n_match": 0}, r"ngram-mod needs 1 <= ngram_mod_n_match <= 1024"),
-        ({"method": "ngram-mod", "ngram_mod_n_min": -1}, r"0 <= ngram_mod_n_min <= 1024"),
-        ({"method": "ngram-map-k4v", "ngram_map_size_n": 1025}, r"ngram-map-k4v needs 1 <= ngram_map_size_n"),
-        ({"method": "ngram-map-k4v", "ngram_map_min_hits": 0}, r"ngram_map_min_hits >= 1"),
+        ({"method": "ngram-mod", "ngram_mod_n_match": 0}, r"ngram_mod_n_match: must be between 1 and 1024, got 0"),
+        ({"method": "ngram-mod", "ngram_mod_n_min": -1}, r"ngram_mod_n_min: must be between 0 and 1024, got -1"),
+        ({"method": "ngram-map-k4v", "ngram_map_size_n": 1025}, r"ngram_map_size_n: must be between 1 and 1024"),
+        ({"method": "ngram-map-k4v", "ngram_map_min_hits": 0}, r"ngram_map_min_hits: must be between 1 and 1024"),
     ],
 )
 def test_bad_ngram_parameters_are_refused(engine, change, message):
     with pytest.raises(EngineError, match=message):
-        engine.generate(Request((1, 2, 3), 4, depth=2, **change))
+        method = change.pop("method")
+        engine.generate(Request((1, 2, 3), 4, method=method, depth=2, settings=Settings(**change)))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from specfleet import settings as declared
 from specfleet.record import (
     CHECKED_KEYS,
     SCHEMA_VERSION,
@@ -13,11 +14,13 @@ from specfleet.record import (
     InvalidRecord,
     JobSpec,
     ModelIdentity,
+    NewerSchema,
     RunRecord,
     Sampler,
     differences,
 )
-from tests.fleet import run_record
+from specfleet.record import FIELDS_SINCE as RECORD_FIELDS_SINCE
+from tests.fleet import run_record, setting_changes
 
 
 def full_record() -> RunRecord:
@@ -68,7 +71,11 @@ def test_a_record_survives_json_and_store_rows_unchanged():
         ({"prompt_category": "poetry"}, "prompt_category 'poetry' is not one of"),
         ({"output_sha256": "xyz"}, "output_sha256 'xyz' is not 64 lowercase hex digits"),
         ({"colour": "red"}, "colour: unknown field"),
-        ({"schema": 1}, "schema: record schema 1 is not 2"),
+        ({"schema": 1}, "system: unknown field in a schema 1 record"),  # a field schema 1 did not have
+        ({"schema": SCHEMA_VERSION + 1}, f"record schema {SCHEMA_VERSION + 1} is newer than {SCHEMA_VERSION}"),
+        ({"schema": "3"}, "schema: must be a positive integer, got '3'"),
+        ({"settings": {"threads": -1}}, "settings.threads: must be between 0 and 1024, got -1"),
+        ({"settings": {"kv": 1}}, "settings.kv: unknown field"),
         ({"run_id": ""}, "run_id must be 1-128 characters"),
         ({"prompt_id": "p" * 500}, "prompt_id must be 1-128 characters, got 500"),
         ({"env_reasons": ["x" * 5000]}, "env_reasons[0] must be 0-4096 characters"),
@@ -139,6 +146,9 @@ KEY_CHANGES = {
     "context_tokens": {"context_tokens": 4096},
     "max_new_tokens": {"max_new_tokens": 256},
     "power_mode": {"power_mode": "high"},  # from unknown (None): High Power Mode runs are not pooled with it
+    "backend": {"backend": "cuda"},
+    "server_version": {"server_version": "version: 9999 (0c1e570)"},
+    **setting_changes(),  # every declared setting the record carries
 }
 
 
@@ -161,3 +171,55 @@ def test_power_mode_is_a_short_name_or_unknown():
             run_record("job-1", power_mode=bad)
     a, b = run_record("job-1", power_mode="high"), run_record("job-2", power_mode="automatic")
     assert differences(a.row(), b.row()) == ["power_mode"]
+
+
+def test_a_record_without_schema_is_refused():
+    data = full_record().to_dict()
+    del data["schema"]
+    with pytest.raises(InvalidRecord, match="schema: is required"):
+        RunRecord.from_dict(data)
+
+
+def test_a_newer_record_is_held_not_faulty():
+    """NewerSchema is what the coordinator answers so that the agent holds the record."""
+    data = {**full_record().to_dict(), "schema": SCHEMA_VERSION + 1}
+    with pytest.raises(NewerSchema) as e:
+        RunRecord.from_dict(data)
+    assert e.value.schema == SCHEMA_VERSION + 1
+
+
+def test_an_older_record_reads_with_what_it_predates_unknown():
+    """A schema 2 record (before the declared settings) reads with every setting None (unknown),
+    never the declaration's defaults; a schema 1 record also lacks the systems and accelerator."""
+    data = full_record().to_dict()
+    del data["settings"]
+    old = RunRecord.from_dict({**data, "schema": 2})
+    assert old.schema == SCHEMA_VERSION
+    assert all(getattr(old.settings, s.name) is None for s in declared.CARRIED)
+    oldest = {k: v for k, v in data.items() if RECORD_FIELDS_SINCE.get(k, 1) <= 1}
+    assert RunRecord.from_dict({**oldest, "schema": 1}).power_mode is None
+    with pytest.raises(InvalidRecord, match="threads: unknown field|settings: unknown field"):
+        RunRecord.from_dict({**data, "schema": 2, "settings": {"threads": 4}})
+
+
+def test_the_schema_version_moved_with_every_field():
+    """Every field of the record is the first schema's or named in FIELDS_SINCE, and every
+    declared setting's `since` is a schema this code reads: a field added without moving the
+    version fails here."""
+    first = {
+        "run_id", "job_id", "attempt", "engine", "engine_version", "method", "depth", "target", "sampler",
+        "prompt_set", "prompt_set_digest", "prompt_category", "prompt_id", "context_tokens", "max_new_tokens",
+        "repeat", "position", "prompt_tokens", "generated_tokens", "prefill_seconds", "ttft_seconds",
+        "decode_seconds", "wall_seconds", "decode_tokens_per_second", "prefill_tokens_per_second",
+        "peak_memory_bytes", "output_sha256", "started_at_unix_seconds", "draft", "lossless", "lossless_check",
+        "run_seed", "inter_token_latency_p50_seconds", "inter_token_latency_p90_seconds",
+        "inter_token_latency_p99_seconds", "round_latency_p50_seconds", "round_latency_p90_seconds", "rounds",
+        "tokens_drafted", "tokens_accepted", "draft_seconds", "verify_seconds", "drafted_by_position",
+        "acceptance_by_position", "acceptance_collapsed", "acceptance_reason", "verify_cost_seconds", "warmup_runs",
+        "arm_order", "load_seconds", "cooldown_seconds", "env_before", "env_after", "env_nominal", "env_reasons",
+        "schema",
+    }  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(RunRecord)}
+    assert fields - first == set(RECORD_FIELDS_SINCE)
+    assert max(RECORD_FIELDS_SINCE.values()) == SCHEMA_VERSION
+    assert all(1 <= s.since <= SCHEMA_VERSION for s in declared.DECLARED)

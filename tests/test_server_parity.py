@@ -21,7 +21,7 @@ sent an id, and the server's own baseline must stream the same sequence.
 import pytest
 
 from agent.engines import make_engine
-from agent.engines.base import Request
+from agent.engines.base import Request, Settings
 from agent.engines.llama_server import UNKNOWN_ID
 from agent.summary import summarise
 from tests.processes import needs_llama_server
@@ -76,7 +76,7 @@ def test_our_ngram_drafters_propose_exactly_what_llama_server_counts(
     ours, server, prompt = pair(tiny_models.gguf_target)
     prefix = "--spec-ngram-mod-" if method == "ngram-mod" else "--spec-ngram-map-k4v-"
     flags = tuple(w for k, v in server_flags.items() for w in (prefix + k.replace("_", "-"), str(v)))
-    mine = ours.generate(Request(prompt, NEW_TOKENS, method=method, depth=depth, **ours_params))
+    mine = ours.generate(Request(prompt, NEW_TOKENS, method=method, depth=depth, settings=Settings(**ours_params)))
     theirs = server.generate(Request(prompt, NEW_TOKENS, method=method, depth=depth, flags=flags))
     baseline = server.generate(Request(prompt, NEW_TOKENS))
     summary = summarise(mine)

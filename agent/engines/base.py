@@ -18,7 +18,9 @@ from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exporte
     SPECULATIVE_METHODS,
     VERIFY_COST,
     Sampler,
+    Settings,
 )
+from specfleet.settings import problems as setting_problems
 
 
 class EngineError(ValueError):
@@ -35,14 +37,10 @@ class Request:
     method: str = "baseline"
     depth: int = 0  # draft depth K; 0 for baseline
     sampler: Sampler = Sampler()
-    ngram_min: int = 1  # ngram method: shortest suffix to match
-    ngram_max: int = 3  # ngram method: longest suffix to match
-    # llama.cpp's n-gram drafters, defaults as llama.cpp's (common/common.h); their longest draft
-    # is the depth (ngram-mod's n_max, ngram-map-k4v's size_m).
-    ngram_mod_n_match: int = 24  # ngram-mod: tokens hashed to look up the next one
-    ngram_mod_n_min: int = 48  # ngram-mod: shortest draft worth proposing
-    ngram_map_size_n: int = 12  # ngram-map-k4v: length of the key n-gram
-    ngram_map_min_hits: int = 1  # ngram-map-k4v: hits a value needs before it is proposed
+    # The cell's declared settings (specfleet/settings.py): the drafters' parameters (prompt
+    # lookup's ngram_n_min/n_max; llama.cpp's ngram-mod and ngram-map-k4v, whose longest draft is
+    # the depth), and what the engine was built with (threads).
+    settings: Settings = Settings()
     # Server engines: the arm's own server flags and, for `openai`, its command template.
     flags: tuple[str, ...] = ()
     command: str = ""
@@ -186,18 +184,12 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
         raise EngineError(f"method {method!r} takes depth 0, got {depth}")
     if method in ("draft", "ref-draft") and not has_draft:
         raise EngineError(f"method {method!r} needs a draft model: load(target, draft=...)")
-    if method in ("ngram", "ref-ngram") and not 1 <= request.ngram_min <= request.ngram_max:
-        raise EngineError(f"ngram needs 1 <= ngram_min <= ngram_max, got {request.ngram_min} and {request.ngram_max}")
-    if method == "ngram-mod" and not (1 <= request.ngram_mod_n_match <= 1024 and 0 <= request.ngram_mod_n_min <= 1024):
-        raise EngineError(
-            "ngram-mod needs 1 <= ngram_mod_n_match <= 1024 and 0 <= ngram_mod_n_min <= 1024 (llama.cpp's limits), "
-            f"got {request.ngram_mod_n_match} and {request.ngram_mod_n_min}"
-        )
-    if method == "ngram-map-k4v" and not (1 <= request.ngram_map_size_n <= 1024 and request.ngram_map_min_hits >= 1):
-        raise EngineError(
-            "ngram-map-k4v needs 1 <= ngram_map_size_n <= 1024 and ngram_map_min_hits >= 1 (llama.cpp's limits), "
-            f"got {request.ngram_map_size_n} and {request.ngram_map_min_hits}"
-        )
+    problems = setting_problems(request.settings)  # the declaration's bounds (llama.cpp's limits)
+    if problems:
+        raise EngineError("bad settings: " + "; ".join(problems))
+    lo, hi = request.settings.ngram_n_min, request.settings.ngram_n_max
+    if method in ("ngram", "ref-ngram") and not (lo is not None and hi is not None and 1 <= lo <= hi):
+        raise EngineError(f"ngram needs 1 <= ngram_n_min <= ngram_n_max, got {lo} and {hi}")
     if not request.prompt_tokens:
         raise EngineError("the prompt is empty")
     bad = [t for t in request.prompt_tokens if not 0 <= t < vocab_size]

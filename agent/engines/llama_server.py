@@ -40,7 +40,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from specfleet.record import ENGINE_METHODS, MAX_DEPTH
+from specfleet import settings as declared
+from specfleet.record import ENGINE_METHODS, MAX_DEPTH, Settings
 
 from . import loopback, server_memory
 from .base import EngineError, Generation, Request, ServerRun, make_generation
@@ -179,6 +180,7 @@ class LlamaServerEngine:
         log_dir: str | None = None,
         keep_drafter_state: bool = False,
         health_timeout_seconds: float = HEALTH_TIMEOUT_SECONDS,
+        settings: Settings | None = None,
     ):
         found = find_binary(binary)
         if found is None:
@@ -188,7 +190,8 @@ class LlamaServerEngine:
                 "scripts/build-llama-cpp.sh)"
             )
         self.binary = str(found)
-        self.flags = tuple(flags)
+        # The cell's free flags, then the flags of its declared settings (specfleet/settings.py: -t/-tb, ...).
+        self.flags = tuple(flags) + tuple(declared.server_argv(settings) if settings is not None else ())
         self.memory_bytes = memory_bytes
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-server-"))
         self.keep_drafter_state = keep_drafter_state

@@ -33,6 +33,9 @@ import numpy as np
 from llama_cpp import Llama  # imported before our log callback is set: importing it sets its own
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+from specfleet import settings as declared
+from specfleet.settings import Settings
+
 from . import ENGINE_METHODS, ngram
 from . import llamacpp_mtp as mtp
 from .base import (
@@ -124,6 +127,7 @@ class _Context:
         flash_attn: bool,
         snapshots: int = 0,
         load_mtp: bool = False,
+        declared_cparams: dict | None = None,
     ):
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = GPU_LAYERS_ALL
@@ -138,6 +142,8 @@ class _Context:
         cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_rs_seq = snapshots
         cparams.no_perf = True
+        for name, (value, constant) in (declared_cparams or {}).items():  # specfleet/settings.py
+            setattr(cparams, name, getattr(ll, constant + str(value).upper()) if constant else value)
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             ll.llama_model_free(self.model)
@@ -378,11 +384,15 @@ class LlamaCppEngine:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         flash_attn: bool = True,
+        settings: Settings | None = None,
     ):
-        # Thread defaults are llama-cpp-python's, so that the reference arms run alike.
+        # Thread defaults are llama-cpp-python's, so that the reference arms run alike; a job's
+        # declared settings (specfleet/settings.py: threads, ...) set its context parameters.
         self.n_ctx, self.n_batch, self.flash_attn = n_ctx, n_batch, flash_attn
-        self.n_threads = n_threads or max(multiprocessing.cpu_count() // 2, 1)
-        self.n_threads_batch = n_threads_batch or multiprocessing.cpu_count()
+        self.declared_cparams = declared.llama_cparams(settings) if settings is not None else {}
+        threads = self.declared_cparams.get("n_threads", (None, ""))[0]  # the reference Llama takes them too
+        self.n_threads = n_threads or threads or max(multiprocessing.cpu_count() // 2, 1)
+        self.n_threads_batch = n_threads_batch or threads or multiprocessing.cpu_count()
         self._target: _Context | None = None
         self._draft: _Context | None = None
         self._mtp: mtp.MtpContext | None = None  # the target's MTP head, built on first use
@@ -392,7 +402,15 @@ class LlamaCppEngine:
 
     def _open(self, path: str, snapshots: int = 0, load_mtp: bool = False) -> _Context:
         return _Context(
-            path, self.n_ctx, self.n_batch, self.n_threads, self.n_threads_batch, self.flash_attn, snapshots, load_mtp
+            path,
+            self.n_ctx,
+            self.n_batch,
+            self.n_threads,
+            self.n_threads_batch,
+            self.flash_attn,
+            snapshots,
+            load_mtp,
+            self.declared_cparams,
         )
 
     @staticmethod
@@ -593,7 +611,7 @@ class LlamaCppEngine:
         (it has no minimum)."""
         llm = self._reference_llama(request.method)
         llm.draft_model = (
-            LlamaPromptLookupDecoding(max_ngram_size=request.ngram_max, num_pred_tokens=request.depth)
+            LlamaPromptLookupDecoding(max_ngram_size=request.settings.ngram_n_max, num_pred_tokens=request.depth)
             if request.method == "ref-ngram"
             else None
         )

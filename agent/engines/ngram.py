@@ -414,11 +414,13 @@ def make_drafter(method: str, request) -> PromptLookup | ServerDriven:
     """The n-gram drafter of `method` ("ngram", "ngram-mod", "ngram-map-k4v") for a Request,
     fresh for one generation."""
     if method == "ngram":
-        return PromptLookup(request.ngram_min, request.ngram_max)
+        return PromptLookup(request.settings.ngram_n_min, request.settings.ngram_n_max)
     if method == "ngram-mod":
-        return ServerDriven(NgramMod(request.ngram_mod_n_match, request.ngram_mod_n_min, request.depth))
+        settings = request.settings
+        return ServerDriven(NgramMod(settings.ngram_mod_n_match, settings.ngram_mod_n_min, request.depth))
     if method == "ngram-map-k4v":
-        return ServerDriven(NgramMapK4v(request.ngram_map_size_n, request.depth, request.ngram_map_min_hits))
+        settings = request.settings
+        return ServerDriven(NgramMapK4v(settings.ngram_map_size_n, request.depth, settings.ngram_map_min_hits))
     raise ValueError(f"no n-gram drafter for method {method!r}")
 
 

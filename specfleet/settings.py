@@ -1,0 +1,215 @@
+"""Every setting that can change a measurement, declared once.
+
+A `Setting` says what a setting is (type, bounds or choices, default), where its value comes from
+(`source`: a sweep field, an arm, the server's command line, or measured by the agent), and what
+the fleet does with it: whether runs record it, whether it is a checked key (two runs pool only
+when equal on every one), whether a claim may select on it, and how pages and metrics name it.
+
+Derived from `DECLARED`, never listed again by hand:
+- the sweep parser's fields (specfleet/sweeps.py `parse_settings`): scalar or a list (a dimension
+  of the matrix), checked against the bounds and choices here;
+- `Settings`, the one frozen record of a cell's settings that the job spec, the engines' request and
+  the run record carry (its fields are record and store columns of the same names);
+- the engines' knobs: a setting's llama-server flags and llama.cpp context parameters are applied by
+  the engines from this table (`server_argv`, `llama_cparams`), and free server flags that a
+  setting owns are refused in a sweep, naming the setting;
+- `CHECKED_KEYS` (specfleet/record.py), the claims' condition keys, the `/metrics` group info
+  labels and the dashboard's group label (`describe`).
+
+Adding a setting: a row here, a numbered store migration adding its column, and (only if it needs
+one) the page that draws it. Settings that are the run record's own fields (`core`: sampler, models, context,
+versions, ...) are declared by their store column; their values stay where the record keeps them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Where a setting's value comes from.
+SWEEP = "sweep"  # a sweep file field (scalar, or a list: a dimension of the matrix)
+SERVER = "server"  # read from the server a run measured (its command line, its --version)
+MEASURED = "measured"  # read by the agent on the machine (backend, power mode, versions)
+RECORD = "record"  # a field of the run record itself (sampler, models, prompts, context)
+
+ENGINES = ("mlx", "llama.cpp", "llama-server", "openai")
+IN_PROCESS = ("mlx", "llama.cpp")
+LLAMA_CPP = ("llama.cpp", "llama-server")
+SERVERS = ("llama-server", "openai")
+
+# llama.cpp's KV-cache types (common/arg.cpp kv_cache_types), as -ctk/-ctv spell them.
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the run record's and store's column; the job spec's and request's field
+    type: type  # int | float | str | bool
+    source: str  # SWEEP | SERVER | MEASURED | RECORD
+    label: str  # how pages and metrics name it
+    doc: str
+    default: Any = None  # what a sweep that omits it gets; None: nothing set (unknown, or not applicable)
+    sweep: str = ""  # the sweep file's field, dotted ("ngram_mod.n_match"); "" when not a sweep field
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    recorded: bool = True
+    checked: bool = True  # runs differing in it are never pooled
+    condition: bool = False  # a claim may select runs on it (`conditions.<name>`)
+    engines: tuple[str, ...] = ENGINES  # the engines it applies to; the others record None
+    since: int = 3  # the run record schema that added it (specfleet/record.py SCHEMA_VERSION)
+    server_flags: tuple[str, ...] = ()  # llama-server flags that take its value ("-ctk", "-ctv")
+    llama_cparams: tuple[str, ...] = ()  # llama_context_params fields it sets in-process
+    llama_enum: str = ""  # the llama_cpp constant prefix its value names ("GGML_TYPE_" + "Q8_0")
+    core: bool = False  # a field of the run record's own (sampler, models, ...), not carried in Settings
+    unset: Any = None  # a sweep value that leaves it to the agent (threads 0): no flag, no parameter
+
+    def check(self, value) -> str | None:
+        """Why `value` is not a valid value of this setting, or None."""
+        if value is None:
+            return None
+        if self.type is bool:
+            return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+        if self.type in (int, float):
+            integer = self.type is int
+            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+                return f"must be {'an integer' if integer else 'a number'}, got {value!r}"
+            if (
+                not math.isfinite(value)
+                or (self.lo is not None and value < self.lo)
+                or (self.hi is not None and value > self.hi)
+            ):
+                return f"must be between {self.lo:g} and {self.hi:g}, got {value!r}"
+            return None
+        if not isinstance(value, str):
+            return f"must be a string, got {value!r}"
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}, got {value!r}"
+        return None
+
+
+DECLARED: tuple[Setting, ...] = (
+    # ---- the run record's own fields (their values stay where the record keeps them)
+    Setting("target_digest", str, RECORD, "model", "The target weights' SHA-256", since=1, core=True),
+    Setting("draft_digest", str, RECORD, "draft", "The draft weights' SHA-256", since=1, core=True),
+    Setting("engine", str, RECORD, "engine", "The engine that ran it", condition=True, since=1, core=True),
+    Setting("engine_version", str, MEASURED, "engine version", "Every library version of the engine", since=1,
+            core=True),
+    Setting("system", str, RECORD, "system", "The system under test: specfleet, llama-server, or a server's name",
+            condition=True, since=2, core=True),
+    Setting("sampler_temperature", float, RECORD, "temperature", "Sampling temperature (0: greedy)", since=1,
+            core=True),
+    Setting("sampler_top_p", float, RECORD, "top_p", "Nucleus truncation", since=1, core=True),
+    Setting("sampler_top_k", int, RECORD, "top_k", "Top-k truncation (0: none)", since=1, core=True),
+    Setting("sampler_seed", int, RECORD, "seed", "The sweep's seed", since=1, core=True),
+    Setting("prompt_set_digest", str, RECORD, "prompts", "SHA-256 of the prompts and context documents read",
+            since=1, core=True),
+    Setting("context_tokens", int, RECORD, "context", "Tokens of documents before the prompt", condition=True,
+            since=1, core=True),
+    Setting("max_new_tokens", int, RECORD, "new tokens", "Tokens generated per run", since=1, core=True),
+    Setting("power_mode", str, MEASURED, "power mode", "macOS energy mode or Linux platform profile", since=2,
+            core=True),
+    Setting("backend", str, MEASURED, "backend", "The compute backend the engine ran on (cpu, cuda, metal)",
+            condition=True, since=2, core=True),
+    Setting("server_version", str, SERVER, "server version",
+            "The server's own version: llama-server's build and commit, an OpenAI-compatible server's --version "
+            "or package version", engines=SERVERS, since=2, core=True),
+    # ---- this round's settings: carried in Settings, one record column each
+    Setting("ngram_n_min", int, SWEEP, "ngram n_min", "Prompt lookup: shortest suffix matched", default=1,
+            sweep="ngram.n_min", lo=1, hi=16, engines=IN_PROCESS),
+    Setting("ngram_n_max", int, SWEEP, "ngram n_max", "Prompt lookup: longest suffix matched", default=3,
+            sweep="ngram.n_max", lo=1, hi=16, engines=IN_PROCESS),
+    Setting("ngram_mod_n_match", int, SWEEP, "ngram-mod n_match", "ngram-mod: tokens hashed to look up the next",
+            default=24, sweep="ngram_mod.n_match", lo=1, hi=1024, engines=IN_PROCESS),
+    Setting("ngram_mod_n_min", int, SWEEP, "ngram-mod n_min", "ngram-mod: shortest draft worth proposing",
+            default=48, sweep="ngram_mod.n_min", lo=0, hi=1024, engines=IN_PROCESS),
+    Setting("ngram_map_size_n", int, SWEEP, "k4v size_n", "ngram-map-k4v: length of the key n-gram", default=12,
+            sweep="ngram_map.size_n", lo=1, hi=1024, engines=IN_PROCESS),
+    Setting("ngram_map_min_hits", int, SWEEP, "k4v min_hits", "ngram-map-k4v: hits before a value is proposed",
+            default=1, sweep="ngram_map.min_hits", lo=1, hi=1024, engines=IN_PROCESS),
+    Setting("threads", int, SWEEP, "threads",
+            "llama.cpp's generation and batch threads (-t/-tb); 0 in a sweep: the agent's default. Runs record the "
+            "count used", default=0, unset=0, sweep="threads", lo=0, hi=1024, condition=True, engines=LLAMA_CPP,
+            server_flags=("-t", "-tb"), llama_cparams=("n_threads", "n_threads_batch")),
+    Setting("server_flags", str, SERVER, "server flags",
+            "The server's command line without its binary, model paths, host and port, in the order given",
+            engines=SERVERS),
+)  # fmt: skip
+
+BY_NAME = {s.name: s for s in DECLARED}
+assert len(BY_NAME) == len(DECLARED), "a setting is declared twice"
+
+# The settings that Settings carries (every declared setting that is not a field of the record's own).
+CARRIED = tuple(s for s in DECLARED if not s.core)
+SWEEP_SETTINGS = tuple(s for s in DECLARED if s.sweep)
+CHECKED = tuple(s.name for s in DECLARED if s.checked)
+CONDITIONS = tuple(s for s in DECLARED if s.condition)
+OWNED_SERVER_FLAGS = {flag: s for s in DECLARED for flag in s.server_flags}
+
+Settings = dataclasses.make_dataclass(
+    "Settings",
+    [(s.name, s.type | None, dataclasses.field(default=s.default)) for s in CARRIED],
+    frozen=True,
+    namespace={
+        "__doc__": "A cell's settings (specfleet/settings.py DECLARED): chosen by the sweep, resolved by the agent "
+        "(threads), read from the server (flags); None where a setting is unknown or does not apply.",
+    },
+)
+
+
+def problems(settings) -> list[str]:
+    """Every carried setting whose value is outside its declaration."""
+    out = []
+    for s in CARRIED:
+        why = s.check(getattr(settings, s.name))
+        if why:
+            out.append(f"{s.name}: {why}")
+    return out
+
+
+def for_engine(settings, engine: str):
+    """`settings` with None for every setting that does not apply to `engine` (what a run records)."""
+    return dataclasses.replace(settings, **{s.name: None for s in CARRIED if engine not in s.engines})
+
+
+def server_argv(settings) -> list[str]:
+    """The llama-server flags the declared settings set (each flag followed by the value)."""
+    argv = []
+    for s in CARRIED:
+        value = getattr(settings, s.name)
+        if s.server_flags and value not in (None, s.unset) and "llama-server" in s.engines:
+            for flag in s.server_flags:
+                argv += [flag, str(value)]
+    return argv
+
+
+def llama_cparams(settings) -> dict[str, tuple[Any, str]]:
+    """llama_context_params field -> (value, llama_cpp constant prefix or "") for the declared settings."""
+    out = {}
+    for s in CARRIED:
+        value = getattr(settings, s.name)
+        if s.llama_cparams and value not in (None, s.unset) and "llama.cpp" in s.engines:
+            for field in s.llama_cparams:
+                out[field] = (value, s.llama_enum)
+    return out
+
+
+def describe(values: dict[str, Any], shown: set[str] | frozenset[str] = frozenset()) -> str:
+    """A comparable group's checked settings that a label does not show already (`shown`) and
+    that are set to other than their default, as "threads 4 · power mode high": the part of the
+    dashboard's group label that follows the declaration."""
+    parts = []
+    for s in DECLARED:
+        if not s.checked or s.name in shown:
+            continue
+        value = values.get(s.name)
+        if value is None or (isinstance(value, float) and math.isnan(value)) or value == s.default or value == "":
+            continue
+        parts.append(f"{s.label} {value}")
+    return " · ".join(parts)
+
+
+def sql_type(s: Setting) -> str:
+    return {int: "BIGINT", float: "DOUBLE", str: "VARCHAR", bool: "BOOLEAN"}[s.type]
