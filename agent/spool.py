@@ -7,6 +7,11 @@ or unreadable here (not JSON, not UTF-8, a field missing, mistyped or unknown). 
 moves to `refused/` untouched, its reason beside it in `<run id>.reason`; nothing is dropped.
 `measured.log` lists the id of every run ever put, so that what was measured can be checked
 against what the coordinator stored.
+
+`parked()` lists the parked records with their reasons and `requeue()` moves one back to
+`pending/` (`specfleet agent spool list|retry`), unless its reason still holds here: a file that
+still cannot be read, a record this agent's own validation refuses. A reason only the
+coordinator can judge (a lease that is gone, its validation) is judged by it again.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specfleet.record import RunRecord
+from specfleet.record import InvalidRecord, RunRecord
 
 SCHEMA_VERSION = 2  # of the spool file; the record inside carries its own schema
 FIELDS = ("schema", "job_id", "lease_id", "record")
@@ -32,6 +37,18 @@ class Spooled:
     @property
     def run_id(self) -> str:
         return self.path.stem
+
+
+@dataclass(frozen=True)
+class ParkedRecord:
+    run_id: str
+    path: Path
+    reason: str  # as written when it was parked; "" if its reason file is gone
+    parked_at: float  # unix seconds
+
+
+class StillRefused(ValueError):
+    """A parked record whose reason still holds: `requeue` leaves it parked."""
 
 
 class Unreadable(ValueError):
@@ -136,4 +153,37 @@ class Spool:
         os.replace(path, target)
         _fsync_dir(self.refused)
         _fsync_dir(self.pending)
+        return target
+
+    def parked(self) -> list[ParkedRecord]:
+        """The parked records, oldest first, each with the reason it was parked for."""
+        found = []
+        for path in self.refused.glob("*.json"):
+            try:
+                parked_at = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            reason_file = path.with_suffix(".reason")
+            reason = reason_file.read_text(errors="replace").strip() if reason_file.exists() else ""
+            found.append(ParkedRecord(path.stem, path, reason, parked_at))
+        return sorted(found, key=lambda p: (p.parked_at, p.run_id))
+
+    def requeue(self, run_id: str) -> Path:
+        """Move a parked record back to `pending/`, where the uploader takes it; returns its path.
+        KeyError when no record of that id is parked; StillRefused naming it and why when it
+        still cannot be read here or this agent's record validation still refuses it."""
+        parked = self.refused / f"{run_id}.json"
+        if not parked.exists() or parked.name.startswith("."):
+            raise KeyError(f"no parked record {run_id!r} in {self.refused}")
+        try:
+            item = read(parked)
+            RunRecord.from_json(item.record_json)
+        except (Unreadable, InvalidRecord) as e:
+            why = e.reason if isinstance(e, Unreadable) else str(e)
+            raise StillRefused(f"{run_id}: still refused: {why}") from None
+        target = self.pending / parked.name
+        os.replace(parked, target)
+        _fsync_dir(self.pending)
+        parked.with_suffix(".reason").unlink(missing_ok=True)
+        _fsync_dir(self.refused)
         return target

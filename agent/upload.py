@@ -135,7 +135,7 @@ class Uploader:
             self._park(path, e.job_id, f"unreadable: {e.reason}")
             return 0
         schema = record_schema(item.record_json)
-        if False:
+        if schema is not None and 0 < self.coordinator_schema < schema:
             self._hold(item, schema, held)
             return 0
         try:
@@ -146,7 +146,7 @@ class Uploader:
                 self.stop,
             )
         except grpc.RpcError as e:
-            if False:
+            if (readable := readable_schema(e)) is not None and schema is not None:
                 self.coordinator_schema = readable
                 self._hold(item, schema, held)
             else:

@@ -613,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--config-dir", **config_dir)
     _add_job_resource_flags(p)
     p.set_defaults(fn=cmd_agent_doctor)
+    from cli import spool as spool_commands
+
+    spool_commands.add_parsers(ag, flag, config_dir)
 
     from cli.importers import LLAMA_BENCH_FORMATS
 

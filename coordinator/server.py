@@ -21,7 +21,7 @@ from coordinator.batching import Database
 from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer, check_lease
-from coordinator.store import Store
+from coordinator.store import Store, StoreUnavailable
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 
 log = logging.getLogger("specfleet.coordinator")
@@ -225,6 +225,8 @@ class Coordinator:
         while not self._stopping.wait(REAPER_INTERVAL_SECONDS):
             try:
                 expired = self.scheduler.expire_leases()
+            except StoreUnavailable:  # logged by the store, once; leases are extended in memory meanwhile
+                continue
             except Exception:  # keep reaping; the next pass retries
                 log.exception("lease reaper pass failed")
                 continue

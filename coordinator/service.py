@@ -500,11 +500,12 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " count(j.job_id) FILTER (WHERE j.state = 'queued'),"
                 " count(j.job_id) FILTER (WHERE j.state = 'leased'),"
                 " count(j.job_id) FILTER (WHERE j.state = 'done'),"
-                # Refused jobs count with the failed ones until SweepStatus has a field of its
-                # own for them; their reason in `failures` says "refused: ...".
+                # Refused jobs count with the failed ones (what every reader of jobs_failed
+                # expects), and apart in jobs_refused; their reason in `failures` says "refused: ...".
                 " count(j.job_id) FILTER (WHERE j.state IN ('failed', 'refused')),"
                 " (SELECT count(*) FROM runs r WHERE r.sweep_id = s.sweep_id),"
-                " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state IN ('failed', 'refused'))"
+                " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state IN ('failed', 'refused')),"
+                " count(j.job_id) FILTER (WHERE j.state = 'refused')"
                 f" FROM sweeps s LEFT JOIN jobs j USING (sweep_id) {where}"
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,
@@ -522,6 +523,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 jobs_running=r[6],
                 jobs_done=r[7],
                 jobs_failed=r[8],
+                jobs_refused=r[11],
                 runs=r[9],
                 failures=r[10] or [],
                 runs_expected=more[r[0]].runs_expected if r[0] in more else r[9],

@@ -125,6 +125,7 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
         wait_until(lambda: sweep(coordinator, sweep_id).jobs_failed == 4, "four refusals")
         wait_until(lambda: sweep(coordinator, too_long).jobs_failed == 1, "the refusal of a context too long")
         assert agent.metrics.jobs.labels("refused")._value.get() == 5
+        assert sweep(coordinator, sweep_id).jobs_refused == 4  # apart from crashes, and in jobs_failed
         assert not (config / "jobs").exists()  # no worker was ever started
     (reason,) = sweep(coordinator, too_long).failures
     assert "refused: context of 8192 tokens and 128 new tokens is longer than target.gguf's own context length" in (

@@ -83,16 +83,18 @@ class EnrolRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EnrolResponse(_message.Message):
-    __slots__ = ("agent_id", "credential", "heartbeat_interval_seconds", "lease_seconds")
+    __slots__ = ("agent_id", "credential", "heartbeat_interval_seconds", "lease_seconds", "max_record_schema")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     credential: str
     heartbeat_interval_seconds: float
     lease_seconds: float
-    def __init__(self, agent_id: _Optional[str] = ..., credential: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    max_record_schema: int
+    def __init__(self, agent_id: _Optional[str] = ..., credential: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., max_record_schema: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("job_id", "lease_id", "status", "fingerprint")
@@ -107,14 +109,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., status: _Optional[str] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_valid", "lease_expires_in_seconds", "drain")
+    __slots__ = ("lease_valid", "lease_expires_in_seconds", "drain", "max_record_schema")
     LEASE_VALID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     lease_valid: bool
     lease_expires_in_seconds: float
     drain: bool
-    def __init__(self, lease_valid: _Optional[bool] = ..., lease_expires_in_seconds: _Optional[float] = ..., drain: _Optional[bool] = ...) -> None: ...
+    max_record_schema: int
+    def __init__(self, lease_valid: _Optional[bool] = ..., lease_expires_in_seconds: _Optional[float] = ..., drain: _Optional[bool] = ..., max_record_schema: _Optional[int] = ...) -> None: ...
 
 class AcquireJobRequest(_message.Message):
     __slots__ = ("wait_seconds",)
@@ -268,7 +272,7 @@ class SubmitSweepResponse(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepStatus(_message.Message):
-    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents")
+    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents", "jobs_refused")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +287,7 @@ class SweepStatus(_message.Message):
     RUNS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
     ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     name: str
     state: str
@@ -297,7 +302,8 @@ class SweepStatus(_message.Message):
     runs_expected: int
     eta_seconds: float
     agents: _containers.RepeatedCompositeFieldContainer[AgentProgress]
-    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ...) -> None: ...
+    jobs_refused: int
+    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ..., jobs_refused: _Optional[int] = ...) -> None: ...
 
 class AgentProgress(_message.Message):
     __slots__ = ("agent_id", "name", "job_id", "cell", "arm", "runs", "runs_expected")
