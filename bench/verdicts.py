@@ -110,7 +110,8 @@ def intervals(fleets: int) -> None:
 
 def table(fleets: int) -> None:
     print(
-        f"## Verdicts against the band {BAND[0]:g}-{BAND[1]:g}x ({fleets} fleets a cell; min_machines 3)\n\n"
+        f"## Verdicts against the band {BAND[0]:g}-{BAND[1]:g}x ({fleets} fleets a cell; min_machines "
+        f"{inference.MIN_MACHINES}, min_prompts {inference.MIN_PROMPTS})\n\n"
         f"cov: the 95% interval holds the truth. Truth {INSIDE:.2f}x (inside): rep = reproduced (right), "
         f"con = contradicted (wrong), inc = inconclusive. Truth {OUTSIDE:.2f}x (5% below): rep (wrong), "
         f"con (right), inc. Truth {EDGE:.2f}x (on the edge): con (wrong, the worst case).\n"

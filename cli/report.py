@@ -29,6 +29,8 @@ SPEEDUP_COLUMNS += ["pairs", "excluded_pairs"]
 MACHINE_COLUMNS = ["name", "chip", "gpu_cores", "memory_gib", "model_identifier", "os_version", "bandwidth_gb_per_s"]
 VERDICT_COLUMNS = ["claim", "chip", "group", "adjusted_verdict", "verdict", "figure", "ci_low", "ci_high"]
 VERDICT_COLUMNS += ["machines", "prompts", "runs", "why"]
+VERSION_COLUMNS = ["setting", "system_label", "model", "chip", "figure", "method", "depth", "old", "new", "ratio"]
+VERSION_COLUMNS += ["ci_low", "ci_high", "change", "machines", "prompts", "how"]
 FLAGGED_COLUMNS = ["machine", "chip", "system_method", "depth", "prompt_id", "repeat", "nominal", "env_reasons"]
 FLAGGED_COLUMNS += ["flags", "acceptance_reason", "run_id"]
 # The Compare page's figures after the speedup: the data and plots function (one name), the
@@ -134,6 +136,7 @@ def _blocks(q, mirror, address: str, sweep_id: str) -> list[Block]:
         chips = q.chips(db)
         for group in q.groups(db, q.Filters()).itertuples():
             blocks += _group(q, db, group, chips)
+        blocks += _versions(q, db)
         blocks += _verdicts(q, db)
         blocks += _flagged(q, db)
         return blocks
@@ -211,6 +214,30 @@ def _plot(stem: str, kind: str, title: str, chart) -> Plot:
     buf = io.BytesIO()
     chart.save(buf, format="png", scale_factor=PNG_SCALE)
     return Plot(f"{stem}-{kind}", title, buf.getvalue())
+
+
+def _versions(q, db) -> list[Block]:
+    """The Versions page for the sweep: each setting measured under two or more versions of its
+    engine or system, the changes called, and every ratio with its interval."""
+    from specfleet import versions
+
+    out: list[Block] = [Heading("Changes between versions", 2)]
+    rows = q.version_changes(db, q.Filters())
+    if rows.empty:
+        return [*out, Text("No setting of this sweep was measured under two versions of its engine or system.")]
+    low, high = versions.band()
+    out.append(
+        Text(
+            f"Ratio new / old per chip, paired by machine where the same machines ran both, with the verdicts' 95%"
+            f" interval; a regression or gain only when the whole interval lies outside {low:.3f}-{high:.3f}."
+        )
+    )
+    called = versions.summary(rows)
+    if called.empty:
+        out.append(Text("No regression and no gain beyond the tolerance."))
+    for r in called.itertuples():
+        out.append(Text(f"{r.change.capitalize()} on {r.chip}: {r.old} -> {r.new} (setting {r.setting}): {r.figures}."))
+    return [*out, Table(rows[VERSION_COLUMNS])]
 
 
 def _verdicts(q, db) -> list[Block]:

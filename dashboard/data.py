@@ -222,6 +222,16 @@ def roofline(v: Version, f: Filters) -> pd.DataFrame:
     return queries.roofline(_db(v), f)
 
 
+@on_runs
+def version_changes(v: Version, f: Filters, tolerance: float = queries.versions.TOLERANCE) -> pd.DataFrame:
+    return queries.version_changes(_db(v), f, tolerance)
+
+
+@on_runs
+def version_settings(v: Version, f: Filters) -> pd.DataFrame:
+    return queries.version_settings(queries.version_per_prompt(_db(v), f))
+
+
 # ---------------------------------------------------------------- claims
 
 

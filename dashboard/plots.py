@@ -142,3 +142,24 @@ def roofline(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
         )
         .properties(width=560)
     )
+
+
+def version_changes(frame: pd.DataFrame, chips: list[str]) -> alt.Chart:
+    """Ratio new / old version per chip, figure and arm with its 95% interval, against the
+    tolerance band (shaded); a point's shape says the change called."""
+    frame = frame.assign(
+        arm=frame["method"] + frame["depth"].map(lambda d: f" K={d}" if d > 0 else ""),
+        what=frame["figure"] + " · " + frame["method"] + frame["depth"].map(lambda d: f" K={d}" if d > 0 else ""),
+        change_of=frame["old"] + " → " + frame["new"],
+    )
+    colour = chip_colour(chips)
+    base = alt.Chart(frame).encode(
+        y=alt.Y("what:N", title=None),
+        yOffset=alt.YOffset("chip:N"),
+        color=colour,
+        tooltip=["chip", "change_of", "figure", "arm", "ratio", "ci_low", "ci_high", "change", "machines", "how"],
+    )
+    rules = base.mark_rule().encode(x=alt.X("ci_low:Q", title="new / old", scale=alt.Scale(zero=False)), x2="ci_high:Q")
+    points = base.mark_point(filled=True, size=60).encode(x="ratio:Q", shape=alt.Shape("change:N", title="change"))
+    one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
+    return (one + rules + points).properties(width=600)

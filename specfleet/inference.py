@@ -17,7 +17,7 @@ the interval is Student's t on those means, df = machines - 1:
 Prompt and repeat noise are inside each machine's mean, so they are counted once, at the right
 level, whatever the number of prompts or repeats (a machine with many prompts does not outweigh
 one with few: the definition's equal weights). t rather than a bootstrap because fleets are
-small: 3 machines is the minimum the rules accept and the common case. A bootstrap over 3
+small: 2-3 machines are the common case (the rules accept 2: MIN_MACHINES, chosen by simulation). A bootstrap over 3
 machines has only 10 distinct resamples and its distribution never leaves [min, max] of the
 three machine means, which holds the truth with probability 1 - 2 / 2**3 = 0.75 at most, so no
 bootstrap interval (percentile or BCa) can reach 95% there. Simulated (bench/verdicts.py,
@@ -38,7 +38,11 @@ the replication.
 
 With one machine there is no machine-to-machine spread: the interval is t over that machine's
 per-prompt log ratios (df = prompts - 1) and `note` says it describes that machine only; the
-rules (`decide`, min_machines=3) do not accept it.
+rules (`decide`, min_machines=MIN_MACHINES=2) do not accept it: "inconclusive: 1 of 2 machines",
+the figure shown. MIN_MACHINES and MIN_PROMPTS (5) are the smallest counts whose simulated
+wrong-verdict rate stays at the nominal 2.5% (bench/verdicts.py sections rules and prompts).
+Identical values (no spread) give no interval rather than a zero-width one; p-values are never
+NaN. `estimate_mean` is the same interval on a rate's own scale (acceptance rates).
 
 Decisions. A claim's figure has a tolerance band [band_low, band_high] (a ratio range; "above
 x" is [x, inf), "below x" is (0, x]). `decide` says reproduced when the interval lies inside

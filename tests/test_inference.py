@@ -193,8 +193,9 @@ def test_the_p_values_say_what_the_interval_says():
 
 
 def test_decide_arrays_is_decide_figure_for_figure():
-    noise = simulate.draw(7, 40, 4, 3, 2, 2.3)
+    noise = simulate.draw(7, 40, 4, 5, 2, 2.3)
     out = inference.decide_arrays(noise, *BAND)
+    assert len(set(out["verdict"])) >= 2  # verdicts, not only inconclusive ones
     for i in range(40):
         d = inference.decide(inference.estimate(simulate.to_frame(noise[i], 2)), *BAND)
         assert (d.verdict, d.low, d.high) == (
@@ -427,3 +428,41 @@ def test_simulate_is_seeded_and_shaped_like_per_prompt():
     assert many.mean(axis=2).std() == pytest.approx(math.sqrt(0.0025 + 0.005 + 0.00045), rel=0.05)
     heavy = simulate.draw(0, 20000, 1, 1, 1, 1.0, machine_sd=0.05, prompt_sd=0, repeat_sd=0, machine_df=3)
     assert heavy.std() == pytest.approx(0.05, rel=0.1)
+
+
+# ---------------------------------------------------------------- acceptance rates
+
+
+def test_estimate_mean_by_hand():
+    # rates per run; machine means a (0.5 + 0.7) / 2 = 0.6 (p1's two runs average 0.5), b 0.7, c 0.8
+    values = pd.DataFrame(
+        {
+            "agent_id": ["a", "a", "a", "b", "c", "c"],
+            "prompt_id": ["p1", "p1", "p2", "p1", "p1", "p2"],
+            "rate": [0.4, 0.6, 0.7, 0.7, 0.8, 0.8],
+        }
+    )
+    e = inference.estimate_mean(values, "rate")
+    half = t_975_df2() * 0.1 / math.sqrt(3)
+    assert e.speedup == pytest.approx(0.7) and (e.low, e.high) == (pytest.approx(0.7 - half), pytest.approx(0.7 + half))
+    assert (e.machines, e.prompts, e.pairs, e.df, e.scale) == (3, 1, 6, 2, inference.LINEAR)
+    # the p-values on the rate's own scale: against 0.55-0.71, nearer the upper edge
+    p_eq, _ = inference.band_p_values(0.7, 0.1 / math.sqrt(3), 2, 0.55, 0.71, inference.LINEAR)
+    assert float(p_eq) == pytest.approx(sps.t.cdf((0.7 - 0.71) / (0.1 / math.sqrt(3)), 2))
+    same = inference.estimate_mean(values.assign(rate=1.0), "rate")  # 100% everywhere: no spread
+    assert math.isnan(same.low) and inference.decide(same, 0.55, 0.71, min_prompts=1).verdict == INCONCLUSIVE
+
+
+def test_acceptance_intervals_cover_the_truth_and_enter_the_family():
+    # rates 0.63 + machine sd 0.03 + prompt sd 0.08 + run sd 0.04, 3 machines x 5 prompts x 3 runs
+    fleets, hits, verdicts = 600, 0, []
+    noise = simulate.draw(21, fleets, 3, 5, 3, 1.0, machine_sd=0.03, prompt_sd=0.08, repeat_sd=0.04)
+    for i in range(fleets):
+        f = simulate.to_frame(noise[i] + 0.63, 3).rename(columns={"log_ratio": "rate"})
+        e = inference.estimate_mean(f, "rate")
+        hits += e.low <= 0.63 <= e.high
+        if i < 100:
+            verdicts.append(inference.decide(e, 0.55, 0.71))
+    assert hits / fleets >= 0.93
+    assert all(d.tested and 0 < d.p_value <= 1 for d in verdicts)  # p-values: the false-discovery step takes them
+    assert sum(d.verdict == REPRODUCED for d in verdicts) > 10 and not any(d.verdict == CONTRADICTED for d in verdicts)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy.stats import t as stats_t
 
-from specfleet import inference, speedup, stats
+from specfleet import speedup, stats
 from tests.fleet import register_runs
 from tests.test_dashboard import record, row
 
@@ -100,9 +100,10 @@ def test_speedup_intervals_are_the_verdicts_t_interval():
     # two machines at 1x and 4x: t with one degree of freedom around their geometric mean, 2x
     half = stats_t.ppf(0.975, 1) * np.std(np.log([1.0, 4.0]), ddof=1) / np.sqrt(2)
     assert (out["ci_low"], out["ci_high"]) == (pytest.approx(2.0 * np.exp(-half)), pytest.approx(2.0 * np.exp(half)))
-    assert (out["ci_low"], out["ci_high"]) == pytest.approx(
-        (inference.estimate(per_prompt).low, inference.estimate(per_prompt).high)
-    )
+    assert half == pytest.approx(12.706204736 * np.log(4.0) / 2)  # t(1, 0.975) x sd / sqrt 2, sd = ln 4 / sqrt 2
+    # machines with identical figures: no interval rather than a zero-width one
+    same = stats.speedup_intervals(per_prompt.assign(log_ratio=np.log(2.0))).iloc[0]
+    assert np.isnan(same["ci_low"]) and np.isnan(same["ci_high"])
 
 
 def test_mean_of_means_weighs_machines_equally():

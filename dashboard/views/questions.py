@@ -1,6 +1,8 @@
 """Questions: every claim of the ledger settled per comparable group and chip from the fleet's runs of
 the system it names; our loop of the same method on the same weights beside it, never as it."""
 
+import re
+
 import streamlit as st
 
 from dashboard import claims as ledger
@@ -15,18 +17,25 @@ BADGE = {
 # An inconclusive verdict the data could not have settled (too few machines or runs, no run
 # of the system, no interval) is told apart from one whose interval reaches across the band.
 NOT_ENOUGH = ":gray-badge[inconclusive: not enough data]"
+# "inconclusive: 1 of 2 machines" (or prompts, runs): the rule's minimum, not yet reached
+SHORT = re.compile(r"^inconclusive: (\d+ of \d+ (?:machines|prompts|runs))")
 
 
-def badge(verdict: str, tested: bool) -> str:
-    return NOT_ENOUGH if verdict == inference.INCONCLUSIVE and not tested else BADGE[verdict]
+def badge(verdict: str, tested: bool, why: str = "") -> str:
+    if verdict != inference.INCONCLUSIVE or tested:
+        return BADGE[verdict]
+    short = SHORT.match(why)
+    return f":gray-badge[inconclusive: {short.group(1)}]" if short else NOT_ENOUGH
 
 
 st.title("Open questions")
 st.caption(
     "Each claim from the field is checked per comparable group and chip against the fleet's measurements:"
     " reproduced when the 95% interval (t over machine means) lies inside the claim's tolerance band,"
-    " contradicted when it lies wholly outside, inconclusive otherwise or with too few machines (3 for a claim"
-    " about any Mac). Every verdict then goes through the false-discovery step across the whole ledger"
+    " contradicted when it lies wholly outside, inconclusive otherwise. A verdict needs at least"
+    f" {ledger.MIN_MACHINES_NAMED_CHIP} machines of a chip and {ledger.MIN_PROMPTS} prompts on each (the fewest"
+    " whose simulated wrong-verdict rate stays at 2.5%); with fewer, the figure is shown and the verdict reads"
+    " 'inconclusive: N of M machines'. Acceptance rates are judged the same way. Every verdict then goes through the false-discovery step across the whole ledger"
     f" (Benjamini-Hochberg, q {ledger.FDR_Q:g}): the verdict that stands is shown beside the raw one."
     " Conditions select runs exactly (system, model reference, quantisation, sampler, prompts); runs that differ"
     " in a checked key are never pooled. A claim about MTPLX, OptiQ or llama-server is settled by runs of that"
@@ -75,7 +84,7 @@ for claim in claims:
         interval = "" if r.ci_low != r.ci_low else f" [{r.ci_low:.3g}, {r.ci_high:.3g}]"
         excluded = f" · {r.excluded_runs} degraded {unit} excluded" if r.excluded_runs else ""
         group = f" · group {r.group} ({r.differs})" if r.differs else ""
-        stands = badge(r.adjusted_verdict, r.tested)
+        stands = badge(r.adjusted_verdict, r.tested, r.why)
         if r.adjusted_verdict != r.verdict:
             stands = f"{BADGE[r.verdict]} alone, {stands} after the false-discovery step"
         adjusted = "" if r.adjusted_p != r.adjusted_p else f" · adjusted p {r.adjusted_p:.2g}"
