@@ -31,9 +31,22 @@ from typing import Any, get_args, get_origin, get_type_hints
 from specfleet import settings as declared
 from specfleet.settings import Settings
 
-# 1: the first record; 2: systems under test (migration 003), the accelerator (005), power mode (007);
-# 3: every declared setting in `settings` (specfleet/settings.py, migration 008).
-SCHEMA_VERSION = 3
+# Fields added after the first record schema: name -> the schema that added it. A record of an
+# older schema has none of them (each is unknown: None); settings carry their own `since`.
+FIELDS_SINCE = {
+    **dict.fromkeys(
+        ("system", "server_version", "server_command", "server_decode_tokens_per_second", "server_prefill_seconds",
+         "timings_disagree", "drafter_warm", "interleaving", "backend", "energy_source", "energy_joules",
+         "joules_per_token", "power_mode"),
+        2,
+    ),
+    "settings": min(s.since for s in declared.CARRIED),
+}  # fmt: skip
+# The record's schema version: the newest field's. 1: the first record; 2: systems under test
+# (migration 003), the accelerator (005), power mode (007); 3: the declared settings (008); a
+# setting declared later carries its own `since` (specfleet/settings.py), which moves it.
+SCHEMA_VERSION = max(*FIELDS_SINCE.values(), *(s.since for s in declared.DECLARED))
+
 
 # In-process engines run our decode loops; "llama-server" runs llama.cpp's own server as a
 # subprocess, "openai" any OpenAI-compatible server (MTPLX, OptiQ, oMLX, mlx_lm.server, ...):
@@ -449,17 +462,6 @@ def _coerce(tp, value, where: str):
     raise TypeError(f"{where}: unsupported field type {tp}")
 
 
-# Fields added after the first record schema: name -> the schema that added it. A record of an
-# older schema has none of them (each is unknown: None); settings carry their own `since`.
-FIELDS_SINCE = {
-    **dict.fromkeys(
-        ("system", "server_version", "server_command", "server_decode_tokens_per_second", "server_prefill_seconds",
-         "timings_disagree", "drafter_warm", "interleaving", "backend", "energy_source", "energy_joules",
-         "joules_per_token", "power_mode"),
-        2,
-    ),
-    "settings": min(s.since for s in declared.CARRIED),
-}  # fmt: skip
 
 
 def _schema_of(data: dict[str, Any]) -> int:
@@ -482,13 +484,13 @@ def _upgrade(data: dict[str, Any], schema: int) -> dict[str, Any]:
     def known(value) -> bool:
         return value is not None and (not isinstance(value, dict) or any(v is not None for v in value.values()))
 
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
     later = [name for name, since in FIELDS_SINCE.items() if since > schema and known(data.get(name))]
+    later += [f"settings.{s.name}" for s in declared.CARRIED if s.since > schema and settings.get(s.name) is not None]
     if later:
         raise InvalidRecord(f"{later[0]}: unknown field in a schema {schema} record")
-    out = dict(data, schema=SCHEMA_VERSION)
-    if FIELDS_SINCE["settings"] > schema:
-        out["settings"] = {s.name: None for s in declared.CARRIED}
-    return out
+    unknown = {s.name: None for s in declared.CARRIED if s.since > schema}
+    return dict(data, schema=SCHEMA_VERSION, settings={**settings, **unknown})
 
 
 def _build(cls, data: dict[str, Any], where: str):
