@@ -39,8 +39,9 @@ IN_PROCESS = ("mlx", "llama.cpp")
 LLAMA_CPP = ("llama.cpp", "llama-server")
 SERVERS = ("llama-server", "openai")
 
-# llama.cpp's KV-cache types (common/arg.cpp kv_cache_types), as -ctk/-ctv spell them.
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# llama.cpp's KV-cache types (common/arg.cpp kv_cache_types), as -ctk/-ctv spell them; bf16 left
+# out: llama-cpp-python names no GGML_TYPE_BF16 for the in-process engine.
+KV_CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,10 @@ DECLARED: tuple[Setting, ...] = (
             "llama.cpp's generation and batch threads (-t/-tb); 0 in a sweep: the agent's default. Runs record the "
             "count used", default=0, unset=0, sweep="threads", lo=0, hi=1024, condition=True, engines=LLAMA_CPP,
             server_flags=("-t", "-tb"), llama_cparams=("n_threads", "n_threads_batch")),
+    Setting("kv_cache_type", str, SWEEP, "KV cache",
+            "llama.cpp's K and V cache type (-ctk/-ctv; type_k/type_v in process)", default="f16",
+            sweep="kv_cache_type", choices=KV_CACHE_TYPES, condition=True, engines=LLAMA_CPP, since=4,
+            server_flags=("-ctk", "-ctv"), llama_cparams=("type_k", "type_v"), llama_enum="GGML_TYPE_"),
     Setting("server_flags", str, SERVER, "server flags",
             "The server's command line without its binary, model paths, host and port, in the order given",
             engines=SERVERS),
