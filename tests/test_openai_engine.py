@@ -3,18 +3,21 @@ from command templates, or already running at a loopback URL) and mlx_lm.server 
 only) on the tiny models; tests/fake_server.py stands only for servers that answer wrongly."""
 
 import sys
+from importlib import metadata
 
 import pytest
 
 from agent.engines import make_engine
 from agent.engines.base import EngineError, Request
 from agent.engines.llama_server import PROJECT_BUILD
-from agent.engines.openai_server import expand, loopback_address, token_times
+from agent.engines.openai_server import command_version, expand, loopback_address, token_times
 from agent.engines.server_process import ServerProcess, free_port
 from agent.summary import summarise
 from specfleet.record import Arm, ServerSpec
-from tests.processes import needs_llama_server
-from tests.test_server_process import FAKE, gone
+from tests.support.processes import FAKE_SERVER as FAKE
+from tests.support.processes import gone, needs_llama_server
+
+pytestmark = [pytest.mark.process]
 
 BASELINE = f"{PROJECT_BUILD} -m {{model}} --port {{port}}"
 MTP = f"{PROJECT_BUILD} -m {{model}} --port {{port}} --spec-type draft-mtp --spec-draft-n-max {{depth}}"
@@ -77,6 +80,19 @@ def test_tokens_are_counted_at_their_events():
     assert token_times([0.1, 0.2, 0.3, 0.4], 2) == [0.1, 0.4]  # split text: the last token at the last event
 
 
+def test_a_server_command_names_its_version(tmp_path):
+    """What server_version records for an OpenAI-compatible server: its package's version where
+    the command names one (python -m PACKAGE, or a console script), else its own --version."""
+    assert command_version(["python3", "-m", "pytest", "--port", "1"]) == f"pytest {metadata.version('pytest')}"
+    assert command_version(["/any/where/specfleet", "serve"]) == f"specfleet {metadata.version('specfleet')}"
+    script = tmp_path / "myserver"
+    script.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "myserver 1.2.3 (abc)" && exit 0\nexit 2\n')
+    script.chmod(0o755)
+    assert command_version([str(script), "--model", "x"]) == "myserver 1.2.3 (abc)"
+    script.write_text("#!/bin/sh\nexit 2\n")
+    assert command_version([str(script)]) == ""  # no version said: unknown, never guessed
+
+
 # ---------------------------------------------------------------- real servers
 
 
@@ -97,7 +113,9 @@ def test_llama_server_through_its_openai_endpoint_from_templates(engine, tiny_mo
     assert mtp.server.drafted > 0 and 0 <= mtp.server.accepted <= mtp.server.drafted  # from its `timings`
     assert base.server.drafted is None and base.server.decode_tokens_per_second > 0
     for gen in (base, mtp):
-        assert gen.server.system == "llama-server (OpenAI API)" and gen.server.version == "b1-0c1e570"
+        assert gen.server.system == "llama-server (OpenAI API)" and gen.server.version.endswith(
+            " fingerprint b1-0c1e570"
+        )
         assert gen.prefill_seconds > 0 and gen.decode_seconds > 0
         assert summarise(gen)["generated_tokens"] == 24
     pids = started(e)

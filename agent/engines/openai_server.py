@@ -10,7 +10,8 @@ because the engine picks a free loopback port for every server it starts (a serv
 elsewhere would be waited for in vain). Servers started here are ready when GET /health, or
 where that is 404, GET /v1/models, answers 200; they are stopped with the engine (close()).
 
-A run is one streamed POST /v1/completions with `max_tokens`, the cell's sampler (temperature 0
+A run is one streamed POST /v1/completions (/v1/chat/completions with the prompt's messages when
+the cell's prompt_format is chat: agent/prompts.py) with `max_tokens`, the cell's sampler (temperature 0
 for greedy), `stream_options.include_usage` and `ignore_eos: true` (every run exactly
 max_new_tokens tokens, as everywhere else in the fleet; a server that stops early fails the
 run, naming its finish_reason); `cache_prompt: false` is added for llama-server's benefit (other
@@ -42,15 +43,18 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import subprocess
 import tempfile
 import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from specfleet.record import MAX_DEPTH, OPENAI_METHODS, ServerSpec
 
+from .. import prompts
 from . import loopback, server_memory
 from .base import EngineError, Generation, Request, ServerRun, make_generation
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
@@ -123,6 +127,9 @@ def path_bytes(path: str) -> int | None:
     return None
 
 
+VERSION_TIMEOUT_SECONDS = 10.0  # a program that ignores --version and serves instead is stopped then
+
+
 @dataclass
 class Endpoint:
     """One server the engine talks to: started by it (`process`) or already running."""
@@ -134,6 +141,28 @@ class Endpoint:
     takes_ids: bool = False
     model: str = ""  # the id /v1/models names first, sent as "model" ("" if it names none)
     fingerprint: str = ""  # system_fingerprint of its answers
+    version: str = ""  # the version of the program its command runs (command_version)
+
+
+def command_version(argv: list[str]) -> str:
+    """The version of the program a server command runs, as its package says it (`python -m
+    mtplx.server ...`: the distribution that provides mtplx; `mtplx serve ...`: the one whose
+    console script it is) or else as its own `--version` prints it (first line); "" when neither
+    tells. Recorded with the run (server_version, a checked key): two releases are never pooled."""
+    program = Path(argv[0]).name
+    if program.startswith("python") and "-m" in argv[:-1]:
+        top = argv[argv.index("-m") + 1].split(".")[0]
+        dists = metadata.packages_distributions().get(top, [])
+        return f"{dists[0]} {metadata.version(dists[0])}" if dists else ""
+    scripts = [ep for ep in metadata.entry_points(group="console_scripts") if ep.name == program]
+    if scripts and scripts[0].dist is not None:
+        return f"{scripts[0].dist.name} {scripts[0].dist.version}"
+    try:
+        done = subprocess.run([argv[0], "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = [line.strip() for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
+    return lines[0][:200] if done.returncode == 0 and lines else ""
 
 
 class OpenAIServerEngine:
@@ -161,6 +190,7 @@ class OpenAIServerEngine:
         self._tokenizer = None  # transformers' tokenizer, loaded on first need
         self._server_tokenizes: bool | None = None
         self._probe_ids: tuple[int, ...] = ()
+        self._chats: dict[tuple[int, ...], tuple[list, dict]] = {}  # chat prompt tokens -> (messages, kwargs)
         self._started = 0
 
     # ------------------------------------------------------------------ servers
@@ -195,7 +225,7 @@ class OpenAIServerEngine:
             self._started += 1
             log = self.log_dir / f"server-{self._started:03d}.log"
             process = ServerProcess(argv, port, log, self.system, self.health_timeout_seconds, HEALTH_PATHS)
-            endpoint = Endpoint(loopback.HOST, port, process.command, process.start())
+            endpoint = Endpoint(loopback.HOST, port, process.command, process.start(), version=command_version(argv))
         self._endpoints[key] = endpoint
         if self._probe_ids:  # known once load() has tokenized; load probes its own server then
             self._probe(endpoint)
@@ -291,6 +321,57 @@ class OpenAIServerEngine:
                 return tuple(tokens)
         return tuple(self._auto_tokenizer()(text)["input_ids"])
 
+    def chat_template(self) -> str | None:
+        """The baseline's server's chat template (GET /props, llama-server's form), else the
+        model directory's tokenizer's; None where neither has one."""
+        endpoint = self._endpoint(self._key("baseline", 0, ""))
+        status, body = self._call(
+            endpoint, lambda: loopback.request(endpoint.port, "GET", "/props", host=endpoint.host)
+        )
+        try:
+            template = loopback.json_of(status, body, "GET /props").get("chat_template") if status == 200 else None
+        except loopback.BadAnswer:
+            template = None
+        if isinstance(template, str) and template:
+            return template
+        if not Path(self.target).is_dir():
+            return None
+        return getattr(self._auto_tokenizer(), "chat_template", None) or None
+
+    def chat_tokenize(self, chat: list[dict[str, str]], reasoning: str | None) -> tuple[int, ...]:
+        """The chat's prompt tokens as the server will see them (its POST /apply-template and
+        /tokenize where it has them, else the model's tokenizer's apply_chat_template); the chat
+        is kept for the runs of these tokens, which are sent as /v1/chat/completions messages."""
+        kwargs = prompts.template_kwargs(reasoning)
+        tokens = None
+        if self._server_tokenizes is not False:
+            endpoint = self._endpoint(self._key("baseline", 0, ""))
+            body = {"messages": chat, **({"chat_template_kwargs": kwargs} if kwargs else {})}
+            status, answer = self._call(
+                endpoint, lambda: loopback.request(endpoint.port, "POST", "/apply-template", body, host=endpoint.host)
+            )
+            rendered = loopback.json_of(status, answer, "POST /apply-template").get("prompt") if status == 200 else None
+            if isinstance(rendered, str):
+                status, answer = self._call(
+                    endpoint,
+                    lambda: loopback.request(
+                        endpoint.port,
+                        "POST",
+                        "/tokenize",
+                        {"content": rendered, "add_special": True, "parse_special": True},
+                        host=endpoint.host,
+                    ),
+                )
+                got = loopback.json_of(status, answer, "POST /tokenize").get("tokens") if status == 200 else None
+                if isinstance(got, list) and all(isinstance(t, int) for t in got):
+                    tokens = tuple(got)
+        if tokens is None:
+            tokenizer = self._auto_tokenizer()
+            rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **kwargs)
+            tokens = tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        self._chats[tokens] = (chat, kwargs)
+        return tokens
+
     def _prompt(self, endpoint: Endpoint, tokens: Sequence[int]):
         if endpoint.takes_ids:
             return list(tokens)
@@ -338,8 +419,24 @@ class OpenAIServerEngine:
         self._check(request)
         endpoint = self._endpoint(self._key(request.method, request.depth, request.command))
         s = request.sampler
+        chat = getattr(request.settings, "prompt_format", None) == "chat"
+        if chat:
+            if tuple(request.prompt_tokens) not in self._chats:
+                raise EngineError(
+                    f"{self.system}: a chat request carries messages, not tokens: prompt_format chat needs prompts "
+                    "rendered by this engine and no context_tokens before them (use prompt_format raw)"
+                )
+            messages, kwargs = self._chats[tuple(request.prompt_tokens)]
+            params = self._params(endpoint, None, request.max_new_tokens)
+            params.pop("prompt")
+            params["messages"] = messages
+            if kwargs:
+                params["chat_template_kwargs"] = kwargs
+        else:
+            params = self._params(endpoint, self._prompt(endpoint, request.prompt_tokens), request.max_new_tokens)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
         body = {
-            **self._params(endpoint, self._prompt(endpoint, request.prompt_tokens), request.max_new_tokens),
+            **params,
             "temperature": s.temperature,
             "top_p": s.top_p if not s.greedy else 1.0,
             "seed": s.seed,
@@ -356,13 +453,15 @@ class OpenAIServerEngine:
             nonlocal usage, timings, finish
             started = time.perf_counter()
             for arrived, event in loopback.stream_events(
-                endpoint.port, "/v1/completions", body, REQUEST_TIMEOUT_SECONDS, host=endpoint.host
+                endpoint.port, path, body, REQUEST_TIMEOUT_SECONDS, host=endpoint.host
             ):
                 choices = event.get("choices") or []
                 choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-                if choice.get("text"):
+                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+                text = choice.get("text") or delta.get("content") or delta.get("reasoning_content")
+                if text:
                     arrivals.append(arrived - started)
-                    pieces.append(str(choice["text"]))
+                    pieces.append(str(text))
                 finish = choice.get("finish_reason") or finish
                 usage = event.get("usage") or usage
                 timings = event.get("timings") or timings
@@ -389,9 +488,10 @@ class OpenAIServerEngine:
         """What the server said of the run: llama-server's `timings` where it sent them."""
         predicted_ms, predicted_n = timings.get("predicted_ms"), timings.get("predicted_n")
         speculative = request.method != "baseline"
+        fingerprint = f"fingerprint {endpoint.fingerprint}" if endpoint.fingerprint else ""
         return ServerRun(
             system=self.system,
-            version=endpoint.fingerprint,
+            version=" ".join(v for v in (endpoint.version, fingerprint) if v),
             command=endpoint.command,
             decode_tokens_per_second=predicted_n / (predicted_ms / 1000) if predicted_ms and predicted_n else None,
             prefill_seconds=timings["prompt_ms"] / 1000 if "prompt_ms" in timings else None,
