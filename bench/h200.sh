@@ -1,65 +1,112 @@
 #!/usr/bin/env bash
 # The runs on the lent NVIDIA H200 machine (bench/README.md, "NVIDIA H200"), from the repository
-# root there, with what .gpu/ carries (git-excluded: the llama.cpp source of the lock, stripped of
-# models, docs, tests and other backends; llama-cpp-python's Python package, from this machine's
-# .venv; wheels the image lacks or has too old: duckdb, gguf, grpcio, grpcio-health-checking,
-# diskcache). The machine reaches no network, and everything on it is gone 30 s after a call.
+# root there, with what .gpu/ carries (git-excluded, made on this machine as the README says: the
+# llama.cpp source of the lock, stripped of models, docs, tests and other backends; llama-cpp-
+# python's Python package from .venv, without its CPU libraries; the wheels the image lacks or has
+# too old, unpacked into .gpu/site-core.tar.xz (duckdb, gguf, grpcio, grpcio-health-checking,
+# protobuf, diskcache) and .gpu/site-mlx.tar.xz (mlx, mlx-cpu, mlx-lm: MLX on the CPU), or as
+# .gpu/whl*/ wheels;
+# and .gpu/build/, the parts of a CUDA build that `pack` returned). The machine reaches no
+# network, and everything on it is gone 30 s after a call. Everything printed goes to $OUT/log.txt.
 #   bench/h200.sh capture   nvidia-smi, NVML and powercap readings into $OUT (tests/captured/)
-#   bench/h200.sh build     scripts/build-llama-cpp.sh with SPECFLEET_ACCEL=cuda for sm_90 (5.5 min, 16 cores)
+#   bench/h200.sh build     scripts/build-llama-cpp.sh with SPECFLEET_ACCEL=cuda for sm_90 (about 5 min on 16
+#                           cores), with the image's own CC/CXX/CUDAHOSTCXX, and what the build links (NCCL)
 #   bench/h200.sh pack      that build into $OUT, in 15 MB parts
-#   bench/h200.sh models    the tiny models (deterministic: the same digests as anywhere)
-#   bench/h200.sh tests     the accelerator's tests on the GPU: tests/test_energy.py, test_fingerprint.py
-#   bench/h200.sh overhead  bench/overhead.py and llama-bench on the tiny models
-#   bench/h200.sh sweep     the demo's llama.cpp sweeps through a coordinator and an agent (bench/gpu_sweep.py)
+#   bench/h200.sh unpack    a build packed by an earlier call, from .gpu/build/, checked again
+#   bench/h200.sh crash     issue 28's crash, tried as a user would: protobuf first, numpy first, nothing first
+#   bench/h200.sh lossless  bench/h200/lossless.py: our greedy arms against the baseline, in place and through the chain
+#   bench/h200.sh tiny      the tiny models alone
+#   bench/h200.sh models    the tiny models (deterministic: the same digests as anywhere) and bench/shaped.py's
+#   bench/h200.sh tests     the project's engine tests on the GPU (tests/test_engines.py, its MTP ones, the
+#                           energy, fingerprint and build-check tests)
+#   bench/h200.sh overhead  bench/overhead.py (SmolLM2-135M's layers for the 49k and 151k models)
+#   bench/h200.sh sweep     the demo's sweeps through a coordinator and an agent (bench/gpu_sweep.py) into $OUT/sweep
+#                           (SWEEP_NAMES: some of them; SWEEP_SECONDS: its deadline; OVERHEAD_ARGS: overhead's flags)
 set -uo pipefail
-started=$(date +%s)  # the sweep exports what is done before the call's CALL_SECONDS (default 570) run out
-export PYTHONUNBUFFERED=1 SPECFLEET_CACHE=/tmp/specfleet-cache
-export PYTHONPATH="$PWD:$PWD/.gpu/py:/tmp/site" SPECFLEET_TINY_DIR=/tmp/tiny
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .gpu/whl/*.whl $(ls .gpu/whl2/*.whl 2>/dev/null) >/dev/null 2>&1 || echo "h200: wheel install failed"
+started=$(date +%s)  # stages that run long stop before the call's CALL_SECONDS (default 570) run out
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 SPECFLEET_CACHE=/tmp/specfleet-cache NCCL_NVLS_ENABLE=0
+export PYTHONPATH="$PWD:$PWD/.gpu/py:/tmp/site" SPECFLEET_TINY_DIR=/tmp/tiny SHAPED=/tmp/shaped
+mkdir -p /tmp/site
+if ls .gpu/site*.tar.xz >/dev/null 2>&1; then
+    for site in .gpu/site*.tar.xz; do tar -xJf "$site" -C /tmp/site || echo "h200: $site unpack failed"; done
+else
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .gpu/whl/*.whl $(ls .gpu/whl2/*.whl 2>/dev/null) >/dev/null 2>&1 || echo "h200: wheel install failed"
+fi
 sha=$(python3 -c 'import tomllib; p=[p for p in tomllib.load(open("uv.lock","rb"))["package"] if p["name"]=="llama-cpp-python"][0]; print(p["sdist"]["hash"][7:23])')
 build="$SPECFLEET_CACHE/llama.cpp/$sha-cuda"
 export LLAMA_CPP_LIB_PATH="$build/bin" PATH="$build/bin:$PATH"
+left() { echo $(( ${CALL_SECONDS:-570} - $(date +%s) + started )); }
 for stage in "$@"; do
-    echo "=== $stage $(date -u +%T)"
+    echo "=== $stage $(date -u +%T) ($(left) s left)"
+    if [ "$(left)" -lt 45 ]; then echo "h200: $stage skipped: the call's time is nearly out"; continue; fi
     case "$stage" in
     capture)
         {
             nvidia-smi
             nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.memory,power.limit,power.max_limit,pci.bus_id --format=csv,noheader,nounits
-            nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.memory,power.limit --format=csv
-            nvidia-smi --help-query-gpu | grep -iE '^"(cuda|driver|clocks.max|power|enforced)' | head -30
-            ls -la /sys/class/powercap/ 2>&1; find /sys/class/powercap/ -maxdepth 2 -name 'energy_uj' -exec sh -c 'echo {}; cat {}' \; 2>&1 | head
+            ls -la /sys/class/powercap/ 2>&1
             python3 -m pip list 2>/dev/null | grep -iE '^(grpcio|protobuf|numpy|pyarrow|pandas|pyyaml|scipy|prometheus|nvidia-ml-py|tokenizers|safetensors|duckdb) '
             nproc; uname -r
-        } >"$OUT/captures.txt" 2>&1
-        nvidia-smi -q >"$OUT/nvidia-smi-q.txt" 2>&1
-        python3 .gpu/nvml_probe.py >>"$OUT/captures.txt" 2>&1 ;;
+        } >"$OUT/captures.txt" 2>&1 ;;
     build)
         mkdir -p /tmp/src && tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp/src
-        SPECFLEET_ACCEL=cuda SPECFLEET_CUDA_ARCHITECTURES=90 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-            SPECFLEET_LLAMA_SRC=/tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp SPECFLEET_LLAMA_COMMIT=0c1e570 \
-            scripts/build-llama-cpp.sh
-        ls -la "$build/bin"; cat "$build/version.txt"
-        mkdir -p .data && ln -sfn "$build" .data/llama.cpp ;;
-    pack)
-        tar -C "$SPECFLEET_CACHE/llama.cpp" -cJf - "$sha-cuda" | split -b 15M - "$OUT/build.tar.xz." ;;
-    models)
-        python3 -m specfleet.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null ;;
-    tests)
-        timeout 120 python3 -X faulthandler -m pytest -v -p no:cacheprovider tests/test_energy.py tests/test_fingerprint.py \
-            >"$OUT/tests.txt" 2>&1; echo "pytest status $?"; grep -E "PASS|FAIL|SKIP|Fatal|File \"/work|rror" "$OUT/tests.txt" | head -40 ;;
-    overhead)
-        for m in target draft mtp-hybrid; do
-            for fa in 0 1; do
-                llama-bench -m "$SPECFLEET_TINY_DIR/gguf/$m.gguf" -p 0 -n 128 -ngl 99 -fa $fa -t 8 -r 5 2>&1 | grep -E 'tg128'
-            done
+        echo "image compilers: CC=${CC:-} CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-}"
+        for c in "${CXX:-c++}" /usr/bin/g++; do
+            echo "$c: $("$c" --version 2>&1 | head -1); libstdc++.so: $("$c" -print-file-name=libstdc++.so)"
         done
-        timeout 240 python3 bench/overhead.py --models "$SPECFLEET_TINY_DIR" --repeats 7 2>&1 | tee "$OUT/overhead.txt" ;;
+        SPECFLEET_ACCEL=cuda SPECFLEET_CUDA_ARCHITECTURES=90-real CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+            SPECFLEET_LLAMA_SRC=/tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp SPECFLEET_LLAMA_COMMIT=0c1e570 \
+            scripts/build-llama-cpp.sh || echo "h200: BUILD FAILED ($?)"
+        ls -la "$build/bin"; cat "$build/version.txt"
+        scripts/build-llama-cpp.sh --check "$build/bin" dynamic; echo "check status $?"
+        echo "ldd libggml-cuda.so:"; ldd "$build/bin/libggml-cuda.so" | grep -iE 'nccl|stdc|cudart|cublas|gcc_s|not found'
+        readelf -d "$build/bin/libggml-cuda.so" | grep -E 'RUNPATH|RPATH' ;;
+    pack)
+        tar -C "$SPECFLEET_CACHE/llama.cpp" -cf - "$sha-cuda" | xz -T0 -6 | split -b 15M - "$OUT/build.tar.xz."
+        ls -la "$OUT"/build.tar.xz.* ;;
+    unpack)
+        mkdir -p "$SPECFLEET_CACHE/llama.cpp" .data
+        cat .gpu/build/build.tar.xz.* | xz -d -T0 | tar -x -C "$SPECFLEET_CACHE/llama.cpp"
+        ln -sfn "$build" .data/llama.cpp
+        scripts/build-llama-cpp.sh --check "$build/bin" dynamic >/dev/null; echo "check status $?" ;;
+    crash)
+        python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null
+        for first in google._upb._message numpy ""; do
+            timeout 60 python3 -X faulthandler - "$first" "$SPECFLEET_TINY_DIR/gguf/target.gguf" <<'PY' 2>&1 | tail -4
+import importlib, sys
+first, model = sys.argv[1:]
+if first:
+    importlib.import_module(first)
+from agent.engines import make_engine
+from agent.engines.base import Request
+engine = make_engine("llama.cpp")
+engine.load(model)
+gen = engine.generate(Request(engine.tokenize("Speculative decoding"), 16))
+print(f"{first or 'nothing'} imported first: loaded and generated on {engine.backend()}: {gen.tokens[:8]}")
+PY
+            echo "status ${PIPESTATUS[0]}"
+        done ;;
+    lossless)
+        timeout 60 python3 bench/h200/lossless.py "$SPECFLEET_TINY_DIR" ;;
+    tiny)
+        python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null ;;
+    models)
+        python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null
+        python3 bench/shaped.py "$SHAPED" --trunk smol ;;
+    tests)
+        timeout $(( $(left) > 300 ? 240 : $(left) - 60 )) python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider \
+            -o addopts="" tests/test_engines.py tests/test_llamacpp_mtp.py tests/test_mtp_agreement.py \
+            tests/test_energy.py tests/test_fingerprint.py tests/test_build_check.py 2>&1 | tail -40
+        echo "pytest status ${PIPESTATUS[0]}" ;;
+    overhead)
+        timeout $(( $(left) - 20 )) python3 bench/overhead.py --models "$SPECFLEET_TINY_DIR" --shaped "$SHAPED" \
+            --trunk "${TRUNK:-smol}" --repeats "${REPEATS:-7}" ${OVERHEAD_ARGS:-} ;;
     sweep)
-        left=$(( ${CALL_SECONDS:-570} - $(date +%s) + started - 30 ))
-        timeout $(( left + 25 )) python3 bench/gpu_sweep.py --models "$SPECFLEET_TINY_DIR" --out "$OUT" \
-            --deadline "$left" 2>&1 | tee "$OUT/sweep.txt" ;;
+        budget=$(( ${SWEEP_SECONDS:-$(( $(left) - 30 ))} ))
+        timeout $(( budget + 25 )) python3 bench/gpu_sweep.py --models "$SPECFLEET_TINY_DIR" --out "${SWEEP_OUT:-$OUT/sweep}" \
+            --deadline "$budget" --sweeps "${SWEEP_NAMES:-}" ;;
     esac
 done
 echo "=== end $(date -u +%T)"

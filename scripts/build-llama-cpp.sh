@@ -15,20 +15,107 @@
 # in-process engine, llama-server and llama-bench all run one CUDA build of one commit. About
 # 5 minutes on 16 cores for one architecture. Needs nvcc (CUDA 12 or later) on PATH.
 #
+# The CUDA build's C++ runtime. Its five shared libraries must use the process's one libstdc++:
+# a copy linked into them and exported (std::locale::classic, num_put<char>::id, ...) mixes
+# with the system libstdc++.so.6 that protobuf and numpy load first, and llama_model_load
+# crashes in its first `ostream << long` (issue 28). So the host compilers (CC, CXX and
+# CUDAHOSTCXX, which nvcc compiles and links through) must link libstdc++ dynamically: where the
+# environment's cannot (wrappers whose library directory holds only libstdc++.a, like the
+# H200 image's /opt/gcc/bin), /usr/bin/gcc and /usr/bin/g++ are used instead; where neither
+# can, the static copy is kept private (-Wl,--exclude-libs,ALL). The build then checks its own
+# output (`--check DIR dynamic|static`, below): no library exports std::locale::classic, and
+# each links libstdc++.so.6 where the compilers link it dynamically. The compilers and their
+# versions, and each library's NEEDED entries, go into the build's version.txt.
+#
+# NCCL: ggml's CUDA backend links NVIDIA's NCCL (GGML_CUDA_NCCL, on by default) where CMake finds
+# it, for tensor splits across several GPUs; one GPU never calls it. Whether this build links
+# libnccl.so.2 is in version.txt's NEEDED lines (bench/README.md, "NVIDIA H200", says what the
+# H200 image's build linked). SPECFLEET_CUDA_NCCL=OFF builds without it.
+#
 # SPECFLEET_LLAMA_SRC=DIR builds from an unpacked llama.cpp source tree instead of the sdist,
 # for a machine that cannot download (it must be the lock's vendor/llama.cpp: nothing checks
 # that); SPECFLEET_LLAMA_COMMIT names its commit where the tree carries no git metadata.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# True where C++ compiler $1 links libstdc++ dynamically: a shared library it links from a line
+# of C++ depends on libstdc++.so.6 (a wrapper that finds only libstdc++.a, or adds
+# -static-libstdc++, makes one that does not).
+links_libstdcxx_dynamically() {
+    local probe needed=""
+    probe="$(mktemp -d)"
+    printf '#include <string>\nstd::string probe(const char *s) { return s; }\n' >"$probe/probe.cpp"
+    if "$1" -shared -fPIC "$probe/probe.cpp" -o "$probe/libprobe.so" >/dev/null 2>&1; then
+        needed="$(readelf -d "$probe/libprobe.so")"
+    fi
+    rm -rf "$probe"
+    [[ "$needed" == *"[libstdc++.so.6]"* ]]
+}
+
+# Checks a shared build's libraries in $1 (issue 28): none may export the C++ runtime's
+# std::locale::classic (a private libstdc++ leaking out), and with $2 = dynamic each library that
+# takes C++ runtime symbols from outside (std::, operator new, exceptions) must link
+# libstdc++.so.6. One line per library; status 1 if any fails.
+check_shared_build() {
+    local dir="$1" expect="$2" lib status=0 defined undefined needed
+    local found=0
+    for lib in "$dir"/lib*.so*; do
+        [ -f "$lib" ] && [ ! -L "$lib" ] || continue  # the real file, not its soname links
+        found=1
+        defined="$(nm -D --defined-only "$lib" | c++filt)"
+        undefined="$(nm -D --undefined-only "$lib")"
+        needed=" $(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+        echo "check: $(basename "$lib"): $(grep -c ' std::' <<<"$defined" || true) std:: symbols exported;" \
+            "NEEDED:$needed"
+        if grep -qF 'std::locale::classic()' <<<"$defined"; then
+            echo "build-llama-cpp: $lib exports std::locale::classic: it carries a private libstdc++" \
+                "that clashes with the process's libstdc++.so.6 (issue 28)" >&2
+            status=1
+        fi
+        if [ "$expect" = dynamic ] && [[ "$needed" != *" libstdc++.so.6 "* ]] &&
+            grep -qE ' (_Z[^ ]*St|_Zn[wa]|_Zd[la]|__gxx_personality|__cxa_(throw|begin_catch|guard))' <<<"$undefined"; then
+            echo "build-llama-cpp: $lib uses the C++ runtime but does not link libstdc++.so.6" >&2
+            status=1
+        fi
+    done
+    [ "$found" = 1 ] || { echo "build-llama-cpp: no shared libraries in $dir to check" >&2; return 1; }
+    return $status
+}
+
+if [ "${1:-}" = "--check" ]; then  # scripts/build-llama-cpp.sh --check DIR [dynamic|static]
+    check_shared_build "${2:?--check needs a directory}" "${3:-dynamic}"
+    exit
+fi
+
 accel="${SPECFLEET_ACCEL:-cpu}"
 if [ "${1:-}" = "--accel" ]; then accel="${2:?--accel needs cpu or cuda}"; fi
+runtime=""  # how the shared build links libstdc++: dynamic, or static kept private
 case "$accel" in
     cpu) accel_flags=(-DBUILD_SHARED_LIBS=OFF); suffix="" ;;
     cuda)
         command -v nvcc >/dev/null 2>&1 || { echo "build-llama-cpp: SPECFLEET_ACCEL=cuda needs nvcc on PATH" >&2; exit 1; }
+        # Host compilers that link libstdc++ dynamically (see the header): the environment's,
+        # else the system's; failing both, the environment's with their static copy kept private.
+        cxx="${CXX:-c++}"
+        if links_libstdcxx_dynamically "$cxx"; then
+            runtime=dynamic
+        elif [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ] && links_libstdcxx_dynamically /usr/bin/g++; then
+            echo "setup: $cxx links only a static libstdc++; building with /usr/bin/gcc and /usr/bin/g++"
+            export CC=/usr/bin/gcc CXX=/usr/bin/g++
+            runtime=dynamic
+        else
+            echo "setup: no host compiler links libstdc++ dynamically; keeping $cxx's static copy private"
+            runtime=static
+        fi
+        export CXX="${CXX:-c++}"
+        if [ -z "${CUDAHOSTCXX:-}" ] || { [ "$runtime" = dynamic ] && ! links_libstdcxx_dynamically "$CUDAHOSTCXX"; }; then
+            export CUDAHOSTCXX="$CXX"
+        fi
         accel_flags=(-DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
-            "-DCMAKE_CUDA_ARCHITECTURES=${SPECFLEET_CUDA_ARCHITECTURES:-native}")
+            "-DCMAKE_CUDA_ARCHITECTURES=${SPECFLEET_CUDA_ARCHITECTURES:-native}"
+            "-DGGML_CUDA_NCCL=${SPECFLEET_CUDA_NCCL:-ON}"
+            # A static archive's symbols (libstdc++.a, libgcc.a) stay inside each library.
+            "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL")
         suffix="-cuda" ;;
     *) echo "build-llama-cpp: SPECFLEET_ACCEL is '$accel'; it must be cpu or cuda" >&2; exit 1 ;;
 esac
@@ -43,6 +130,11 @@ PY
 cache="${SPECFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specfleet}/llama.cpp/${sha:0:16}$suffix"
 link=.data/llama.cpp
 
+# A shared build cached before the check existed (or by other compilers) is built again if it fails it.
+if [ -n "$runtime" ] && [ -x "$cache/bin/llama-server" ] && ! check_shared_build "$cache/bin" "$runtime" >/dev/null 2>&1; then
+    echo "setup: the cached build in $cache fails the C++ runtime check (issue 28); building it again"
+    rm -rf "$cache"
+fi
 if [ ! -x "$cache/bin/llama-server" ] || [ ! -x "$cache/bin/llama-bench" ]; then
     echo "setup: building llama-server and llama-bench ($accel) from $(basename "$url") (once; minutes)"
     work="$(mktemp -d)"
@@ -71,7 +163,27 @@ if [ ! -x "$cache/bin/llama-server" ] || [ ! -x "$cache/bin/llama-bench" ]; then
     cp -P "$work/build/bin/llama-server" "$work/build/bin/llama-bench" "$cache.tmp/bin/"
     find "$work/build/bin" -maxdepth 1 -name 'lib*.so*' -exec cp -P {} "$cache.tmp/bin/" \;
     echo "$accel" >"$cache.tmp/accel.txt"
-    "$cache.tmp/bin/llama-server" --version >"$cache.tmp/version.txt" 2>&1
+    {
+        "$cache.tmp/bin/llama-server" --version 2>&1
+        # The compilers CMake used (its cache), and their versions.
+        for lang in C CXX CUDA; do
+            compiler="$(sed -n "s/^CMAKE_${lang}_COMPILER:[A-Z]*=//p" "$work/build/CMakeCache.txt")"
+            [ -z "$compiler" ] && continue
+            version="$("$compiler" --version 2>&1 | grep -m1 -i 'release' || "$compiler" --version 2>&1 | head -1)"
+            echo "compiler $lang: $compiler -> $(readlink -f "$compiler" || echo "$compiler") ($version)"
+        done
+        host="$(sed -n 's/^CMAKE_CUDA_HOST_COMPILER:[A-Z]*=//p' "$work/build/CMakeCache.txt")"
+        [ -n "$host" ] && echo "compiler CUDA host: $host -> $(readlink -f "$host") ($("$host" --version 2>&1 | head -1))"
+        [ -n "$runtime" ] && echo "libstdc++: $runtime"
+        if [ "$accel" = cuda ]; then
+            for lib in "$cache.tmp"/bin/lib*.so*; do
+                [ -L "$lib" ] || echo "NEEDED $(basename "$lib"): $(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+            done
+        fi
+    } >"$cache.tmp/version.txt"
+    if [ -n "$runtime" ]; then
+        check_shared_build "$cache.tmp/bin" "$runtime" || { rm -rf "$cache.tmp"; exit 1; }
+    fi
     rm -rf "$cache" && mv "$cache.tmp" "$cache"
 fi
 mkdir -p .data
