@@ -23,7 +23,7 @@ from pathlib import Path
 from coordinator.ingest import RUN_COLUMNS
 from coordinator.store import Store
 from specfleet.record import ModelIdentity, Sampler
-from tests.fleet import run_record
+from tests.support.fleet import run_record
 
 CHIPS = (
     "Apple M1", "Apple M1 Max", "Apple M2", "Apple M2 Ultra", "Apple M3", "Apple M3 Max",

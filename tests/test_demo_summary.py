@@ -1,0 +1,46 @@
+"""The demo's summary (cli/demo.py summary_table) on a busy machine, without running the demo:
+runs judged not nominal leave an arm's speedup to the one definition over every run, marked as
+such, instead of `nan`; a nominal pair, where there is one, still decides the figure alone.
+tests/test_demo.py checks the printed figures against the stored runs of a real demo."""
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from cli.demo import NOT_NOMINAL, summary_table
+from tests.support.fleet import jobs_of, run_record
+
+
+def stored(nominal: list[bool | None], draft_tps: float = 50.0) -> pd.DataFrame:
+    """One cell as the coordinator stores it: per prompt a baseline at 100 tok/s and a draft arm,
+    both judged `nominal[prompt]`."""
+    rows = []
+    for p, judged in enumerate(nominal):
+        for method, depth, tps in (("baseline", 0, 100.0), ("draft", 2, draft_tps + p)):
+            record = run_record("job-1", method, depth, tps, prompt_id=f"code-{p + 1:02d}", env_nominal=judged)
+            rows.append({**record.row(), "lease_id": "lease-1", "agent_id": "a", "chip": "c", "sweep_id": "s"})
+    return pd.DataFrame(rows)
+
+
+def draft_row(runs: pd.DataFrame) -> tuple[list[str], str]:
+    text = summary_table(pa.Table.from_pandas(runs), pa.Table.from_pandas(jobs_of(runs)))
+    assert "nan" not in text, text
+    return next(line.split() for line in text.splitlines() if line.startswith("mlx ") and " draft " in line), text
+
+
+@pytest.mark.parametrize("judged", [True, None])
+def test_nominal_or_unknown_runs_print_the_plain_speedup(judged):
+    row, text = draft_row(stored([judged] * 3))
+    assert row[5] == "0.51" and NOT_NOMINAL not in text, text  # median of 50, 51, 52 over 100
+
+
+def test_a_machine_busy_throughout_prints_the_same_figure_marked():
+    row, text = draft_row(stored([False] * 3))
+    assert row[5] == f"0.51{NOT_NOMINAL}", text
+    assert f"{NOT_NOMINAL} from runs judged not nominal" in text
+
+
+def test_a_nominal_pair_decides_alone_and_is_not_marked():
+    row, text = draft_row(stored([False, True, False], draft_tps=10.0))
+    assert row[5] == "0.11", text  # prompt 2 alone: 11 / 100
+    assert NOT_NOMINAL not in text, text
