@@ -5,6 +5,7 @@ refused (FailJob refused=True, never retried) with the reason."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.model_identity import ModelUnreadable, identify
@@ -13,6 +14,36 @@ from specfleet.record import ENGINE_METHODS, ENGINES, JobSpec, ModelIdentity, is
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _magic(path: Path) -> bytes:
+    """A file's first four bytes; b"" for a directory or an unreadable file."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4)
+    except OSError:
+        return b""
+
+
+def format_problem(engine: str, path: Path) -> str:
+    """Why `path` is a model in the wrong format for `engine` ("" when it is not): MLX loads a
+    model directory (config.json and safetensors), the llama.cpp engines one GGUF file. One line,
+    instead of the worker's traceback."""
+    is_gguf = _magic(path) == GGUF_MAGIC
+    if engine == "mlx" and is_gguf:
+        return (
+            "is a GGUF file; the mlx engine loads an MLX model directory (config.json and safetensors): "
+            "convert it with `specfleet models gguf-to-mlx`, or run it on the llama.cpp engines"
+        )
+    if engine == "mlx" and not (path / "config.json").is_file():
+        return "is not an MLX model directory (no config.json); the mlx engine loads config.json and safetensors"
+    if engine in ("llama.cpp", "llama-server") and not is_gguf:
+        what = "a directory" if path.is_dir() else "not a GGUF file (no GGUF magic)"
+        return f"is {what}; the {engine} engine loads one GGUF file"
+    return ""
 
 
 def check(agent: Agent, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity]]:
@@ -32,6 +63,9 @@ def check(agent: Agent, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity
     if "target" not in roles:
         raise ModelRefused("the job names no target model")
     resolved = {r: resolve(spec.model[r], agent.model_dirs, agent.allow_downloads, agent.hf_cache) for r in roles}
+    for role, model in resolved.items():
+        if problem := format_problem(spec.engine, model.path):
+            raise ModelRefused(f"{role} {model.reference}: {problem}")
     check_fits(list(resolved.values()), agent.fingerprint.memory_bytes, spec.memory_gb or None)
     try:
         identities = {r: identify(m, agent.hashes.digest(m)) for r, m in resolved.items()}

@@ -66,8 +66,20 @@ def _tell(what: str, rpc, stop) -> bool:
         return False
 
 
+def one_line(text: str) -> str:
+    """A failure reason as `sweep status` prints it: one line, at most FAILURE_REASON_CHARS."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= FAILURE_REASON_CHARS else text[: FAILURE_REASON_CHARS - 3] + "..."
+
+
+def last_line(output: str) -> str:
+    """The last non-empty line of a worker's output: a traceback's exception and its message."""
+    return next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
+
+
 def _fail(agent: Agent, job, reason: str, *, refused: bool = False) -> None:
     outcome = "refused" if refused else "failed"
+    reason = one_line(reason)
     log.error("job %s %s: %s", job.job_id, outcome, reason)
     _tell(f"{outcome} {job.job_id}", lambda: agent.api.fail_job(job.job_id, job.lease_id, reason, refused), None)
     if refused:
@@ -199,7 +211,9 @@ def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked
     if code != 0:
         reason = _failure(agent, code, timed_out)
         tail = (workdir / "worker.err").read_text(errors="replace")[-WORKER_OUTPUT_TAIL_CHARS:].strip()
-        return _fail(agent, job, f"{reason}: {tail}" if tail else reason)
+        if tail:  # the traceback stays in the agent's log; the coordinator gets its last line
+            log.error("job %s: the worker's output ends:\n%s", job.job_id, tail)
+        return _fail(agent, job, f"{reason}: {last_line(tail)}" if tail else reason)
     if parked:
         return _fail(agent, job, parked_reason(parked, runs))
     if _tell(f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs), agent.stop):

@@ -36,6 +36,7 @@ from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 from specfleet import settings as declared
 from specfleet.settings import Settings
 
+from .. import prompts
 from . import ENGINE_METHODS, ngram
 from . import llamacpp_mtp as mtp
 from .base import (
@@ -44,11 +45,14 @@ from .base import (
     Drafter,
     EngineError,
     Generation,
+    Margin,
     Request,
     Round,
     Sampler,
     make_generation,
+    margin_problem,
     record_round,
+    top_two,
     validate,
 )
 from .llamacpp_lib import backend, library_dir
@@ -464,16 +468,39 @@ class LlamaCppEngine:
         self._target = self._draft = self._mtp = None
         self._references.clear()
 
-    def tokenize(self, text: str) -> tuple[int, ...]:
+    def tokenize(self, text: str, parse_special: bool = False) -> tuple[int, ...]:
         target = self._loaded()
         data = text.encode("utf-8")
         add_bos = ll.llama_vocab_get_add_bos(target.vocab)
         size = len(data) + 2
         buffer = (ll.llama_token * size)()
-        n = ll.llama_tokenize(target.vocab, data, len(data), buffer, size, add_bos, False)
+        n = ll.llama_tokenize(target.vocab, data, len(data), buffer, size, add_bos, parse_special)
         if n < 0:
             raise EngineError(f"llama_tokenize needs room for {-n} tokens")
         return tuple(buffer[:n])
+
+    def chat_template(self) -> str | None:
+        """The GGUF's tokenizer.chat_template, None where it has none."""
+        template = ll.llama_model_chat_template(self._loaded().model, None)
+        return template.decode("utf-8") if template else None
+
+    def chat_tokenize(self, chat: list[dict[str, str]], reasoning: str | None) -> tuple[int, ...]:
+        """The chat rendered as llama.cpp renders it (common/chat.cpp): the template with jinja2
+        (agent/prompts.py), the BOS text dropped from its start where the vocabulary adds BOS
+        itself, then tokenized with special tokens parsed."""
+        target = self._loaded()
+        template = self.chat_template()
+        if not template:
+            raise EngineError(f"{self._target_path} has no chat template")
+
+        def text(token: int) -> str:
+            return ll.llama_vocab_get_text(target.vocab, token).decode("utf-8") if token >= 0 else ""
+
+        bos, eos = text(ll.llama_vocab_bos(target.vocab)), text(ll.llama_vocab_eos(target.vocab))
+        rendered = prompts.render(template, chat, bos, eos, reasoning)
+        if bos and ll.llama_vocab_get_add_bos(target.vocab) and rendered.startswith(bos):
+            rendered = rendered[len(bos) :]
+        return self.tokenize(rendered, parse_special=True)
 
     def versions(self) -> dict[str, str]:
         return {"llama-cpp-python": ll.__version__, "llama.cpp": ll.llama_version().decode(), **_ggml_build()}
@@ -664,3 +691,33 @@ class LlamaCppEngine:
                     seconds.append(elapsed)
             medians.append(statistics.median(seconds))
         return medians
+
+    def logit_margin(self, tokens, position: int, rows: int = 1, pair: tuple[int, int] | None = None) -> Margin:
+        """base.Engine.logit_margin: the prefix decoded, then its last `rows` tokens as one
+        batch; the margin of that batch's last row. Leaves the cache empty."""
+        target = self._loaded()
+        problem = margin_problem(tokens, position, rows)
+        if not problem and position > self.n_ctx:
+            problem = f"logit_margin: {position} positions do not fit the context of {self.n_ctx}"
+        if problem:
+            raise EngineError(problem)
+        try:
+            target.clear()
+            if position > rows:
+                target.decode(list(tokens[: position - rows]))
+            target.decode(list(tokens[position - rows : position]), all_logits=True)
+            pointer = ll.llama_get_logits_ith(target.ctx, -1)
+            if not pointer:
+                raise EngineError("llama.cpp holds no logits for the last row")
+            return top_two(np.ctypeslib.as_array(pointer, shape=(target.n_vocab,)), target.end_tokens, pair)
+        finally:
+            target.clear()
+
+    def detokenize(self, tokens) -> str:
+        """The text of generated tokens (special tokens rendered, invalid UTF-8 replaced)."""
+        target = self._loaded()
+        pieces, buffer = [], ctypes.create_string_buffer(256)
+        for token in tokens:
+            n = ll.llama_token_to_piece(target.vocab, token, buffer, len(buffer), 0, True)
+            pieces.append(buffer.raw[: max(n, 0)])
+        return b"".join(pieces).decode("utf-8", errors="replace")

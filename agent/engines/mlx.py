@@ -27,16 +27,20 @@ from mlx_lm.generate import generation_stream, stream_generate, wired_limit
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from .. import prompts
 from . import ENGINE_METHODS, ngram
 from .base import (
     Drafter,
     EngineError,
     Generation,
+    Margin,
     Request,
     Round,
     Sampler,
     make_generation,
+    margin_problem,
     record_round,
+    top_two,
     validate,
 )
 from .mlx_mtp import MtpDrafter, fix_layer_indices, lm_head, load_head, text_model
@@ -268,6 +272,20 @@ class MlxEngine:
         self._require_loaded()
         return tuple(self._tokenizer.encode(text))
 
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template, None where it has none."""
+        self._require_loaded()
+        return getattr(self._tokenizer, "chat_template", None) or None
+
+    def chat_tokenize(self, chat: list[dict[str, str]], reasoning: str | None) -> tuple[int, ...]:
+        """The tokenizer's own apply_chat_template (generation prompt added), tokenized as
+        transformers does it: the rendered text's special tokens as written, none added."""
+        self._require_loaded()
+        rendered = self._tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=False, **prompts.template_kwargs(reasoning)
+        )
+        return tuple(self._tokenizer.encode(rendered, add_special_tokens=False))
+
     def versions(self) -> dict[str, str]:
         return {"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__, "mlx.device": str(mx.default_device())}
 
@@ -417,3 +435,23 @@ class MlxEngine:
                         seconds.append(elapsed)
                 medians.append(statistics.median(seconds))
         return medians
+
+    def logit_margin(self, tokens, position: int, rows: int = 1, pair: tuple[int, int] | None = None) -> Margin:
+        """base.Engine.logit_margin: the prefix prefilled, then its last `rows` tokens as one
+        forward pass; the margin of that pass's last row."""
+        self._require_loaded()
+        problem = margin_problem(tokens, position, rows)
+        if problem:
+            raise EngineError(problem)
+        cache = make_prompt_cache(self._model)
+        with mx.stream(generation_stream):
+            if position > rows:
+                mx.eval(_prefill(self._model, cache, list(tokens[: position - rows]))[0])
+            logits = self._model(mx.array(list(tokens[position - rows : position]))[None], cache=cache)[0, -1]
+            row = np.array(logits.astype(mx.float32))
+        return top_two(row, self._end_tokens(), pair)
+
+    def detokenize(self, tokens) -> str:
+        """The text of generated tokens, as the tokenizer decodes them."""
+        self._require_loaded()
+        return self._tokenizer.decode(list(tokens))
