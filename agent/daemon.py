@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import environment, heartbeat, poll, retry, runner
+from agent import doctor, environment, heartbeat, poll, retry, runner
 from agent.credentials import AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
 from agent.metrics import AgentMetrics
@@ -79,6 +79,8 @@ class Agent:
         self.metrics = AgentMetrics(self.spool.depth)
         self.metrics_port = metrics_port
         self.uploader = Uploader(self.api, self.spool, self.stop, self.metrics)
+        # Jobs are held while this clock is off the coordinator's (agent/doctor.py clock_hold; agent/poll.py).
+        self.clock_hold = doctor.clock_hold(self.api)
         if not self.model_dirs:
             log.warning("no --model-dir configured: jobs may name model files anywhere on this machine")
 

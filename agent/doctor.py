@@ -13,6 +13,7 @@ the credential valid, and its timestamp gives the clock offset.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from agent.engines.base import EngineError
 from agent.engines.llama_server import VERSION_TIMEOUT_SECONDS, find_binary, parse_version, version_label
 from agent.environment import UNAVAILABLE
 from agent.fingerprint import engine_versions, run_command
+from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import client as api
 
 OK, WARN, FAIL, NOT_AVAILABLE = "ok", "warn", "fail", "unavailable"
@@ -282,10 +284,8 @@ def check_coordinator(config_dir: Path, clock: Callable[[], float] = time.time) 
     except (OSError, ValueError) as e:
         return [Check("coordinator", FAIL, str(e), "enrol: `specfleet agent enrol --coordinator HOST:PORT --token T`")]
     client = api.AgentApi(api.channel(identity.coordinator, **identity.tls_files()), identity.credential)
-    sent = clock()
     try:
-        resp = client.ping(PING_TIMEOUT_SECONDS)
-        received = clock()
+        resp, offset, within = clock_offset(client, clock)
     except grpc.RpcError as e:
         code = e.code()
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
@@ -308,16 +308,56 @@ def check_coordinator(config_dir: Path, clock: Callable[[], float] = time.time) 
     finally:
         client.close()
     checks = [Check("coordinator", OK, f"{identity.coordinator} knows this agent as {resp.name} ({resp.agent_id})")]
-    offset = resp.server_time_unix_seconds - (sent + received) / 2
-    detail = f"{offset:+.3f} s from the coordinator's (within {(received - sent) / 2:.3f} s)"
-    fix = "turn on network time (System Settings > General > Date & Time, or `sudo timedatectl set-ntp true`)"
+    detail = f"{offset:+.3f} s from the coordinator's (within {within:.3f} s)"
+    fix = CLOCK_FIX
     if abs(offset) > CLOCK_FAIL_SECONDS:
-        checks.append(Check("clock offset", FAIL, detail, fix))
+        checks.append(Check("clock offset", FAIL, detail, fix + "; the agent starts no job meanwhile"))
     elif abs(offset) > CLOCK_WARN_SECONDS:
         checks.append(Check("clock offset", WARN, detail, fix))
     else:
         checks.append(Check("clock offset", OK, detail))
     return checks
+
+
+CLOCK_FIX = "turn on network time (System Settings > General > Date & Time, or `sudo timedatectl set-ntp true`)"
+CLOCK_RECHECK_SECONDS = 300.0  # how often a running agent measures its clock's offset again
+
+
+def clock_offset(client: api.AgentApi, clock: Callable[[], float] = time.time) -> tuple[pb.PingResponse, float, float]:
+    """(the coordinator's Ping answer, this clock's offset from the coordinator's in seconds
+    (positive: the coordinator's is ahead), the offset's uncertainty: half the round trip)."""
+    sent = clock()
+    resp = client.ping(PING_TIMEOUT_SECONDS)
+    received = clock()
+    return resp, resp.server_time_unix_seconds - (sent + received) / 2, (received - sent) / 2
+
+
+def clock_hold(
+    client: api.AgentApi, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+) -> Callable[[], str]:
+    """The agent's clock check (Agent.clock_hold), asked before each job: why it holds its jobs
+    (its clock more than CLOCK_FAIL_SECONDS off the coordinator's, beyond the measurement's
+    uncertainty: every run it measured would carry impossible times), "" when it does not. The
+    offset is measured again every CLOCK_RECHECK_SECONDS, and at every ask while it holds; a
+    coordinator that does not answer the Ping holds nothing (the job's own calls fail anyway)."""
+    last = {"at": -math.inf, "reason": ""}
+
+    def reason() -> str:
+        if last["reason"] or monotonic() - last["at"] >= CLOCK_RECHECK_SECONDS:
+            try:
+                _, offset, within = clock_offset(client, clock)
+            except grpc.RpcError:
+                return last["reason"]
+            last["at"] = monotonic()
+            off = abs(offset) - within > CLOCK_FAIL_SECONDS
+            last["reason"] = (
+                f"this clock is {-offset:+.1f} s off the coordinator's (at most {CLOCK_FAIL_SECONDS:g} s): {CLOCK_FIX}"
+                if off
+                else ""
+            )
+        return last["reason"]
+
+    return reason
 
 
 # ---------------------------------------------------------------- all
@@ -369,3 +409,37 @@ def report(checks: list[Check]) -> str:
     failed = sum(c.verdict == FAIL for c in checks)
     lines.append(f"{failed} check(s) failed" if failed else "no check failed")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the agent's hold
+
+# The checks of what the machine is doing now, which the agent's poll loop runs before it asks
+# for a job (agent/poll.py): a "fail" among them holds its jobs until it passes; `agent run
+# --ignore-doctor` overrides. The software and coordinator checks are the operator's, at `agent
+# doctor`: they do not change from one job to the next.
+
+
+def machine_checks(
+    paths: list[Path], exclude: set[int], sample: Callable[[], environment.Sample] = environment.sample
+) -> list[Check]:
+    """The machine-state checks: other processes on the CPU, swap, free disk at `paths`, thermal."""
+    reading = sample()
+    return [check_cpu(busy_processes(exclude)), check_swap(reading), check_disk(paths), check_thermal(reading)]
+
+
+def hold_reason(checks: list[Check]) -> str:
+    """Why the agent holds its jobs: its failed checks, on one line; "" when none failed."""
+    failed = [f"{c.name}: {c.detail}" for c in checks if c.verdict == FAIL]
+    return ("agent doctor fails: " + "; ".join(failed)) if failed else ""
+
+
+def agent_hold(config_dir: Path, model_dirs: list[Path]) -> Callable[[], str]:
+    """The agent's hold check (Agent.doctor_hold): machine_checks' hold_reason, the agent's own
+    process and its children left out of the CPU check."""
+
+    def reason() -> str:
+        me = psutil.Process()
+        exclude = {me.pid, *(p.pid for p in me.children(recursive=True))}
+        return hold_reason(machine_checks([config_dir, *model_dirs], exclude))
+
+    return reason

@@ -1,7 +1,8 @@
 """The poll loop: the agent's main loop. It asks the coordinator for a job (a long poll) and runs
 each one it gets (agent/runner.py), one at a time, until the agent stops or is told to drain.
-While the machine is on battery or in low-power mode it asks for nothing and says why in its
-status, which the next heartbeat (sent at once) carries to the coordinator.
+While the machine is on battery or in low-power mode, or a machine check of `agent doctor` fails
+(another process on the CPU, thermal, disk: agent/doctor.py machine_checks), it asks for nothing
+and says why in its status, which the next heartbeat (sent at once) carries to the coordinator.
 
 Retry policy (ACQUIRE): for as long as it takes, backing off to 30 s; a stop ends the wait.
 """
@@ -24,9 +25,17 @@ POWER_RECHECK_SECONDS = 15.0  # how often an agent holding back (on battery) loo
 
 
 def holding_back(agent: Agent) -> bool:
-    """Whether the machine is in no state to start a job (battery, low-power mode); the
-    reason goes into the status, and at once to the coordinator with a heartbeat."""
+    """Whether the machine is in no state to start a job (battery, low-power mode, or a failed
+    check of `agent doctor`'s on what the machine is doing now: agent.doctor_hold, which `agent
+    run --ignore-doctor` leaves unset); the reason goes into the status, and at once to the
+    coordinator with a heartbeat."""
     reason = None if agent.allow_battery else environment.refusal_reason(agent.sample_environment())
+    doctor_hold = getattr(agent, "doctor_hold", None)
+    if reason is None and doctor_hold is not None:
+        reason = doctor_hold() or None
+    clock_hold = getattr(agent, "clock_hold", None)  # a clock off the coordinator's: held whatever the flags
+    if reason is None and clock_hold is not None:
+        reason = clock_hold() or None
     with agent.lock:
         changed = (reason or "") != agent.state.not_starting
         agent.state.not_starting = reason or ""
@@ -37,7 +46,7 @@ def holding_back(agent: Agent) -> bool:
         if reason:
             log.warning("not starting jobs: %s", reason)
         else:
-            log.info("power is back to normal: taking jobs again")
+            log.info("the machine is back to normal: taking jobs again")
         agent.beat.set()
     return reason is not None
 

@@ -5,11 +5,22 @@ the prompt (agent/prompts.py), refusing a length the model cannot hold. Then for
 run every prompt with all arms back to back, in the order of one row of a Williams design
 (specfleet/design.py: each arm follows every other equally often; the repeats are rounded up to
 complete the design), so that paired ratios come from adjacent runs in the same thermal window.
-Server arms whose servers cannot all stay up at once (the engine's `interleaving`) run in blocks
-instead: per repeat, each arm in the Williams row's order runs every prompt on its own server.
 Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
 within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the greedy
-reference for `lossless`. Sampled runs take a seed per prompt and repeat, derived from the
+reference for `lossless`; a run whose arm reached the cap unsteady records
+`warmup_converged=False`.
+
+Server arms (llama-server) are measured in one server state for the baseline and the arm of
+every pair (setting server_state, a checked key; docs/verdicts.md): "warm" keeps every arm's
+server up across the job and tops every arm's warm-up up to the same number of requests
+(`served`), so each pair's two servers have served equally many; "fresh" starts a server for
+every measured run (`restart`) and warms it up after the start by the prompt's warm-up count
+(the most any arm needed on it). Arms whose servers cannot all stay up at once (the engine's
+`interleaving`: "blocks") are always fresh, so that a pair's runs stay adjacent in time there
+too: in every mode the arms of one prompt and repeat run back to back. Each run records its
+state and the requests its server had served before it (`server_requests`).
+
+Sampled runs take a seed per prompt and repeat, derived from the
 sweep's (`run_seed`), shared by the repeat's arms; on engines whose loops reproduce the baseline
 with the same seed a sampled arm must emit the same-seed baseline's tokens. With
 `cooldown_seconds` the machine rests that long before every measured run.
@@ -28,8 +39,9 @@ import uuid
 from collections.abc import Callable
 
 from agent import energy, environment, prompts
+from agent.divergence import Divergences
 from agent.engines.base import Engine, EngineError, Generation, Request
-from agent.summary import acceptance_flags, relative_spread, server_flags, summarise
+from agent.summary import acceptance_flags, relative_spread, summarise, text_sample
 from specfleet import settings as declared
 from specfleet.design import rounded_repeats, williams
 from specfleet.record import (
@@ -43,6 +55,7 @@ from specfleet.record import (
     Sampler,
     Settings,
 )
+from specfleet.sweeps import drafter_warning
 
 WARMUP_AGREEMENT = 0.05  # two consecutive warm-up runs within 5% of each other count as steady
 
@@ -112,10 +125,12 @@ def run_job(
 def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter) -> int:
     load_seconds = engine.load(spec.model["target"], spec.model.get("draft"))
     arms = list(spec.arms)
+    spec = prompts.resolved_spec(spec, engine)  # chat or raw, reasoning: what the runs use and record
     prefix = prompts.context(engine.tokenize, spec.documents, spec.context_tokens)
+    tokenize_prompt = prompts.tokenizer(engine, spec.settings)
     prompt_tokens = {}
     for p in spec.prompts:
-        tokens = prompts.build(engine.tokenize, p.text, prefix)
+        tokens = prompts.build(tokenize_prompt, p.text, prefix, engine.tokenize)
         check_context(len(tokens), spec, target, p.id)
         prompt_tokens[p.id] = tokens
     design = williams(len(arms))
@@ -155,27 +170,69 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
             command=arm.command,
         )
 
-    def warm_up(arm: Arm, tokens) -> tuple[int, Generation | None]:
+    def steady(speeds: list[float]) -> bool:
+        return len(speeds) >= 2 and relative_spread(speeds[-2:]) <= WARMUP_AGREEMENT
+
+    def warm_up(arm: Arm, tokens, runs: int | None = None) -> tuple[int, bool | None, Generation | None]:
         """Runs until two consecutive decode speeds agree within WARMUP_AGREEMENT, at most the
-        cap; (runs, the last generation)."""
+        cap, or exactly `runs`; (runs, whether the last two agreed (None: no warm-up asked), the
+        last generation)."""
         speeds, gen = [], None
-        for _ in range(spec.warmup_cap):
+        for _ in range(spec.warmup_cap if runs is None else runs):
             gen = engine.generate(request(arm, tokens))
             speeds.append(summarise(gen)["decode_tokens_per_second"])
-            if len(speeds) >= 2 and relative_spread(speeds[-2:]) <= WARMUP_AGREEMENT:
+            if runs is None and steady(speeds):
                 break
-        return len(speeds), gen
+        return len(speeds), (None if spec.warmup_cap == 0 else steady(speeds)), gen
 
-    warmups: dict[tuple[str, Arm], int] = {}
+    # The state server arms are measured in (None: no server arms); blocks are always fresh.
+    state = common["settings"].server_state
+    if state is not None and plan == "blocks":
+        state = "fresh"
+    restart = getattr(engine, "restart", None)
+    served = getattr(engine, "served", None)
+    warmups: dict[tuple[str, Arm], int] = {}  # warm-up runs before an arm's measured runs of a prompt
+    converged: dict[tuple[str, Arm], bool | None] = {}
+    counts: dict[str, int] = {}  # server arms: every arm's warm-up runs on a prompt (the most any needed)
     references: dict[str, list[int]] = {}  # greedy reference per prompt: the baseline's last warm-up
 
-    def warm(pid: str, arm: Arm) -> None:
-        if (pid, arm) not in warmups:
-            warmups[pid, arm], gen = warm_up(arm, prompt_tokens[pid])
+    def settle(pid: str, order: list[Arm]) -> None:
+        """A prompt's first warm-up: each arm until steady or the cap (fresh: on a server started
+        for it). Server arms then share the prompt's warm-up count, the most any arm needed, and
+        warm servers are topped up so that every arm's has served as many requests."""
+        tokens = prompt_tokens[pid]
+        for arm in order:
+            if state == "fresh" and restart is not None:
+                restart(arm)
+            warmups[pid, arm], converged[pid, arm], gen = warm_up(arm, tokens)
             if arm.method == "baseline" and gen is not None:
                 references[pid] = gen.tokens
+        if pid not in references:  # no warm-up: an unmeasured baseline run is the greedy reference
+            references[pid] = engine.generate(request(Arm("baseline"), tokens)).tokens
+            if state == "warm":
+                warmups[pid, Arm("baseline")] = warmups.get((pid, Arm("baseline")), 0) + 1
+        if state is None:
+            return
+        counts[pid] = max(warmups[pid, arm] for arm in order)
+        if state == "warm":
+            have = {arm: served(arm) if served else warmups[pid, arm] for arm in order}
+            for arm in order:
+                warm_up(arm, tokens, runs=max(have.values()) - have[arm])
+        for arm in order:
+            warmups[pid, arm] = counts[pid]
 
     def measure(pid: str, arm: Arm, position: int, sampler: Sampler) -> tuple[Arm, Generation, dict]:
+        steady_run = converged[pid, arm]
+        if state == "fresh":  # a server started for this run, warmed up after the start
+            if restart is not None:
+                restart(arm)
+            _, steady_run, _ = warm_up(arm, prompt_tokens[pid], runs=counts[pid])
+        run_settings = dataclasses.replace(
+            common["settings"],
+            server_state=state,
+            server_requests=served(arm) if state is not None and served else None,
+            warmup_converged=steady_run,
+        )
         if spec.cooldown_seconds > 0:
             sleep(spec.cooldown_seconds)
         env_before = sample()
@@ -195,19 +252,29 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
                 env_reasons=tuple(reasons),
                 **energy_fields(drawn, len(gen.tokens)),
                 power_mode=environment.power_mode(env_before),
+                settings=run_settings,
             ),
         )
 
     emitted = 0
+    divergences = Divergences(engine)
 
-    def emit_repeat(pid: str, repeat: int, seed: int, block: list) -> None:
-        """Emit one prompt's runs of one repeat, once its same-seed baseline is known."""
+    def emit_repeat(pid: str, repeat: int, seed: int, block: list, ready: list | None = None) -> None:
+        """Emit `ready` (by default all) of one prompt's runs of one repeat, `block` the runs of
+        the repeat measured so far: its same-seed baseline, once measured, checks them."""
         nonlocal emitted
         if pid not in references:
             references[pid] = engine.generate(request(Arm("baseline"), prompt_tokens[pid])).tokens
         same_seed = next((g.tokens for a, g, _ in block if a.method == "baseline"), None)
-        for arm, gen, fields in block:
+        for arm, gen, fields in block if ready is None else ready:
+            fields = dict(fields)
+            settings = fields.pop("settings")  # the run's own: its server state and warm-up
             lossless, check = losslessness(spec, gen.tokens, references[pid], same_seed)
+            # Where the output left its reference, and whether that is a near-tie (agent/divergence.py).
+            reference = references[pid] if check == "greedy reference" else same_seed
+            judged = divergences.judge(prompt_tokens[pid], gen.tokens, reference, check, arm.depth + 1)
+            lossless = judged.pop("lossless", lossless)
+            diverged = judged.get("divergence") in ("near-tie", "defect")
             emit(
                 RunRecord(
                     run_id=str(uuid.uuid4()),
@@ -217,12 +284,15 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
                     repeat=repeat,
                     lossless=lossless,
                     lossless_check=check,
+                    **judged,
+                    drafter_warning=drafter_warning(arm.method, arm.depth, spec.settings, spec.max_new_tokens),
+                    text_sample=text_sample(engine, gen.tokens) if repeat == 0 or diverged else None,
                     run_seed=seed,
                     warmup_runs=warmups[pid, arm],
                     **fields,
                     **summarise(gen),
                     **acceptance_flags(arm.method, gen),
-                    **{**common, **server_settings(common["settings"], gen)},
+                    **{**common, "settings": settings, **server_settings(settings, gen)},
                 )
             )
             emitted += 1
@@ -233,35 +303,34 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
     def sampler_of(seed: int) -> Sampler:
         return dataclasses.replace(spec.sampler, seed=seed)
 
-    if plan == "blocks":
-        # Each arm in turn runs every prompt (the arms' order a Williams row per repeat).
+    # In every mode (rotated or blocks) the arms of one prompt and repeat run back to back, in a
+    # Williams row's order: a pair's two runs are adjacent in time.
+    same_seed_checked = not spec.sampler.greedy and spec.engine in SAME_SEED_REPRODUCIBLE
+    for pid in prompt_tokens:
+        settle(pid, [arms[i] for i in design[0]])
         for repeat in range(repeats):
-            blocks: dict[str, list] = {pid: [] for pid in prompt_tokens}
-            for position, arm in enumerate(arms[i] for i in design[repeat % len(design)]):
-                for pid in prompt_tokens:
-                    warm(pid, arm)
-                    blocks[pid].append(measure(pid, arm, position, sampler_of(seed_of(repeat, pid))))
-            for pid, block in blocks.items():
-                emit_repeat(pid, repeat, seed_of(repeat, pid), block)
-    else:
-        for pid in prompt_tokens:
-            for arm in (arms[i] for i in design[0]):
-                warm(pid, arm)
-            for repeat in range(repeats):
-                seed = seed_of(repeat, pid)
-                row = (arms[i] for i in design[repeat % len(design)])
-                block = [measure(pid, arm, position, sampler_of(seed)) for position, arm in enumerate(row)]
-                emit_repeat(pid, repeat, seed, block)
+            seed = seed_of(repeat, pid)
+            row = (arms[i] for i in design[repeat % len(design)])
+            # Each run goes to the spool (and up) as soon as it is measured, unless its check is
+            # the same-seed baseline of its repeat, which it then waits for.
+            block, ready = [], []
+            for position, arm in enumerate(row):
+                block.append(measure(pid, arm, position, sampler_of(seed)))
+                ready.append(block[-1])
+                if not same_seed_checked or any(a.method == "baseline" for a, _, _ in block):
+                    emit_repeat(pid, repeat, seed, block, ready)
+                    ready = []
+            emit_repeat(pid, repeat, seed, block, ready)
     if spec.verify_cost is not None:
         emitted += verify_cost_runs(spec, engine, common, emit)
     return emitted
 
 
 def server_settings(settings: Settings, gen: Generation) -> dict:
-    """A server run's settings with the flags its server was started with (a checked key)."""
+    """A server run's settings with the flags every arm's server of the job shares (a checked key)."""
     if gen.server is None:
         return {}
-    return {"settings": dataclasses.replace(settings, server_flags=server_flags(gen.server.command))}
+    return {"settings": dataclasses.replace(settings, server_flags=gen.server.flags)}
 
 
 def energy_fields(drawn: energy.Energy | None, tokens: int) -> dict:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import shlex
 import statistics
 
 from agent.engines.base import Generation
-from specfleet.server_arms import AGENT_FLAGS, DRAFT_FLAGS, MODEL_FLAGS
+from specfleet.record import TEXT_SAMPLE_CHARS
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -23,6 +22,19 @@ def percentile(values: list[float], q: float) -> float:
 
 def output_sha256(tokens: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
+
+
+def text_sample(engine, tokens: list[int]) -> str | None:
+    """The start of a run's decoded output, at most TEXT_SAMPLE_CHARS; None where the engine cannot
+    decode (it has no `detokenize`: the server engines) or fails to."""
+    detokenize = getattr(engine, "detokenize", None)
+    if detokenize is None:
+        return None
+    try:
+        text = detokenize(tokens)
+    except Exception:  # noqa: BLE001  (a sample is an aid, never a reason to lose the run)
+        return None
+    return text.encode("utf-8", errors="replace").decode("utf-8")[:TEXT_SAMPLE_CHARS]
 
 
 def arrival_gaps(times: list[float]) -> list[float]:
@@ -74,25 +86,6 @@ def summarise(gen: Generation) -> dict:
     if gen.server is not None:
         fields.update(server_fields(gen, fields["decode_tokens_per_second"]))
     return fields
-
-
-def server_flags(command: str) -> str:
-    """A server's command line as recorded flags (RunRecord.settings.server_flags, a checked key):
-    without the binary (its version is recorded apart), the model paths, host and port, which
-    differ between machines and runs without changing what is measured; the rest in its order."""
-    try:
-        words = shlex.split(command)[1:]
-    except ValueError:
-        return command
-    out, skip = [], False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS:
-            skip = True
-        elif not word.startswith(tuple(f"{f}=" for f in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS)):
-            out.append(word)
-    return shlex.join(out)
 
 
 def server_fields(gen: Generation, client_tokens_per_second: float) -> dict:

@@ -144,6 +144,7 @@ class Uploader:
                 UPLOAD,
                 f"upload {item.run_id}",
                 self.stop,
+                answers=retry.answers(self.api),  # a record the coordinator hangs on is refused, not a cut
             )
         except grpc.RpcError as e:
             if (readable := readable_schema(e)) is not None and schema is not None:

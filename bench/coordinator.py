@@ -41,7 +41,7 @@ from bench.noise import NoiseProbe  # noqa: E402
 from coordinator.server import quiet_gc  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc  # noqa: E402
-from tests.fleet import run_record  # noqa: E402
+from tests.support.fleet import run_record  # noqa: E402
 
 FINGERPRINT = pb.Fingerprint(hostname="sim", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)
 

@@ -1,6 +1,6 @@
 """The dashboard, the mirror and /metrics at 10k, 100k and 1M runs, measured side by side.
 
-For each size: a synthetic fleet (tests/synthetic.py: 100 machines, 12 chips, five systems,
+For each size: a synthetic fleet (tests/support/synthetic.py: 100 machines, 12 chips, five systems,
 several models, methods, depths, samplers, prompt sets and context depths) is written into a
 coordinator's store in its own format, and a real coordinator process is started on it (its
 start rebuilds the /metrics figures from the runs). A dashboard process (this script with
@@ -114,7 +114,7 @@ def uploaders(grpc_address: str, data_dir: Path, n: int):
     from coordinator.server import admin_credential
     from protos.specfleet.v1 import fleet_pb2 as pb
     from specfleet.client import AdminApi, AgentApi, channel
-    from tests.fleet import LINUX_BOX, SWEEP_YAML
+    from tests.support.fleet import LINUX_BOX, SWEEP_YAML
 
     admin = AdminApi(channel(grpc_address), admin_credential(data_dir))
     token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=600, max_uses=n)).token
@@ -136,7 +136,7 @@ def uploaders(grpc_address: str, data_dir: Path, n: int):
 def ingest_block(held, runs: int, scrape_address: str | None) -> float:
     """Store `runs` runs through the agents' result streams, all uploading at once; runs/s.
     With scrape_address, /metrics is scraped every second meanwhile."""
-    from tests.fleet import make_run
+    from tests.support.fleet import make_run
 
     per = runs // len(held)
     records = [[make_run(job.job_id, repeat=r % 5, prompt_id=f"p{r}") for r in range(per)] for _, job in held]
@@ -169,8 +169,8 @@ def ingest_block(held, runs: int, scrape_address: str | None) -> float:
 
 
 def measure(size: int, tmp: Path) -> dict:
-    from tests.processes import start_coordinator, stop
-    from tests.synthetic import seed
+    from tests.support.processes import start_coordinator, stop
+    from tests.support.synthetic import seed
 
     data_dir = tmp / f"fleet-{size}"
     out: dict = {"size": size}

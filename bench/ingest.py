@@ -26,7 +26,7 @@ from coordinator.ingest import Report, ingest_many  # noqa: E402
 from coordinator.scheduler import Scheduler  # noqa: E402
 from coordinator.store import Store, placeholders  # noqa: E402
 from specfleet.sweeps import parse_sweep  # noqa: E402
-from tests.fleet import make_run, run_id  # noqa: E402
+from tests.support.fleet import make_run, run_id  # noqa: E402
 
 BATCH = 60
 REPEATS = 15

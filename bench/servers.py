@@ -145,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         mine, theirs = side_by_side(
             ours,
             server,
-            Request(prompt, n, "ngram-mod", k, settings=Settings(ngram_mod_n_match=mod["n_match"], ngram_mod_n_min=mod["n_min"])),
+            Request(
+                prompt,
+                n,
+                "ngram-mod",
+                k,
+                settings=Settings(ngram_mod_n_match=mod["n_match"], ngram_mod_n_min=mod["n_min"]),
+            ),
             Request(prompt, n, "ngram-mod", k, flags=flags),
             repeats,
         )

@@ -250,7 +250,8 @@ def rules(fleets: int) -> dict[str, int | None]:
         noise = noise - 0.15 * (rng.random((fleets, machines, 1)) < 0.2) + 0.15 * 0.2
         for edge, wrong in ((lo, inference.CONTRADICTED), (hi, inference.CONTRADICTED)):
             v = t_machines(noise + math.log(edge), RULE_BAND)
-            print(f"  {machines:>2} machines, truth on the {'lower' if edge == lo else 'upper'} edge: contradicted {np.mean(v == wrong):.3f}")
+            side = "lower" if edge == lo else "upper"
+            print(f"  {machines:>2} machines, truth on the {side} edge: contradicted {np.mean(v == wrong):.3f}")
     print()
     return chosen
 
@@ -298,7 +299,9 @@ ACCEPTANCE_BAND = (0.55, 0.71)
 def acceptance_values(seed: int, fleets: int, machines: int, prompts: int, repeats: int) -> np.ndarray:
     """Per-prompt mean acceptance rates (fleets, machines, prompts): the truth plus machine sd
     0.03, prompt sd 0.08 and run sd 0.04 (rates, not logs), clipped to [0, 1]."""
-    noise = simulate.draw(seed, fleets, machines, prompts, repeats, 1.0, machine_sd=0.03, prompt_sd=0.08, repeat_sd=0.04)
+    noise = simulate.draw(
+        seed, fleets, machines, prompts, repeats, 1.0, machine_sd=0.03, prompt_sd=0.08, repeat_sd=0.04
+    )
     return np.clip(ACCEPTANCE + noise, 0.0, 1.0)
 
 

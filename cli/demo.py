@@ -8,6 +8,7 @@ dashboard until Ctrl-C (or exits at once with --no-dashboard).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -29,7 +30,9 @@ from cli.watch import watch
 from coordinator.server import ENDPOINTS_FILE, admin_credential
 from dashboard.serve import command as dashboard_command
 from dashboard.serve import environment as dashboard_environment
+from dashboard.serve import start_child, stop_child
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet import settings as declared
 from specfleet import speedup
 from specfleet.client import AdminApi, AgentApi, channel, fetch_table
 from specfleet.record import VERIFY_COST
@@ -111,6 +114,63 @@ def demo_sweeps(models) -> list[dict]:
     return [{**DEMO_COMMON, **sweep} for sweep in (llama, hybrid, ngram_mod, dense)]
 
 
+# `specfleet demo --real`: the same fleet on the real models `scripts/setup.sh --real-models`
+# installs in the models directory (file names as it writes them).
+REAL_MODELS_DIR = Path(".data/models")
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DRAFT = "SmolLM2-135M-Instruct.Q2_K.gguf"  # llama.cpp's Q2_K requantisation of the same file
+SMOLLM2_MLX = "SmolLM2-135M-Instruct-Q4_1-mlx"  # specfleet models gguf-to-mlx
+GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_DRAFT = "gemma-3-270m-q2_k.gguf"
+REAL_COMMON = {
+    **DEMO_COMMON,
+    "prompt_sets": ["qa", "rag", "code"],  # prompt lookup pays on rag and code, not on qa
+    "prompts": 1,  # a cell per set; more prompts: a sweep of your own (the figures of one prompt are noisy)
+    "max_new_tokens": 64,
+    "repeats": 2,
+}
+REAL_NGRAM_MOD = {"n_match": 4, "n_min": 2}  # the defaults (24, 48) draft nothing within 64 tokens
+
+
+def real_sweeps(models_dir: Path) -> list[dict]:
+    """SmolLM2 (target, its Q2_K draft) and Gemma 3 270M (likewise) through their chat templates
+    (prompt_format auto: chat): prompt lookup, a quantised draft, ngram-mod in our llama.cpp loop
+    and llama-server's own types beside it; SmolLM2 on MLX from its converted directory (MLX on
+    Linux runs on the CPU, far slower than llama.cpp: a short sweep)."""
+    d = models_dir.resolve()
+    missing = [n for n in (SMOLLM2, SMOLLM2_DRAFT, SMOLLM2_MLX, GEMMA3, GEMMA3_DRAFT) if not (d / n).exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} not in {d}: run scripts/setup.sh --real-models first")
+
+    def llama(name: str, target: str, draft: str) -> dict:
+        pair = {"target": str(d / target), "draft": str(d / draft)}
+        return {
+            **REAL_COMMON,
+            "name": name,
+            "models": {"llama.cpp": pair, "llama-server": pair},
+            "engines": ["llama.cpp", "llama-server"],
+            "methods": {"draft": [3], "ngram": [3], "ngram-mod": [8]},
+            "ngram_mod": REAL_NGRAM_MOD,
+            "server": {"flags": SERVER_FLAGS},
+            "arms": [
+                {"spec_type": "draft-simple", "depths": [3]},
+                {"spec_type": "ngram-simple", "depths": [3]},
+                {"spec_type": "ngram-mod", "depths": [8], "params": REAL_NGRAM_MOD},
+            ],
+        }
+
+    mlx = {
+        **REAL_COMMON,
+        "name": "real-smollm2-mlx",
+        "models": {"mlx": {"target": str(d / SMOLLM2_MLX)}},
+        "engines": ["mlx"],
+        "prompt_sets": ["qa"],  # the shortest prompts: MLX on a Linux CPU prefills quantised weights slowly
+        "max_new_tokens": 32,
+        "methods": {"ngram": [3]},
+    }
+    return [llama("real-smollm2", SMOLLM2, SMOLLM2_DRAFT), llama("real-gemma3", GEMMA3, GEMMA3_DRAFT), mlx]
+
+
 def _specfleet(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
 
@@ -144,6 +204,15 @@ def _enrol(address: str, admin: AdminApi, config_dir: Path) -> None:
     ).save(config_dir)
 
 
+# The checked keys a summary's group header names in its own words (or that every group of one
+# engine shares); the others follow the declaration (specfleet/settings.py describe).
+SUMMARY_KEYS = frozenset({"target_digest", "draft_digest", "engine", "engine_version", "system", "prompt_set_digest",
+                          "context_tokens", "max_new_tokens", "server_flags"})  # fmt: skip
+
+
+NOT_NOMINAL = "*"  # marks a speedup computed from runs judged not nominal
+
+
 def summary_table(runs, jobs) -> str:
     """Per comparable group of runs (specfleet/speedup.py): median decode tokens/s per arm, the
     speedup over the baseline, acceptance and lossless; then the verify-cost curves. `runs` and
@@ -152,6 +221,12 @@ def summary_table(runs, jobs) -> str:
     con.register("runs", runs)
     con.register("jobs", jobs)
     figures = speedup.speedups(con).set_index(["comparable", "method", "depth"])["speedup"]
+    # The one definition of speedup leaves out runs judged not nominal (a busy or hot machine). On a
+    # machine busy throughout, an arm has no such pair: its figure is then the same definition over
+    # every run, printed with a mark that says so: the load changes a label, never the figures.
+    con.execute("CREATE VIEW runs_any_load AS SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs")
+    any_load = speedup.speedups(con, "runs_any_load").set_index(["comparable", "method", "depth"])["speedup"]
+    flagged = False
     arms = con.execute(
         f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, system, method, depth,"
         " median(decode_tokens_per_second) AS tps, median(server_decode_tokens_per_second) AS server_tps,"
@@ -164,22 +239,29 @@ def summary_table(runs, jobs) -> str:
     for comparable, rows in arms.groupby("comparable", sort=False):
         g = groups.loc[comparable]
         draft = f", draft {g.draft_reference}@{g.draft_digest[:12]}" if g.draft_reference else ""
+        settings = declared.describe(g.to_dict(), SUMMARY_KEYS)  # the other checked settings not at their default
         lines += [
             f"comparable group {comparable}: {_system(rows.engine.iloc[0], rows.system.iloc[0])} "
             f"{g.target_reference}@{g.target_digest[:12]}{draft}, "
-            f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens",
+            f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens"
+            + (f", {settings.replace(' · ', ', ')}" if settings else ""),
             f"{'system':12} {'method':13} {'K':>2} {'decode tok/s':>13} {'server tok/s':>12} {'speedup':>8} "
             f"{'acceptance':>10} {'lossless':>8} {'runs':>5}",
         ]
         for r in rows.itertuples():
-            ratio = 1.0 if r.method == "baseline" else figures.get((comparable, r.method, r.depth), float("nan"))
+            key, mark = (comparable, r.method, r.depth), ""
+            ratio = 1.0 if r.method == "baseline" else figures.get(key, float("nan"))
+            if pd.isna(ratio) and key in any_load:
+                ratio, mark, flagged = any_load[key], NOT_NOMINAL, True
             acceptance = "-" if pd.isna(r.acceptance) else f"{r.acceptance:.2f}"
             server_tps = "-" if pd.isna(r.server_tps) else f"{r.server_tps:.1f}"
             lines.append(
                 f"{_system(r.engine, r.system):12} {r.method:13} {r.depth:>2} {r.tps:13.1f} {server_tps:>12} "
-                f"{ratio:8.2f} {acceptance:>10} {'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
+                f"{f'{ratio:.2f}{mark}':>8} {acceptance:>10} {'yes' if r.lossless else 'NO':>8} {r.runs:>5}"
             )
         lines.append("")
+    if flagged:
+        lines += [f"{NOT_NOMINAL} from runs judged not nominal (a busy or hot machine): measure on a quiet one", ""]
     differ = speedup.what_differs(groups.reset_index())
     if differ:
         lines += [f"{len(groups)} comparable groups, never pooled: they differ in {', '.join(differ)}", ""]
@@ -199,13 +281,26 @@ def _system(engine: str, system: str) -> str:
     return engine if system == "specfleet" else system
 
 
-def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501) -> int:
+def run_demo(
+    data_dir: Path,
+    dashboard: bool = True,
+    dashboard_port: int = 8501,
+    real: bool = False,
+    models_dir: Path | None = None,
+) -> int:
     data_dir = data_dir.resolve()
     if dashboard and not _port_free(dashboard_port):
         print(f"demo failed: dashboard port {dashboard_port} is in use; pass --dashboard-port", file=sys.stderr)
         return 1
     print(f"specfleet demo: everything goes in {data_dir}", flush=True)
-    models = make_tiny(data_dir / "models")
+    if real:
+        try:
+            sweeps = real_sweeps(models_dir or REAL_MODELS_DIR)
+        except FileNotFoundError as e:
+            print(f"demo failed: {e}", file=sys.stderr)
+            return 1
+    else:
+        sweeps = demo_sweeps(make_tiny(data_dir / "models"))
     coordinator_dir, agent_dir = data_dir / "coordinator", data_dir / "agent"
     coordinator_dir.mkdir(parents=True, exist_ok=True)
     (coordinator_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
@@ -219,7 +314,8 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
 
     def start(name: str, cmd: list[str], env=None) -> subprocess.Popen:
         log = open(logs / f"{name}.log", "a")  # noqa: SIM115 - the child process owns it
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # With a lifeline: should the demo be killed (SIGKILL, a killed test), its children stop too.
+        proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         procs.append(proc)
         return proc
 
@@ -239,11 +335,12 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
         identity = AgentIdentity.load(agent_dir)
         if identity.coordinator != address:  # the coordinator picked a new port this time
             AgentIdentity(**{**identity.__dict__, "coordinator": address}).save(agent_dir)
-        start("agent", _specfleet("agent", "run", "--config-dir", str(agent_dir)))
+        # --ignore-doctor: the demo's own coordinator and dashboard share the machine with its agent.
+        start("agent", _specfleet("agent", "run", "--config-dir", str(agent_dir), "--ignore-doctor"))
         print(f"agent: {DEMO_AGENT} running, logs in {logs}", flush=True)
 
         submitted = []
-        for spec in demo_sweeps(models):
+        for spec in sweeps:
             sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
             print(f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s) submitted", flush=True)
             for note in sweep.notes:
@@ -285,10 +382,8 @@ def run_demo(data_dir: Path, dashboard: bool = True, dashboard_port: int = 8501)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in reversed(procs):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_child(proc)
+            os.close(proc.lifeline)
         print("demo stopped", flush=True)
 
 

@@ -88,16 +88,36 @@ def _admin_token(args) -> str:
     return token
 
 
+def _coordinator(args) -> str:
+    """The coordinator an admin command dials: --coordinator (or SPECFLEET_COORDINATOR) when
+    given, else the gRPC address the coordinator wrote to coordinator.json in --data-dir (a
+    wildcard host dialled on loopback), else DEFAULT_COORDINATOR."""
+    if args.coordinator:
+        return args.coordinator
+    from coordinator.server import ENDPOINTS_FILE
+
+    try:
+        address = json.loads((Path(args.data_dir) / ENDPOINTS_FILE).read_text())["grpc"]
+        host, port = str(address).rsplit(":", 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_COORDINATOR
+    return f"{'127.0.0.1' if host in ('', '0.0.0.0', '::', '[::]') else host}:{port}"
+
+
 def _admin(args):
     from specfleet.client import AdminApi, channel
 
-    return AdminApi(channel(args.coordinator, **_tls_files(args)), _admin_token(args))
+    return AdminApi(channel(_coordinator(args), **_tls_files(args)), _admin_token(args))
 
 
 def _tls_files(args) -> dict[str, Path | None]:
     """The ca/cert/key arguments of specfleet.client.channel from --tls-ca/--tls-cert/--tls-key."""
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_cert and not args.tls_ca):
         sys.exit("error: --tls-cert and --tls-key go together, and need --tls-ca")
+    if args.tls_key:
+        from agent.credentials import private_key_file
+
+        private_key_file(Path(args.tls_key))  # made 0600, or refused
     return {k: Path(v) if v else None for k, v in (("ca", args.tls_ca), ("cert", args.tls_cert), ("key", args.tls_key))}
 
 
@@ -137,12 +157,23 @@ def _add_agent_run_flags(p):
         action="store_true",
         help="start jobs on battery or in low-power mode too (runs are still flagged)",
     )
+    flag(
+        p,
+        "--ignore-doctor",
+        action="store_true",
+        help="start jobs even while a machine check of `agent doctor` fails (another process on the CPU, "
+        "thermal, disk); by default such a failure holds jobs until it passes",
+    )
 
 
 def _add_admin_flags(p):
-    flag(p, "--coordinator", default=DEFAULT_COORDINATOR, help="HOST:PORT")
+    flag(
+        p,
+        "--coordinator",
+        help=f"HOST:PORT (default: the address in --data-dir's coordinator.json, else {DEFAULT_COORDINATOR})",
+    )
     flag(p, "--admin-token")
-    flag(p, "--data-dir", default=str(default_data_dir()), help="where to find admin.token")
+    flag(p, "--data-dir", default=str(default_data_dir()), help="where to find admin.token and coordinator.json")
     _add_tls_client_flags(p)
 
 
@@ -207,10 +238,34 @@ def cmd_agents_list(args) -> int:
     return 0
 
 
+# What to do when the coordinator refuses an agent's state change (FAILED_PRECONDITION), by the
+# state the agent is in (the refusal says "agent ID is STATE..."), else by what was asked.
+STATE_CHANGE_HINTS = {
+    "revoked": "a revoked agent stays revoked: to bring the machine back, `specfleet token create` here "
+    "and `specfleet agent enrol --token T` on it",
+    "idle": "it takes jobs already: `specfleet agents drain ID` first if you meant to stop it taking jobs",
+    "busy": "it runs a job and takes the next one already: `specfleet agents drain ID` stops it after this job",
+    "enrolled": "it has not run yet and takes jobs once `specfleet agent run` starts on it",
+    "draining": "it finishes its job and takes no other already: `specfleet agents undrain ID` lets it take jobs",
+}
+
+
 def cmd_agents_set_state(args) -> int:
+    import grpc
+
     from protos.specfleet.v1 import fleet_pb2 as pb
 
-    _admin(args).SetAgentState(pb.SetAgentStateRequest(agent_id=args.agent_id, state=args.state))
+    try:
+        _admin(args).SetAgentState(pb.SetAgentStateRequest(agent_id=args.agent_id, state=args.state))
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.NOT_FOUND:
+            raise ValueError(f"{e.details()}: `specfleet agents list` shows the agents and their ids") from None
+        if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        words = e.details().split()  # "agent ID is STATE; ..."
+        current = words[3].rstrip(";,") if len(words) > 3 and words[1:3] == [args.agent_id, "is"] else ""
+        hint = STATE_CHANGE_HINTS.get(current, "`specfleet agents list` shows the state it is in")
+        raise ValueError(f"{e.details()}: {hint.replace('ID', args.agent_id)}") from None
     print(f"agent {args.agent_id}: {args.state}")
     return 0
 
@@ -253,7 +308,7 @@ def print_sweep(s) -> None:
         f"{s.runs} runs"
     )
     for failure in s.failures:
-        print(f"    failed {failure}")
+        print(f"    failed {one_line(failure)}")  # a job stored before reasons were one line, too
 
 
 def cmd_sweep_status(args) -> int:
@@ -346,6 +401,10 @@ def cmd_agent_run(args) -> int:
         allow_downloads=args.allow_downloads,
         llama_server=settings.llama_server(args.llama_server, config_dir),
     )
+    if not args.ignore_doctor:  # a failed machine check of `agent doctor` holds jobs until it passes
+        from agent import doctor
+
+        agent.doctor_hold = doctor.agent_hold(config_dir, agent.model_dirs)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop.set())
     return agent.run()
@@ -360,6 +419,8 @@ def cmd_agent_install_service(args) -> int:
         run_args += ["--metrics-port", str(args.metrics_port)]
     if args.allow_battery:
         run_args.append("--allow-battery")
+    if args.ignore_doctor:
+        run_args.append("--ignore-doctor")
     if binary := settings.llama_server(args.llama_server, config_dir):
         run_args += ["--llama-server", str(binary)]
     result = service.install(
@@ -455,14 +516,14 @@ def cmd_report(args) -> int:
 
     if args.tls_ca:  # it reads the coordinator through the dashboard's mirror, as `specfleet dashboard` does
         sys.exit("error: specfleet report reads the coordinator without TLS, as the dashboard does: drop --tls-ca")
-    print(make(args.coordinator, _admin_token(args), args.sweep_id, args.format, Path(args.output)))
+    print(make(_coordinator(args), _admin_token(args), args.sweep_id, args.format, Path(args.output)))
     return 0
 
 
 def cmd_dashboard(args) -> int:
     from dashboard.serve import serve
 
-    return serve(args.coordinator, _admin_token(args), args.port, args.host)
+    return serve(_coordinator(args), _admin_token(args), args.port, args.host)
 
 
 def cmd_models_make_tiny(args) -> int:
@@ -474,10 +535,36 @@ def cmd_models_make_tiny(args) -> int:
     return 0
 
 
+def cmd_models_quantize(args) -> int:
+    from cli.quantize import quantize
+
+    try:
+        print(quantize(Path(args.src), Path(args.dst), args.type))
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+    return 0
+
+
+def cmd_models_gguf_to_mlx(args) -> int:
+    from cli.gguf_to_mlx import Unsupported, convert
+
+    try:
+        print(convert(Path(args.src), Path(args.dst)))
+    except (Unsupported, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from cli.demo import run_demo
 
-    return run_demo(Path(args.data_dir), dashboard=not args.no_dashboard, dashboard_port=args.dashboard_port)
+    return run_demo(
+        Path(args.data_dir),
+        dashboard=not args.no_dashboard,
+        dashboard_port=args.dashboard_port,
+        real=args.real,
+        models_dir=Path(args.models_dir),
+    )
 
 
 # ---------------------------------------------------------------- parser
@@ -663,11 +750,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = models.add_parser("make-tiny", help="build the tiny target and draft (MLX dir + GGUF) offline")
     p.add_argument("dir")
     p.set_defaults(fn=cmd_models_make_tiny)
+    p = models.add_parser("quantize", help="requantise a GGUF with llama.cpp's quantiser (TYPE: Q8_0, F16, Q2_K, ...)")
+    p.add_argument("src"), p.add_argument("dst"), p.add_argument("type")
+    p.set_defaults(fn=cmd_models_quantize)
+    p = models.add_parser("gguf-to-mlx", help="a llama-family GGUF (Q4_0, Q4_1, Q8_0, F16) as an MLX model directory")
+    p.add_argument("src"), p.add_argument("dst")
+    p.set_defaults(fn=cmd_models_gguf_to_mlx)
 
     p = sub.add_parser("demo", help="the whole fleet on this machine with tiny models")
     flag(p, "--data-dir", env="DEMO_DIR", default=".data/demo")
     flag(p, "--no-dashboard", env="DEMO_NO_DASHBOARD", action="store_true", help="exit when the sweep is done")
     flag(p, "--dashboard-port", env="DASHBOARD_PORT", type=int, default=8501)
+    p.add_argument("--real", action="store_true", help="the real models of scripts/setup.sh --real-models instead")
+    p.add_argument("--models-dir", default=".data/models", help="where --real finds them (default: .data/models)")
     p.set_defaults(fn=cmd_demo)
     return parser
 
@@ -681,6 +776,10 @@ def one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; an error is one line on stderr and exit status 1 (2 for a usage error),
     an interrupt exit status 130. An unexpected error says so; --verbose adds its traceback."""
+    if os.environ.get("SPECFLEET_LIFELINE_FD"):  # started by a specfleet command: end when it ends
+        from dashboard.serve import hold_lifeline
+
+        hold_lifeline()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"

@@ -79,6 +79,18 @@ class Plot:
 Block = Heading | Text | Code | Table | Plot
 
 
+def server_commands(db):
+    """The sweep's server command lines, one row per arm and server flags: lines that differ only
+    in port, host or model paths (server_flags, a checked key, leaves those out) are one
+    configuration, shown by one of them with the count of lines and runs behind it."""
+    return db.query(
+        "SELECT system_method, coalesce(server_flags, server_command) AS server_flags,"
+        " min(server_command) AS server_command, count(DISTINCT server_command) AS command_lines,"
+        " count(DISTINCT agent_id) AS machines, count(*) AS runs FROM runs WHERE server_command != ''"
+        " GROUP BY 1, 2 ORDER BY 1, 2"
+    )
+
+
 def make(address: str, token: str, sweep_id: str, fmt: str, out_dir: Path) -> Path:
     """Write the report of `sweep_id` in `out_dir` (report.md and its PNGs, or report.html);
     return the report's path. Raises ValueError naming what was wrong: the directory cannot be
@@ -127,10 +139,7 @@ def _blocks(q, mirror, address: str, sweep_id: str) -> list[Block]:
             blocks.append(Table(failures[["job_id", "agent", "state", "attempt", "reason"]]))
         blocks += _machines(q, db, sweep_id)
         blocks += [Heading("The sweep file", 2), Code(sweep_file, "yaml")]
-        commands = db.query(
-            "SELECT system_method, server_command, count(*) AS runs FROM runs WHERE server_command != ''"
-            " GROUP BY ALL ORDER BY ALL"
-        )
+        commands = server_commands(db)
         if not commands.empty:
             blocks += [Heading("Server command lines", 2), Table(commands)]
         chips = q.chips(db)

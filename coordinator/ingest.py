@@ -13,6 +13,10 @@ insert fails for its data is inserted again record by record, so that only the o
 record is refused (InvalidRun). A record of a newer schema than this coordinator reads is
 NewerRun: the agent holds it until the coordinator is upgraded. A write the store itself
 refuses (disk full, read-only file) is StoreUnavailable for every record of the batch: retried.
+
+Every new run is stored with the coordinator's receive time beside the agent's times, and a
+clock flag when those cannot be right on the coordinator's clock (clock_flag): the agent's clock
+was off by more than CLOCK_BOUND_SECONDS, at which agents hold their jobs (agent/doctor.py).
 """
 
 from __future__ import annotations
@@ -114,11 +118,51 @@ class Report:
     job_id: str
     lease_id: str
     record_json: str
+    received_at: float = 0.0  # the coordinator's clock when the upload arrived; 0: when it is stored
 
 
 # The coordinator's columns, then the record's: the table's column names (migration 002).
 COORDINATOR_COLUMNS = ("lease_id", "sweep_id", "agent_id", "chip", "record_sha256", "ingested_at")
 RUN_COLUMNS = (*RunRecord.columns(), *COORDINATOR_COLUMNS, "seq")
+# The coordinator's clock beside the agent's (migration 013), stored with every new run: when the
+# run was received, and why its agent times cannot be right (NULL when they can be).
+CLOCK_COLUMNS = ("received_at", "clock_flag")
+# The agent's clock may be this far off the coordinator's before a run's times are impossible:
+# the bound at which `agent doctor`'s clock check fails and the agent holds its jobs
+# (agent/doctor.py CLOCK_FAIL_SECONDS).
+CLOCK_BOUND_SECONDS = 30.0
+
+
+def clock_flag(run: RunRecord, received_at: float, sweep_created_at: float | None) -> str | None:
+    """Why the run's times, on its agent's clock, cannot be right on the coordinator's: it ended
+    after the coordinator received it, or started before its sweep existed, by more than
+    CLOCK_BOUND_SECONDS. None when they can be."""
+    ahead = run.started_at_unix_seconds + run.wall_seconds - received_at
+    if ahead > CLOCK_BOUND_SECONDS:
+        return (
+            f"ended {ahead:.0f} s after the coordinator received it: the agent's clock is ahead "
+            f"(bound {CLOCK_BOUND_SECONDS:g} s)"
+        )
+    if sweep_created_at is not None:
+        behind = sweep_created_at - run.started_at_unix_seconds
+        if behind > CLOCK_BOUND_SECONDS:
+            return (
+                f"started {behind:.0f} s before its sweep existed: the agent's clock is behind "
+                f"(bound {CLOCK_BOUND_SECONDS:g} s)"
+            )
+    return None
+
+
+_sweep_created: dict[str, float] = {}  # sweep id -> created_at: never changes once a sweep exists
+
+
+def _sweep_created_at(con, sweep_id: str) -> float | None:
+    if sweep_id not in _sweep_created:
+        row = con.execute("SELECT created_at FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone()
+        if row is None:
+            return None
+        _sweep_created[sweep_id] = row[0]
+    return _sweep_created[sweep_id]
 
 
 def ingest(scheduler: Scheduler, agent_id: str, job_id: str, lease_id: str, record_json: str) -> tuple[bool, int]:
@@ -171,7 +215,11 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 record_sha256=digests[i],
                 ingested_at=now,
             )
-            rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]])
+            received = r.received_at or now
+            flag = clock_flag(run, received, _sweep_created_at(con, lease.sweep_id))
+            if flag:
+                log.warning("run %s of agent %s: %s", run.run_id, r.agent_id, flag)
+            rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag])
         if rows:
             try:
                 inserted = _insert(con, [v for _, v in rows.values()])
@@ -223,7 +271,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
 
 
 def _insert(con, rows: list[list]) -> list[tuple[str, int]]:
-    """Insert rows (column values in RUN_COLUMNS order, less seq); (run id, seq) of each stored.
+    """Insert rows (column values in INSERTED_COLUMNS order); (run id, seq) of each stored.
     A run id stored already is skipped (a retry)."""
     columns = [list(column) for column in zip(*rows)]
     run_ids = columns[0]
@@ -252,5 +300,8 @@ def _update_figures(con, lo: int, hi: int) -> None:
 
 # One list parameter per column; DuckDB takes each list's type from its Python values (casts
 # written into the statement cost 2 ms a batch to bind) and the insert casts to the table's.
-BATCH_SELECT = "SELECT " + ", ".join(f"unnest(?) AS {name}" for name in RUN_COLUMNS[:-1])  # all but seq
-INSERT_BATCH = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT *, nextval('ingest_seq') FROM ({BATCH_SELECT}) b"
+INSERTED_COLUMNS = (*RUN_COLUMNS[:-1], *CLOCK_COLUMNS)  # all but seq
+BATCH_SELECT = "SELECT " + ", ".join(f"unnest(?) AS {name}" for name in INSERTED_COLUMNS)
+INSERT_BATCH = (
+    f"INSERT INTO runs ({', '.join(INSERTED_COLUMNS)}, seq) SELECT *, nextval('ingest_seq') FROM ({BATCH_SELECT}) b"
+)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import socket
 import ssl
@@ -26,13 +27,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from coordinator import figures
+from coordinator import figures, version_figures
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 from coordinator.states import JobState
 from specfleet.record import CHECKED_KEYS
 
 RESULTS_EVERY_SECONDS = 5.0  # the result figures are recomputed at most this often (ResultFigures)
+# A /metrics connection has this long to finish its TLS handshake, and then to send each read of
+# its request: one that holds a connection open costs a thread for that long, never other scrapes.
+HANDSHAKE_SECONDS = 5.0
+READ_SECONDS = 10.0
 RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -93,7 +98,11 @@ class ResultFigures:
                     "SELECT (SELECT last_seq FROM figure_state), (SELECT coalesce(max(seq), 0) FROM jobs)"
                 ).fetchone()
                 if at != self._at:
-                    families = list(_result_families(figures.arms(con), figures.speedups(con), figures.groups(con)))
+                    families = list(
+                        _result_families(
+                            figures.arms(con), figures.speedups(con), figures.groups(con), version_figures.changes(con)
+                        )
+                    )
                     self._text, self._at = generate_latest(_Families(families)), at
             return self._text
 
@@ -108,7 +117,9 @@ class _Families:
         return self.families
 
 
-def _result_families(arm_speeds, speedups, groups):
+def _result_families(arm_speeds, speedups, groups, version_changes=None):
+    if version_changes is not None:  # per change between versions (coordinator/version_figures.py)
+        yield from version_figures.families(version_changes)
     arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
     tps = GaugeMetricFamily(
         "specfleet_decode_tokens_per_second",
@@ -188,30 +199,51 @@ class Metrics:
         """Start the /metrics server on a thread: HTTPS with a certificate and key, requiring a
         client certificate signed by client_cafile when given; plain HTTP without. Returns
         (server, thread). prometheus_client's own server formats every series at every scrape;
-        this one answers exposition(), whose result figures are formatted once per change."""
+        this one answers exposition(), whose result figures are formatted once per change.
+
+        Each connection is served on a thread of its own, its TLS handshake included (on the
+        accepting thread, one client that never finishes its handshake would stall every
+        scrape), within HANDSHAKE_SECONDS, and each read of its request within READ_SECONDS."""
 
         def app(environ, start_response):
             body = self.exposition()
             start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
             return [body]
 
-        class Server(ThreadingWSGIServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        context = None
         if certfile and keyfile:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(str(certfile), str(keyfile))
             if client_cafile:
                 context.load_verify_locations(cafile=str(client_cafile))
                 context.verify_mode = ssl.CERT_REQUIRED
-            server.socket = context.wrap_socket(server.socket, server_side=True)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+            def finish_request(self, request, client_address):  # on the connection's own thread
+                if context is None:
+                    return super().finish_request(request, client_address)
+                request.settimeout(HANDSHAKE_SECONDS)
+                try:
+                    tls = context.wrap_socket(request, server_side=True)
+                except OSError:  # no handshake in time, a plaintext client, an untrusted certificate
+                    return
+                try:
+                    super().finish_request(tls, client_address)
+                finally:
+                    with contextlib.suppress(OSError):
+                        tls.close()
+
+        server = make_server(host, port, app, Server, handler_class=_QuietHandler)
         thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
         thread.start()
         return server, thread
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_SECONDS  # the socket's timeout while a request is read and answered
+
     def log_message(self, format, *args):  # a scrape a second is not news
         pass
 

@@ -102,6 +102,25 @@ def _make_private(fd: int, path: Path) -> None:
         log.warning("%s was readable by other users: made 0600", path)
 
 
+def private_key_file(path: Path) -> None:
+    """The TLS key must be the coordinator's user's alone: one readable by group or others is
+    made 0600, with a warning; one that cannot be made so is refused (ValueError: what to do)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise ValueError(f"cannot read the TLS key {path} ({e.strerror})") from None
+    if not mode & 0o077:
+        return
+    try:
+        os.chmod(path, 0o600)
+    except OSError as e:
+        raise ValueError(
+            f"the TLS key {path} is readable by other users (mode {mode & 0o777:o}) and cannot be made 0600 "
+            f"({e.strerror}): `chmod 600 {path}` as its owner, and replace the key if others may have read it"
+        ) from None
+    log.warning("TLS key %s was readable by other users (mode %o): made 0600", path, mode & 0o777)
+
+
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the mode applies to a new file only
     with os.fdopen(fd, "w") as f:
@@ -119,6 +138,8 @@ class Coordinator:
 
     def __init__(self, config: CoordinatorConfig):
         check_lease(config.lease_seconds)  # before anything is opened: one line, and no start
+        if config.tls_key:
+            private_key_file(config.tls_key)
         self.config = config
         self.store = Store(config.data_dir)
         self.scheduler = Scheduler(self.store, lease_seconds=config.lease_seconds)

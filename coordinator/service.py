@@ -266,7 +266,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         async for request in each_bounded(requests, context):
             try:
                 duplicate, seq = await self.reports.submit(
-                    Report(agent_id, request.job_id, request.lease_id, request.record_json)
+                    Report(agent_id, request.job_id, request.lease_id, request.record_json, time.time())
                 )
             except InvalidRun as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

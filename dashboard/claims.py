@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from specfleet import inference, server_arms, speedup
+from specfleet import inference, server_arms, speedup, versions
 from specfleet import settings as declared
 from specfleet.record import (
     ARCHITECTURE_SUFFIX,
@@ -69,7 +69,7 @@ RULE_FIELDS = {
     "none_measured": (),
 }
 RULE_METRICS = {"best_depth_in": ("best_depth",), "none_measured": ("runs",)}
-CLAIM_KEYS = {"id", "statement", "source", "conditions", "metric", "expected", "verdict", "sweep", "note"}
+CLAIM_KEYS = {"id", "statement", "source", "conditions", "metric", "expected", "verdict", "sweep", "note", "conflicts"}
 # Conditions with a shape of their own, checked and selected below; every other declared setting a
 # claim may select on (specfleet/settings.py, `condition`) is a value or a list of values matched exactly.
 OWN_CONDITIONS = {
@@ -86,6 +86,7 @@ OWN_CONDITIONS = {
     "prompt_category",
     "prompt_set",
     "context_tokens",
+    "version",  # a range, exact versions or a change between versions (specfleet/versions.py)
 }
 DECLARED_CONDITIONS = {s.name: s for s in declared.CONDITIONS if s.name not in OWN_CONDITIONS}
 CONDITION_KEYS = OWN_CONDITIONS | set(DECLARED_CONDITIONS)
@@ -108,8 +109,9 @@ OUR_LOOP = {
 }
 # How a generated sweep starts an OpenAI-compatible server: its baseline's command template and
 # its arms' per method ({model}, {depth}, {port}). OptiQ names no depth flag in the seeds, so its
-# arm runs OptiQ's own depth. A claim about a server not here gives sweep.command and
-# sweep.arm_command.
+# arm runs OptiQ's own depth, and no ledger claim may name a depth of it (the ledger refuses a
+# command without {depth} for a claim of a depth). A claim about a server not here gives
+# sweep.command and sweep.arm_command.
 SERVER_PRESETS = {
     "MTPLX": {
         "baseline": "mtplx serve --model {model} --port {port}",
@@ -167,6 +169,7 @@ class Claim:
     rule: Rule
     sweep: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    conflicts: tuple[str, ...] = ()  # ids of ledger claims the seeds hold against this one: shown side by side
 
     @property
     def engine(self) -> str:
@@ -297,6 +300,10 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
     for name in ("quantisation", "architecture", "chip", "prompt_set"):
         if cond.get(name) is not None and (not isinstance(cond[name], str) or not cond[name].strip()):
             fail(f"conditions.{name}", "must be a non-empty string or null")
+    if cond.get("version") is not None and (why := versions.condition_problem(cond["version"])):
+        fail("conditions.version", why)
+    elif versions.is_change(cond.get("version")) and rec.get("metric") not in versions.CHANGE_FIGURES:
+        fail("metric", f"a change between versions is settled on {' or '.join(versions.CHANGE_FIGURES)}")
     chip = cond.get("chip")
     if isinstance(chip, str) and "*" in chip[:-1]:
         fail("conditions.chip", "an exact chip name, or a prefix ending in '*' (Apple*)")
@@ -392,9 +399,13 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
     if not isinstance(sweep, dict):
         fail("sweep", f"must be a mapping of {', '.join(SWEEP_FIELDS)}")
         sweep = {}
-    _check_sweep(sweep, engine, system, method, fail)
+    _check_sweep(sweep, engine, system, method, fail, depths)
     if rec.get("note") is not None and not isinstance(rec["note"], str):
         fail("note", "must be a string")
+    conflicts = rec.get("conflicts", [])
+    if not isinstance(conflicts, list) or not all(isinstance(x, str) and ID_RE.match(x) for x in conflicts):
+        fail("conflicts", "must be a list of claim ids (the claims the seeds hold against this one)")
+        conflicts = []
     if len(problems) != before or rule is None:
         return None
     return Claim(
@@ -407,6 +418,7 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
         rule=rule,
         sweep=sweep,
         note=(rec.get("note") or "").strip(),
+        conflicts=tuple(conflicts),
     )
 
 
@@ -442,9 +454,11 @@ def _check_system(engine, system, fail) -> str | None:
     return None
 
 
-def _check_sweep(sweep: dict, engine, system, method, fail) -> None:
+def _check_sweep(sweep: dict, engine, system, method, fail, depths=()) -> None:
     """The claim's sweep fields: model paths, llama-server flags, an OpenAI-compatible
-    server's command templates (required where SERVER_PRESETS has none), max_new_tokens."""
+    server's command templates (required where SERVER_PRESETS has none, and setting the claim's
+    depth: a command without {depth} would run the server's own depth under the claim's K),
+    max_new_tokens."""
     for key in sorted(set(sweep) - set(SWEEP_FIELDS), key=str):
         fail(f"sweep.{key}", f"unknown field (allowed: {', '.join(SWEEP_FIELDS)})")
     for key in ("target", "draft", "flags", "command", "arm_command"):
@@ -465,6 +479,14 @@ def _check_sweep(sweep: dict, engine, system, method, fail) -> None:
             fail("sweep.command", f"is required: no command is known for {system} (known: {known}); a template")
         if "arm_command" not in sweep and method not in preset:
             fail("sweep.arm_command", f"is required: no {method} command is known for {system}; a template")
+        arm = sweep.get("arm_command") or preset.get(method)
+        if depths and isinstance(arm, str) and "{depth}" not in arm:
+            fail(
+                "conditions.depth",
+                f"{system}'s {method} command sets no depth ({arm!r} has no {{depth}}): its runs would record K"
+                f" while {system} runs its own depth; give sweep.arm_command with {{depth}}, or list the claim in"
+                " docs/claims.md until the server's depth option is known",
+            )
 
 
 def parse_claims(text: str) -> list[Claim]:
@@ -482,6 +504,10 @@ def parse_claims(text: str) -> list[Claim]:
         if c.id in seen:
             problems.append(f"claims ({c.id}).id: used twice")
         seen.add(c.id)
+    for c in claims:  # conflicts name claims of the same ledger, never the claim itself
+        for other in c.conflicts:
+            if other not in seen or other == c.id:
+                problems.append(f"claims ({c.id}).conflicts: {other!r} is not another claim of this ledger")
     if problems:
         raise ClaimError(problems)
     return claims
@@ -519,6 +545,13 @@ _COLUMNS = (
     "tokens_accepted",
 )
 _SELECT = ", ".join(_COLUMNS) + ", CAST(env_nominal AS BOOLEAN) AS env_nominal, CAST(lossless AS BOOLEAN) AS lossless"
+
+
+def _warmup_converged(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL: a run's warmup_converged (settings, record schema 4), NULL where the runs predate it."""
+    names = {d[0] for d in con.execute("SELECT * FROM runs LIMIT 0").description}
+    known = "CAST(warmup_converged AS BOOLEAN)" if "warmup_converged" in names else "CAST(NULL AS BOOLEAN)"
+    return f"{known} AS warmup_converged"
 
 
 def _comparable(con: duckdb.DuckDBPyConnection) -> str:
@@ -597,6 +630,10 @@ def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
     if c.get("context_tokens") is not None:
         out.append(("context_tokens", "list_contains($contexts::INTEGER[], context_tokens)"))
         params["contexts"] = _as_list(c["context_tokens"])
+    if c.get("version") is not None:
+        sql, version_params = versions.condition_sql(c["version"])
+        out.append(("version", sql))
+        params |= version_params
     return out, params
 
 
@@ -630,7 +667,7 @@ def matching_runs(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """The runs inside the claim's conditions (its arm and the baselines), the columns
     evaluate() reads and each run's comparable group."""
     if not has_runs(con):
-        return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "comparable"])
+        return pd.DataFrame(columns=[*_COLUMNS, "env_nominal", "lossless", "warmup_converged", "comparable"])
     _matched(claim, con)
     return con.execute("SELECT * FROM matched").df()
 
@@ -639,7 +676,7 @@ def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
     """On `con`, the claim's runs as temporary table `matched` and its arm's as `arm`, from the
     connection's `runs`; its `jobs` (job_id, attempt, state) say which attempts are valid."""
     where, params = conditions_sql(claim)
-    select = f"{_SELECT}, {_comparable(con)}"
+    select = f"{_SELECT}, {_warmup_converged(con)}, {_comparable(con)}"
     con.execute(f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {select} FROM {_FLEET} WHERE {where}", params)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE arm AS SELECT * FROM matched WHERE method = $method", {"method": claim.method}
@@ -718,6 +755,7 @@ VERDICT_COLUMNS = [
     "prompts",
     "runs",
     "excluded_runs",
+    "unsteady_runs",
     "differs",
     "p_value",
     "adjusted_p",
@@ -823,6 +861,38 @@ def _ratio_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
             row["why"] = (f"K={depth}: " if len(claim.depths) > 1 else "") + row["why"]
             excl = int(gone.loc[gone["depth"] == depth, "excluded_runs"].sum())
             rows.append(dict(where, **row, excluded_runs=excl))
+    return rows
+
+
+def _change_rows(claim: Claim, con) -> list[dict]:
+    """A claim about a change between versions (conditions.version {from, to}), settled by the
+    version comparison (specfleet/versions.py settle): per setting (group: the setting's id),
+    chip and depth, the ratio to / from of its figure, paired by machine, against its band."""
+    where, params = conditions_sql(claim)
+    per_prompt = con.execute(
+        f"SELECT {versions.SETTING_SQL} AS setting, {versions.VERSION_SQL} AS version, chip, method, depth,"
+        " agent_id, prompt_id, avg(ln(decode_tokens_per_second)) AS log_tps,"
+        " ln(nullif(avg(tokens_accepted / nullif(tokens_drafted, 0)), 0)) AS log_acceptance, count(*) AS repeats,"
+        f" min(seq) AS first_seq FROM {speedup.valid_sql(_FLEET, DONE_JOBS)} WHERE {where}"
+        " AND decode_tokens_per_second > 0 AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
+        " GROUP BY ALL",
+        params,
+    ).df()
+    r, rows = claim.rule, []
+    change = claim.conditions["version"]
+    settled = versions.settle(
+        per_prompt, change, claim.metric, claim.method, r.band_low, r.band_high, r.min_machines, r.min_prompts
+    )
+    for at, d in settled:
+        if claim.depths and at["depth"] not in claim.depths:
+            continue
+        row = _from_decision(_too_few_runs(claim, d, d.pairs))
+        row["why"] = f"{at['old']} → {at['new']}, K={at['depth']} ({at['how']}): {row['why']}"
+        rows.append(dict(chip=at["chip"], group=at["setting"], differs="", excluded_runs=0, **row))
+    if not rows:
+        why = f"no setting with runs on both sides of {change['from']} → {change['to']}"
+        rows.append(dict(chip=_chip_label(claim.conditions.get("chip")), group="", differs="", excluded_runs=0,
+                         machines=0, prompts=0, runs=0, verdict=inference.INCONCLUSIVE, why=why))  # fmt: skip
     return rows
 
 
@@ -945,7 +1015,9 @@ def evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 def _evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     pattern = claim.conditions.get("chip")
-    none = dict(chip=_chip_label(pattern), group="", machines=0, prompts=0, runs=0, excluded_runs=0, differs="")
+    none = dict(
+        chip=_chip_label(pattern), group="", machines=0, prompts=0, runs=0, excluded_runs=0, unsteady_runs=0, differs=""
+    )
     if not has_runs(con):
         return _rows(claim, [_no_run(claim, none, {})])
     _matched(claim, con)
@@ -964,14 +1036,32 @@ def _evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
                 con.execute("SELECT count(*) FROM arm WHERE env_nominal IS NOT DISTINCT FROM false").fetchone()[0]
             )
             rows = [dict(_no_run(claim, none, {}), excluded_runs=excluded)]
-        return _rows(claim, rows)
-    if claim.metric == "acceptance_rate":
-        return _rows(claim, _acceptance_rows(claim, con, cells))
-    return _rows(claim, _ratio_rows(claim, con, cells))
+    elif versions.is_change(claim.conditions.get("version")):
+        rows = _change_rows(claim, con)
+    elif claim.metric == "acceptance_rate":
+        rows = _acceptance_rows(claim, con, cells)
+    else:
+        rows = _ratio_rows(claim, con, cells)
+    return _with_unsteady(_rows(claim, rows), con)
+
+
+def _with_unsteady(out: pd.DataFrame, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """unsteady_runs: the claim's runs (its arm's and their baselines') in each row's group and
+    chip whose warm-up reached the sweep's cap without two runs within 5% (warmup_converged
+    false). They still count; the Questions page flags them."""
+    counts = con.execute(
+        "SELECT comparable, chip, count(*) AS n FROM matched WHERE warmup_converged IS NOT DISTINCT FROM false"
+        " GROUP BY ALL"
+    ).fetchall()
+    by = {(g, c): int(n) for g, c, n in counts}
+    out["unsteady_runs"] = [by.get((g, c), 0) for g, c in zip(out["group"], out["chip"])]
+    return out
 
 
 def _rows(claim: Claim, rows: list[dict]) -> pd.DataFrame:
-    defaults = dict(figure=NAN, ci_low=NAN, ci_high=NAN, p_value=NAN, tested=False, probability=NAN, beside="")
+    defaults = dict(
+        figure=NAN, ci_low=NAN, ci_high=NAN, p_value=NAN, tested=False, probability=NAN, beside="", unsteady_runs=0
+    )
     out = pd.DataFrame([{**defaults, "claim": claim.id, **r} for r in rows], columns=VERDICT_COLUMNS)
     out["adjusted_verdict"] = out["verdict"]
     out["tested"] = out["tested"].astype(bool)
@@ -1018,6 +1108,29 @@ def evaluate_all(claims: list[Claim], con: duckdb.DuckDBPyConnection, q: float =
 
 
 # ---------------------------------------------------------------- the sweep that tests a claim
+
+
+def conflicting(claim: Claim, ledger: list[Claim]) -> list[Claim]:
+    """The ledger's claims held against `claim`, whichever of the two records names the other:
+    the Questions page shows their verdicts side by side."""
+    return [c for c in ledger if c.id != claim.id and (c.id in claim.conflicts or claim.id in c.conflicts)]
+
+
+def _sweep_settings(claim: Claim) -> dict[str, Any]:
+    """The sweep fields of the declared settings the claim names (specfleet/settings.py `sweep`,
+    dotted: "spec_draft.n_min" -> {spec_draft: {n_min: ...}}): the sweep varies exactly them."""
+    out: dict[str, Any] = {}
+    for name, setting in DECLARED_CONDITIONS.items():
+        value = claim.conditions.get(name)
+        if value is None or not setting.sweep:
+            continue
+        *parents, leaf = setting.sweep.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        values = _as_list(value)
+        node[leaf] = values if len(values) > 1 else values[0]
+    return out
 
 
 def sweep_depths(claim: Claim) -> list[int]:
@@ -1077,17 +1190,12 @@ def sweep_yaml(claim: Claim) -> str:
         doc["arms"] = [{"spec_type": method, "depths": list(depths)}]
     elif engine == "openai":
         preset = SERVER_PRESETS.get(claim.system, {})
-        arm = claim.sweep.get("arm_command") or preset[method]
-        if "{depth}" not in arm:
-            depths = depths[:1]
-            notes.append(
-                f"{claim.system}'s {method} command sets no depth (the seeds name no depth flag for it): its one arm"
-                f" runs {claim.system}'s own depth and is recorded as K={depths[0]}, the claim's;"
-                " put its depth option into arms[0].command if it has one"
-            )
+        arm = claim.sweep.get("arm_command") or preset[method]  # sets {depth}: the ledger checks it
         doc["server"] = {"system": claim.system, "command": claim.sweep.get("command") or preset["baseline"]}
         doc["arms"] = [{"method": method, "depths": list(depths), "command": arm}]
-    doc.update(max_new_tokens=claim.sweep.get("max_new_tokens", 256), warmup=3, repeats=SWEEP_REPEATS)
+    doc.update(_sweep_settings(claim))
+    # Warm-up as every sweep's default (JobSpec.warmup_cap: until two runs agree within 5%, at most 10).
+    doc.update(max_new_tokens=claim.sweep.get("max_new_tokens", 256), repeats=SWEEP_REPEATS)
     header = f"# Tests claim {claim.id}: {claim.statement}\n"
     if claim.system != OURS:
         header += f"# The claim is about {claim.label}: only its runs settle it.\n"

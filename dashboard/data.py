@@ -232,6 +232,21 @@ def version_settings(v: Version, f: Filters) -> pd.DataFrame:
     return queries.version_settings(queries.version_per_prompt(_db(v), f))
 
 
+@on_runs
+def unit_values(v: Version, f: Filters) -> pd.DataFrame:
+    return queries.unit_values(_db(v), f)
+
+
+@on_runs
+def chip_components(v: Version, f: Filters) -> pd.DataFrame:
+    return queries.chip_components(_db(v), f, unit_values(v, f))
+
+
+@on_runs
+def chip_pairs(v: Version, f: Filters) -> pd.DataFrame:
+    return queries.chip_pairs(_db(v), f, unit_values(v, f), chip_components(v, f))
+
+
 # ---------------------------------------------------------------- claims
 
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from dashboard import claims as ledger
 from dashboard.mirror import Mirror
 from specfleet import settings as declared
-from specfleet import speedup, stats, versions
+from specfleet import speedup, stats, variance, versions
 from specfleet.client import AdminApi, channel
 from specfleet.record import VERIFY_COST
 from specfleet.sweeps import SweepError, parse_sweep
@@ -58,14 +58,27 @@ def sampler_label(prefix: str = "") -> str:
 
 NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' ELSE 'unknown' END"
 # A run's flags at a glance: an output that differed from its reference (lossy: a defect, in no
-# figure), client and server timings more than 5% apart, a stateful drafter that inherited
-# state from earlier requests, collapsed acceptance. '' when none.
+# figure), one that diverged at a near-tie (kept in the figures), client and server timings more
+# than 5% apart, a stateful drafter that inherited state from earlier requests, collapsed
+# acceptance, an outlier among its arm's repeats (specfleet.speedup.flagged_sql: left out of the
+# figures), a drafter that cannot draft within max_new_tokens. '' when none. On a relation with
+# the `outlier` column (_runs_source's).
 FLAGS = (
     "concat_ws(', ', CASE WHEN lossless IS NOT DISTINCT FROM false THEN 'lossy' END,"
+    " CASE WHEN divergence = 'near-tie' THEN 'near-tie' END,"
     " CASE WHEN timings_disagree THEN 'timings disagree' END, CASE WHEN drafter_warm THEN 'warm drafter' END,"
-    " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END)"
+    " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END, CASE WHEN outlier THEN 'outlier' END,"
+    " CASE WHEN drafter_warning != '' THEN 'cannot draft' END)"
 )
-FLAG_NAMES = ("lossy", "timings disagree", "warm drafter", "acceptance collapsed")
+FLAG_NAMES = (
+    "lossy",
+    "near-tie",
+    "timings disagree",
+    "warm drafter",
+    "acceptance collapsed",
+    "outlier",
+    "cannot draft",
+)
 # What the pages name a run by, computed once per run as it arrives in the mirror (Mirror's
 # `derived`): the system it measured (system_label "llama-server", "MTPLX (openai)", "specfleet
 # mlx"; system_method with the method: "llama-server draft-mtp"), its comparable group, its
@@ -258,8 +271,10 @@ RUNS_SHOWN = 1000  # the Runs page's table: the latest runs of the selection; do
 
 
 def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
-    """selected(f) with verify-cost runs, narrowed to the chips and environment states given."""
+    """selected(f) with verify-cost runs and each run's `outlier` flag (judged among all its arm's
+    repeats before narrowing), narrowed to the chips and environment states given."""
     source, params = selected(f, generation=False)
+    source = speedup.flagged_sql(source)
     where = []
     if chips:
         where.append("list_contains($chips::VARCHAR[], chip)")
@@ -271,7 +286,7 @@ def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) ->
 
 
 def _runs_sql(source: str) -> str:
-    names = "nominal, system_method, model, draft_model, sampler, comparable"
+    names = "nominal, system_method, model, draft_model, sampler, comparable, prompt_id, text_sample, divergence"
     speeds = "decode_tokens_per_second, server_decode_tokens_per_second, server_version, server_command"
     return (
         f"SELECT {names}, {FLAGS} AS flags, {speedup.counts_sql('s')} AS counts,"
@@ -481,12 +496,19 @@ def _group_keys(db, comparable: str) -> tuple[str, dict]:
 
 def speedups(db, f: Filters, named: pd.DataFrame | None = None) -> pd.DataFrame:
     """specfleet.speedup's speedup per comparable group, chip and arm, with its 95% interval,
-    machines, prompts, pairs and the pairs left out for a run that was not nominal. `named`:
-    groups(db, f) when the caller has it already."""
+    machines, prompts, pairs and the pairs left out for a run that was not nominal; outlier runs
+    (specfleet.speedup.flagged_sql) are left out first and counted in `outlier_runs`, runs that
+    diverged at a near-tie kept and counted in `near_tie_runs`. `named`: groups(db, f) when the
+    caller has it already."""
     source, params = selected(f)
-    out = stats.speedups(db.query, source, params)
+    out = stats.speedups(db.query, speedup.inliers_sql(source), params)
     if out.empty:
         return out
+    keys = ["comparable", "chip", "method", "depth"]
+    counts = db.query(speedup.outlier_counts_sql(source, comparable="comparable"), params)
+    out = out.merge(counts, on=keys, how="left") if not counts.empty else out.assign(outlier_runs=0, near_tie_runs=0)
+    for name in ("outlier_runs", "near_tie_runs"):
+        out[name] = out[name].fillna(0).astype(int)
     named = groups(db, f) if named is None else named
     names = named[["comparable", "system_label", "model", "draft_model"]]  # reference@digest, never a path
     out = out.merge(names, on="comparable", how="left").drop(columns=["target_reference", "draft_reference"])
@@ -678,6 +700,55 @@ def version_changes(db, f: Filters, tolerance: float = versions.TOLERANCE) -> pd
     kept = per_prompt[per_prompt["setting"].isin(settings["setting"])]
     out = versions.changes(kept, tolerance)
     return out.merge(settings.drop(columns=["versions"]), on="setting", how="left")
+
+
+# ---------------------------------------------------------------- the chip apart from the unit
+
+
+def unit_values(db, f: Filters) -> pd.DataFrame:
+    """specfleet/variance.py's input, per comparable group: one row per figure (decode tok/s of
+    every arm; the speedup of each speculative arm, its log decode tok/s less the baseline's on
+    the same machine and prompt), chip, arm, machine and prompt, `value` the mean over the
+    prompt's repeats of the log figure. The runs that may enter a figure, as version_per_prompt."""
+    source, params = selected(f)
+    per_prompt = db.query(
+        "SELECT comparable AS setting, '' AS version, chip, method, depth, agent_id, prompt_id,"
+        " avg(ln(decode_tokens_per_second)) AS log_tps, NULL::DOUBLE AS log_acceptance, count(*) AS repeats"
+        f" FROM {speedup.valid_sql(source)} WHERE decode_tokens_per_second > 0"
+        " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
+        " GROUP BY setting, chip, method, depth, agent_id, prompt_id",
+        params,
+    )
+    cols = ["comparable", "figure", "method", "depth", "chip", "agent_id", "prompt_id", "value"]
+    if per_prompt.empty:
+        return pd.DataFrame(columns=cols)
+    out = versions.figures(per_prompt)
+    out = out[out["figure"].isin([versions.DECODE, versions.SPEEDUP])].rename(columns={"setting": "comparable"})
+    return out[cols].reset_index(drop=True)
+
+
+def chip_components(db, f: Filters, values: pd.DataFrame | None = None) -> pd.DataFrame:
+    """specfleet/variance.py's components (chip, machine within chip, prompt, residual) of every
+    figure and arm of each comparable group; `values`: unit_values(db, f) when the caller has it."""
+    values = unit_values(db, f) if values is None else values
+    return variance.by_figure(values, ("comparable", "figure", "method", "depth"))
+
+
+def chip_pairs(db, f: Filters, values: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every pair of chips of every figure and arm: the ratio of their figures with its
+    interval, against the unit-to-unit spread of the components' machine term."""
+    values = unit_values(db, f) if values is None else values
+    table = chip_components(db, f, values) if table is None else table
+    keys = ["comparable", "figure", "method", "depth"]
+    frames = []
+    for key, group in values.groupby(keys, sort=True):
+        mine = table[(table[keys] == pd.Series(key, index=keys)).all(axis=1)]
+        unit = mine.loc[mine["component"] == variance.MACHINE, "sd"]
+        pairs = variance.compare_chips(group, float(unit.iloc[0]) if len(unit) else float("nan"))
+        for name, value in zip(reversed(keys), reversed(key)):
+            pairs.insert(0, name, value)
+        frames.append(pairs)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*keys, *variance.PAIR_COLUMNS])
 
 
 # ---------------------------------------------------------------- claims

@@ -41,6 +41,11 @@ FIELDS_SINCE = {
         2,
     ),
     "settings": min(s.since for s in declared.CARRIED),
+    **dict.fromkeys(
+        ("divergence", "divergence_position", "divergence_token", "divergence_reference_token", "divergence_margin",
+         "divergence_threshold", "drafter_warning", "text_sample"),
+        4,
+    ),
 }  # fmt: skip
 # The record's schema version: the newest field's. 1: the first record; 2: systems under test
 # (migration 003), the accelerator (005), power mode (007); 3: the declared settings (008); a
@@ -128,6 +133,8 @@ SAME_SEED_REPRODUCIBLE = ("llama.cpp",)
 PROMPT_CATEGORIES = ("conversation", "translation", "summarisation", "qa", "math", "rag", "code")
 
 LOSSLESS_CHECKS = ("", "greedy reference", "same-seed baseline", "not checkable")
+DIVERGENCES = ("none", "near-tie", "defect")  # or None: not checked
+TEXT_SAMPLE_CHARS = 512
 INTERLEAVINGS = ("", "rotated", "blocks")
 MAX_ID_CHARS = 128
 MAX_TEXT_CHARS = 4096
@@ -311,6 +318,25 @@ class RunRecord:
     # Every declared setting (specfleet/settings.py), one column each; None where it does not
     # apply to the engine or was not recorded (records older than schema 3).
     settings: Settings = Settings()
+    # Where the output first differs from the lossless check's reference (schema 4): DIVERGENCES
+    # (None not checked, "none", "near-tie": the target's top two tokens there are closer than
+    # divergence_threshold, so batch numerics may flip them and the run still counts, lossless
+    # None; "defect": a clear margin or none known, lossless false), the generated-token index,
+    # the run's and the reference's token, the target's logit margin between them there (one-token
+    # decoding) and the threshold it was judged by.
+    divergence: str | None = None
+    divergence_position: int | None = None
+    divergence_token: int | None = None
+    divergence_reference_token: int | None = None
+    divergence_margin: float | None = None
+    divergence_threshold: float | None = None
+    # Why this arm's drafter cannot draft within max_new_tokens at its settings ("" when it can;
+    # None: not judged, as before schema 4).
+    drafter_warning: str | None = None
+    # The start of the decoded output (at most TEXT_SAMPLE_CHARS), on a prompt's first repeat of
+    # each arm and on every run that diverged: what a hash cannot show (a model that loops).
+    # None where no sample was taken.
+    text_sample: str | None = None
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self):
@@ -460,8 +486,6 @@ def _coerce(tp, value, where: str):
             raise InvalidRecord(f"{where}: must be a string, got {type(value).__name__}")
         return value
     raise TypeError(f"{where}: unsupported field type {tp}")
-
-
 
 
 def _schema_of(data: dict[str, Any]) -> int:
@@ -630,6 +654,20 @@ def _problems(r: RunRecord) -> list[str]:
     text("system", r.system, 1, MAX_ID_CHARS)
     text("server_version", r.server_version)
     text("server_command", r.server_command)
+    if r.divergence is not None and r.divergence not in DIVERGENCES:
+        problems.append(f"divergence {r.divergence!r} is not one of {', '.join(map(repr, DIVERGENCES))} or None")
+    if r.divergence == "near-tie" and r.lossless is not None:
+        problems.append("a run that diverged at a near-tie has lossless None (neither lossless nor a defect)")
+    if r.divergence == "defect" and r.lossless is not False:
+        problems.append("a run whose divergence is a defect has lossless false")
+    for name in ("divergence_position", "divergence_token", "divergence_reference_token"):
+        bounded(name, 0, MAX_TOKENS)
+    bounded("divergence_margin", 0.0, 1e9)
+    bounded("divergence_threshold", 0.0, 1e9)
+    if r.drafter_warning is not None:
+        text("drafter_warning", r.drafter_warning)
+    if r.text_sample is not None:
+        text("text_sample", r.text_sample, 0, TEXT_SAMPLE_CHARS)
     bounded("server_decode_tokens_per_second", 0, MAX_TOKENS_PER_SECOND)
     bounded("server_prefill_seconds", 0, MAX_SECONDS)
     if r.interleaving not in INTERLEAVINGS:

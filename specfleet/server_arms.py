@@ -332,3 +332,24 @@ def _free(flags: tuple[str, ...]) -> tuple[str, ...]:
         else:
             out.append(word)
     return tuple(out)
+
+
+def recorded_flags(command: str) -> str:
+    """A server's command line (or command template) as recorded flags: without the binary
+    (its version is recorded apart), the model paths, host and port (with a template's
+    placeholders), which differ between machines and runs without changing what is measured; the
+    rest in its order. RunRecord's settings.server_flags (a checked key) holds this of what every
+    arm's server of a job shares."""
+    try:
+        words = shlex.split(command)[1:]
+    except ValueError:
+        return command
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS:
+            skip = True
+        elif not word.startswith(tuple(f"{f}=" for f in MODEL_FLAGS | DRAFT_FLAGS | AGENT_FLAGS)):
+            out.append(word)
+    return shlex.join(out)

@@ -41,7 +41,12 @@ SERVERS = ("llama-server", "openai")
 
 # llama.cpp's KV-cache types (common/arg.cpp kv_cache_types), as -ctk/-ctv spell them; bf16 left
 # out: llama-cpp-python names no GGML_TYPE_BF16 for the in-process engine.
+# How prompts reach the model (setting prompt_format): "auto" in a sweep, resolved by the agent.
+PROMPT_FORMATS = ("auto", "chat", "raw")
 KV_CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# How a server arm's runs are measured (setting server_state): servers kept up and warmed alike, or a
+# server started for every measured run and warmed up after the start.
+SERVER_STATES = ("warm", "fresh")
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,40 @@ DECLARED: tuple[Setting, ...] = (
             "llama.cpp's K and V cache type (-ctk/-ctv; type_k/type_v in process)", default="f16",
             sweep="kv_cache_type", choices=KV_CACHE_TYPES, condition=True, engines=LLAMA_CPP, since=4,
             server_flags=("-ctk", "-ctv"), llama_cparams=("type_k", "type_v"), llama_enum="GGML_TYPE_"),
+    Setting("server_state", str, SWEEP, "server state",
+            "The state a server arm's runs are measured in, the same for a pair's baseline and arm: warm (every "
+            "arm's server kept up across the job, each warmed up by the same number of requests before every pair) "
+            "or fresh (every measured run on a server started for it, then warmed up by the prompt's warm-up count). "
+            "Runs record the state they had: arms measured in blocks (servers that cannot stay up together) are "
+            "always fresh", default="warm", sweep="server_state", choices=SERVER_STATES, condition=True,
+            engines=("llama-server",), since=4),
+    Setting("server_requests", int, SERVER, "server requests",
+            "Requests the run's server had served before it (its warm-up included): equal for a pair's baseline "
+            "and arm", lo=0, checked=False, engines=("llama-server",), since=4),
+    Setting("warmup_converged", bool, MEASURED, "warm-up converged",
+            "Whether the run's warm-up ended with two consecutive runs within 5% of each other (False: it reached "
+            "the sweep's warm-up cap unsteady; None: no warm-up was asked)", checked=False, since=4),
+    Setting("spec_draft_n_min", int, SWEEP, "draft n_min",
+            "llama-server's shortest draft worth verifying (--spec-draft-n-min; llama.cpp's default 0)", default=0,
+            unset=0, sweep="spec_draft.n_min", lo=0, hi=1024, condition=True, engines=("llama-server",), since=4,
+            server_flags=("--spec-draft-n-min",)),
+    Setting("prompt_format", str, SWEEP, "prompt format",
+            "How a prompt reaches the model: chat (rendered through the model's chat template, its system prompt "
+            "and reasoning switch: the GGUF's tokenizer.chat_template with jinja2 as llama.cpp does, the MLX "
+            "tokenizer's apply_chat_template, /v1/chat/completions) or raw (the text as it is). auto in a sweep: "
+            "chat where the model has a template, else raw. Runs record the format used", default="auto",
+            unset="auto", sweep="prompt_format", choices=PROMPT_FORMATS, condition=True, since=4),
+    Setting("system_prompt", str, SWEEP, "system prompt",
+            "The system message of a chat prompt (\"\": none, the template's own default if it has one)",
+            default="", sweep="system_prompt", since=4),
+    Setting("reasoning", str, SWEEP, "reasoning",
+            "A chat template's reasoning switch (enable_thinking) on or off; unset: the template's default. Runs "
+            "record on or off where the template has a switch, else nothing", sweep="reasoning", choices=("on", "off"),
+            condition=True, since=4),
     Setting("server_flags", str, SERVER, "server flags",
-            "The server's command line without its binary, model paths, host and port, in the order given",
+            "What every arm's server of a job shares, as flags: llama-server's (the sweep's and the declared "
+            "settings'), an OpenAI-compatible server's baseline command without its binary, model paths, host and "
+            "port; an arm's own flags are its method and depth",
             engines=SERVERS),
 )  # fmt: skip
 

@@ -12,8 +12,12 @@ words:
    but never enter a figure. Pair an arm's run with the baseline run of the same attempt (job
    and lease), prompt, repeat and checked keys: ratio = arm decode tok/s / baseline decode
    tok/s. Verify-cost runs are never speedups. A pair is left out when either run was not
-   nominal (env_nominal false), when the arm's output differed from its reference (lossless
-   false: a defect, shown as such), or when either speed is 0.
+   nominal (env_nominal false), when the arm's output differed from its reference with a clear
+   margin (lossless false: a defect, shown as such), or when either speed is 0. A run that
+   diverged at a near-tie (divergence "near-tie", lossless None: agent/divergence.py) stays in,
+   labelled. The dashboard's figures first leave out outlier runs (`inliers_sql`): beyond
+   OUTLIER_MADS median absolute deviations of their arm's repeats on the prompt, in one attempt,
+   and further than OUTLIER_MIN_DEVIATION of the median; the count of those is shown beside.
 3. Combine on the log scale, in the order of replication: the mean log ratio over a prompt's
    repeats, then over a machine's prompts, then over machines; the speedup is its exponential
    (a geometric mean of geometric means). Every figure carries the machines, the fewest
@@ -49,6 +53,47 @@ def counts_sql(run: str, jobs: str = "jobs") -> str:
 def valid_sql(source: str, jobs: str = "jobs") -> str:
     """The runs of `source` that may enter a figure (counts_sql)."""
     return f"(SELECT r.* FROM {source} r WHERE {counts_sql('r', jobs)})"
+
+
+# Outlier runs (issue 26: one repeat at 11.6 tok/s among others near 95): a run whose decode speed
+# is more than OUTLIER_MADS MADs from the median of its arm's repeats on the same prompt in the same
+# attempt (at least OUTLIER_MIN_REPEATS of them), and more than OUTLIER_MIN_DEVIATION of that
+# median away: the MAD of three repeats is one gap, so without the floor normal noise (2% s.d.)
+# would flag about one run in seven; with it, none (tests/test_outliers.py).
+OUTLIER_MADS = 3.0
+OUTLIER_MIN_DEVIATION = 0.25
+OUTLIER_MIN_REPEATS = 3
+_REPEATS_OF_ARM = "PARTITION BY job_id, lease_id, method, depth, prompt_id"
+
+
+def flagged_sql(source: str) -> str:
+    """The runs of `source` with a boolean column `outlier` (verify-cost runs never are)."""
+    tps, part = "decode_tokens_per_second", _REPEATS_OF_ARM
+    return f"""(
+    SELECT * EXCLUDE (_median, _repeats, _deviation),
+           (method != '{VERIFY_COST}' AND _repeats >= {OUTLIER_MIN_REPEATS}
+            AND _deviation > {OUTLIER_MIN_DEVIATION} * _median
+            AND _deviation > {OUTLIER_MADS} * median(_deviation) OVER ({part})) AS outlier
+    FROM (SELECT *, abs({tps} - _median) AS _deviation
+          FROM (SELECT *, median({tps}) OVER ({part}) AS _median, count(*) OVER ({part}) AS _repeats
+                FROM {source})))"""
+
+
+def inliers_sql(source: str) -> str:
+    """`source` without its outlier runs (flagged_sql), in its own columns."""
+    return f"(SELECT * EXCLUDE (outlier) FROM {flagged_sql(source)} WHERE NOT outlier)"
+
+
+def outlier_counts_sql(source: str, comparable: str = COMPARABLE_ID) -> str:
+    """Outlier runs per comparable group, chip and arm, and the near-tie runs beside them (kept):
+    what the figures show with their counts. `comparable` as groups_sql takes it."""
+    return f"""
+    SELECT {comparable} AS comparable, chip, method, depth,
+           count(*) FILTER (WHERE outlier) AS outlier_runs,
+           count(*) FILTER (WHERE divergence = 'near-tie' AND NOT outlier) AS near_tie_runs
+    FROM {flagged_sql(source)} WHERE method != '{VERIFY_COST}'
+    GROUP BY ALL HAVING outlier_runs > 0 OR near_tie_runs > 0
+    """
 
 
 def _pairs_sql(source: str, jobs: str) -> str:

@@ -70,6 +70,29 @@ MAX_PROBLEM_CHARS = 300  # one problem, as reported
 MAX_MESSAGE_CHARS = 2000  # the whole message: a gRPC status travels in metadata (8 KiB at most)
 
 
+def drafter_warning(method: str, depth: int, settings: Settings, max_new_tokens: int) -> str:
+    """Why an in-process arm's n-gram drafter cannot draft within max_new_tokens at its settings
+    ("" when it can): its first draft needs a span that the output alone cannot hold, so it drafts
+    only where the output copies the prompt. ngram-mod (agent/engines/ngram.py NgramMod) hashes
+    n_match tokens and drops a chain shorter than min(n_min, depth): its output must hold the span
+    and the key again, 2 x n_match + min(n_min, depth) tokens. ngram-map-k4v proposes the depth
+    tokens after a size_n key seen min_hits times before: (min_hits + 1) x size_n + depth."""
+    if method == "ngram-mod" and None not in (settings.ngram_mod_n_match, settings.ngram_mod_n_min):
+        n_match, n_min = settings.ngram_mod_n_match, settings.ngram_mod_n_min
+        need, how = 2 * n_match + min(n_min, depth), f"2 x n_match {n_match} + min(n_min {n_min}, depth {depth})"
+    elif method == "ngram-map-k4v" and None not in (settings.ngram_map_size_n, settings.ngram_map_min_hits):
+        size_n, hits = settings.ngram_map_size_n, settings.ngram_map_min_hits
+        need, how = (hits + 1) * size_n + depth, f"(min_hits {hits} + 1) x size_n {size_n} + depth {depth}"
+    else:
+        return ""
+    if need < max_new_tokens:
+        return ""
+    return (
+        f"{method} at depth {depth} cannot draft from its own output within max_new_tokens {max_new_tokens}: "
+        f"its first draft needs {need} tokens of output ({how}); it drafts only where the output copies the prompt"
+    )
+
+
 class SweepError(ValueError):
     """Every problem of a sweep file, each cut to MAX_PROBLEM_CHARS; the message lists as many as
     fit in MAX_MESSAGE_CHARS and counts the rest."""
@@ -166,6 +189,15 @@ class Sweep:
                 out += server_arms.notes(engine, self.arms_of(engine))
                 if self.verify_cost is not None:
                     out.append(f"{engine}: verify_cost is measured by the in-process engines only")
+            if engine in IN_PROCESS_ENGINES:
+                out += sorted(
+                    {
+                        f"{engine}: {warning}"
+                        for arm in self.arms_of(engine)
+                        for settings in self.settings_of(engine)
+                        if (warning := drafter_warning(arm.method, arm.depth, settings, self.max_new_tokens))
+                    }
+                )
             rounded = rounded_repeats(self.repeats, arms)
             if rounded != self.repeats:
                 out.append(

@@ -36,6 +36,7 @@ every comparison shown) are the verdicts' too.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -49,6 +50,15 @@ TOLERANCE = 0.03  # a change smaller than 3% either way is no regression and no 
 # every other checked key.
 VERSION_KEYS = tuple(k for k in CHECKED_KEYS if k.endswith(("_version", "_commit", "_build")))
 SETTING_KEYS = tuple(k for k in CHECKED_KEYS if k not in VERSION_KEYS)
+
+# SQL over a relation with the checked keys: a setting's id (every checked key but the
+# versions, hashed) and a version's label (the version keys' values, joined). The same text as
+# dashboard/queries.py SETTING_ID and VERSION_LABEL (tests/test_version_figures.py), so the
+# coordinator's /metrics and the dashboard name a setting alike.
+SETTING_SQL = (
+    "left(md5(concat_ws('|', " + ", ".join(f"coalesce(CAST({k} AS VARCHAR), '')" for k in SETTING_KEYS) + ")), 12)"
+)
+VERSION_SQL = "concat_ws(' · ', " + ", ".join(f"nullif(CAST({k} AS VARCHAR), '')" for k in VERSION_KEYS) + ")"
 
 REGRESSION = "regression"
 GAIN = "gain"
@@ -238,3 +248,141 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
         highest_ratio=("ratio", "max"),
     )
     return out[cols]
+
+
+# ---------------------------------------------------------------- claims across versions
+
+# A claim's `conditions.version` (dashboard/claims.py) selects runs by the version of their
+# engine or system, in one of four shapes:
+#
+#   ">= b9330"                        a range of llama.cpp builds (>=, >, <=, <, ==), compared
+#                                     by build number (BUILD_SQL: llama.cpp=b9330,
+#                                     llama-server.build=9330, "version: 9330 (328874d)")
+#   "b9330" or [b9330, 328874d, ...]  exact builds, commits or versions: a run matches when one
+#                                     of its version tokens (TOKENS_SQL) is one of them
+#   {name: "after PR 22168", versions: [b9412, b9413, ...]}
+#                                     a named range, mapped by the ledger to its builds or commits
+#   {from: <spec>, to: <spec>}        a change between versions: the claim is about the ratio
+#                                     to / from of its figure, settled by the version comparison
+#                                     (settle below), each side a range or exact versions
+_RANGE_RE = re.compile(r"^\s*(>=|<=|==|>|<)\s*b?(\d+)\s*$")
+_SPLIT = r"[\s=,:()\-]+"
+_VERSION_TEXT = "lower(coalesce(engine_version, '') || ' ' || coalesce(server_version, ''))"
+TOKENS_SQL = f"string_split_regex({_VERSION_TEXT}, '{_SPLIT}')"
+BUILD_SQL = (
+    "coalesce(try_cast(nullif(regexp_extract(engine_version, '(^|[ =])b([0-9]+)', 2), '') AS BIGINT),"
+    " try_cast(nullif(regexp_extract(engine_version, 'build=([0-9]+)', 1), '') AS BIGINT),"
+    " try_cast(nullif(regexp_extract(server_version, 'version:? *([0-9]+)', 1), '') AS BIGINT))"
+)
+CHANGE_FIGURES = {"speedup": SPEEDUP, "acceptance_rate": ACCEPTANCE}  # a change claim's metric -> figure
+
+
+def _tokens(values) -> list[str]:
+    """Exact versions as the tokens they match: lower case, a build b9330 also as 9330."""
+    out = []
+    for v in [values] if isinstance(values, str) else values:
+        v = str(v).strip().lower()
+        out += [v, v[1:]] if re.fullmatch(r"b\d+", v) else [v]
+    return out
+
+
+def _spec_problem(spec) -> str | None:
+    if isinstance(spec, str):
+        return (
+            None
+            if spec.strip() and (_RANGE_RE.match(spec) or not re.match(r"^\s*[<>=]", spec))
+            else (f"{spec!r}: a range is an operator (>=, >, <=, <, ==) and a build (b9330)")
+        )
+    if isinstance(spec, list) and spec and all(isinstance(v, (str, int)) and str(v).strip() for v in spec):
+        return None
+    return f"{spec!r}: a range ('>= b9330'), a version, or a list of builds, commits or versions"
+
+
+def is_change(value) -> bool:
+    """Whether a claim's version condition is a change between versions ({from, to})."""
+    return isinstance(value, dict) and ("from" in value or "to" in value)
+
+
+def condition_problem(value) -> str | None:
+    """What is wrong with a claim's conditions.version (None when it is well formed)."""
+    if is_change(value):
+        if set(value) != {"from", "to"}:
+            return "a change between versions names exactly `from` and `to`"
+        return _spec_problem(value["from"]) or _spec_problem(value["to"])
+    if isinstance(value, dict):
+        if set(value) != {"name", "versions"} or not isinstance(value["name"], str):
+            return "a named range is {name: 'after PR 22168', versions: [builds or commits]}"
+        return _spec_problem(value["versions"]) if isinstance(value["versions"], list) else "versions: a list"
+    return _spec_problem(value)
+
+
+def _spec_sql(spec, param: str) -> tuple[str, dict]:
+    m = _RANGE_RE.match(spec) if isinstance(spec, str) else None
+    if m:
+        op = "=" if m[1] == "==" else m[1]
+        return f"{BUILD_SQL} {op} ${param}", {param: int(m[2])}
+    return f"list_has_any({TOKENS_SQL}, ${param}::VARCHAR[])", {param: _tokens(spec)}
+
+
+def condition_sql(value) -> tuple[str, dict]:
+    """SQL condition on a run's engine_version and server_version for conditions.version,
+    with its named parameters (a change: runs of either side)."""
+    if is_change(value):
+        a, pa = _spec_sql(value["from"], "version_from")
+        b, pb = _spec_sql(value["to"], "version_to")
+        return f"(({a}) OR ({b}))", pa | pb
+    if isinstance(value, dict):
+        return _spec_sql(value["versions"], "version")
+    return _spec_sql(value, "version")
+
+
+def matches(spec, version: str) -> bool:
+    """Whether a version label (VERSION_SQL's) falls in a range or is one of exact versions:
+    condition_sql's test in Python."""
+    m = _RANGE_RE.match(spec) if isinstance(spec, str) else None
+    if m:
+        found = re.search(r"(?:^|[ =])b(\d+)|build=(\d+)|version:? *(\d+)", version)
+        if not found:
+            return False
+        build = int(next(g for g in found.groups() if g))
+        want = int(m[2])
+        return {">=": build >= want, ">": build > want, "<=": build <= want, "<": build < want, "==": build == want}[
+            m[1]
+        ]
+    return bool(set(re.split(_SPLIT, version.lower())) & set(_tokens(spec)))
+
+
+def settle(
+    per_prompt: pd.DataFrame,
+    change: dict,
+    metric: str,
+    method: str,
+    band_low: float,
+    band_high: float,
+    min_machines: int = inference.MIN_MACHINES,
+    min_prompts: int = inference.MIN_PROMPTS,
+) -> list[tuple[dict, inference.Decision]]:
+    """A claim about a change between versions, settled by the version comparison: the runs'
+    per-prompt rows (as figures() takes them) split into the change's `from` and `to` sides,
+    and per setting, chip and depth of `method` the ratio to / from of the claim's figure
+    (CHANGE_FIGURES[metric]), paired by machine as compare() pairs them, decided against the
+    claim's band (inference.decide: reproduced inside it, contradicted wholly outside). Returns
+    (where: setting, chip, depth, from and to versions; the decision) per figure."""
+    if per_prompt.empty:
+        return []
+    side = per_prompt["version"].map(
+        lambda v: "from" if matches(change["from"], v) else "to" if matches(change["to"], v) else ""
+    )
+    rows = figures(per_prompt[side != ""].assign(version=side[side != ""]))
+    rows = rows[(rows["figure"] == CHANGE_FIGURES[metric]) & (rows["method"] == method)]
+    labels = per_prompt.assign(side=side).groupby("side")["version"].agg(lambda s: ", ".join(sorted(set(s))))
+    out = []
+    for (setting, chip, depth), group in rows.groupby(["setting", "chip", "depth"], sort=True):
+        old, new = group[group["version"] == "from"], group[group["version"] == "to"]
+        if old.empty or new.empty:
+            continue
+        e, how, alone = ratio(old, new)
+        d = inference.decide(e, band_low, band_high, min_machines=min_machines, min_prompts=min_prompts)
+        where = dict(setting=setting, chip=chip, depth=int(depth), old=labels.get("from", ""), new=labels.get("to", ""))
+        out.append((where | dict(how=how, unpaired_machines=alone), d))
+    return out

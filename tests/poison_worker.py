@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from agent.spool import SCHEMA_VERSION, Spool
-from tests.fleet import run_record
+from tests.support.fleet import run_record
 
 BIG_RECORD_BYTES = 5 * 2**20
 

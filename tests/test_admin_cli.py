@@ -5,34 +5,11 @@ import grpc
 import pytest
 import yaml
 
-from specfleet.client import AgentApi, channel
-from tests.fleet import LINUX_BOX, SWEEP_YAML
-from tests.processes import cli
+from tests.support.admin_cli import admin, enrol_agents, failed
+from tests.support.fleet import SWEEP_YAML
+from tests.support.processes import cli
 
-
-def admin(coord, *args, check=True):
-    address, data = coord
-    return cli(*args, "--coordinator", address, "--data-dir", str(data), check=check, timeout=60)
-
-
-def failed(result, *fragments):
-    assert result.returncode != 0, result.stdout
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
-    return True
-
-
-def enrol_agents(coord, *names):
-    token = admin(coord, "token", "create", "--ttl", "60", "--max-uses", str(len(names))).stdout.strip()
-    client = AgentApi(channel(coord[0]))
-    apis = []
-    for name in names:
-        resp = client.enrol(token, name, LINUX_BOX, {}, ["mlx"])
-        apis.append((resp.agent_id, AgentApi(channel(coord[0]), resp.credential)))
-    with pytest.raises(grpc.RpcError) as e:  # max-uses is honoured
-        client.enrol(token, "one-too-many", LINUX_BOX, {}, ["mlx"])
-    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    return apis
+pytestmark = [pytest.mark.process]
 
 
 def test_token_create_and_its_errors(coord, tmp_path):

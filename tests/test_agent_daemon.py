@@ -4,77 +4,20 @@ to the coordinator and on its /metrics."""
 
 import json
 import shutil
-import threading
 import time
 import urllib.request
 
 import pytest
-import yaml
 
 from agent import poll
-from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, enrol, start_coordinator
-from tests.processes import cli
+from tests.support.agents import Running, identity_for, submit, sweep
+from tests.support.fleet import admin_for
+from tests.support.processes import cli, wait_until
 
-WAIT_SECONDS = 30
-
-
-def wait_until(predicate, what, timeout=WAIT_SECONDS):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def identity_for(coordinator, config_dir, name="agent-under-test"):
-    api = enrol(coordinator, name=name)
-    identity = AgentIdentity(
-        coordinator=f"127.0.0.1:{coordinator.port}",
-        agent_id=api.agent_id,
-        name=name,
-        credential=api._metadata[0][1].removeprefix("Bearer "),
-        heartbeat_interval_seconds=0.5,
-    )
-    identity.save(config_dir)
-    return identity
-
-
-class Running:
-    """An Agent on a thread, stopped and joined on exit."""
-
-    def __init__(self, agent):
-        self.agent = agent
-        self.thread = threading.Thread(target=agent.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self.agent
-
-    def __exit__(self, *exc):
-        self.agent.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "agent did not stop"
-
-
-def submit(coordinator, doc) -> str:
-    return admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(doc))).sweep_id
-
-
-def sweep(coordinator, sweep_id):
-    return admin_for(coordinator).GetSweep(pb.GetSweepRequest(sweep_id=sweep_id))
-
-
-@pytest.fixture
-def coordinator(tmp_path):
-    c = start_coordinator(tmp_path / "coordinator")
-    yield c
-    c.stop()
+pytestmark = [pytest.mark.process, pytest.mark.engine]
 
 
 def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons(tmp_path, coordinator, tiny_models):

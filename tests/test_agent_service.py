@@ -7,8 +7,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from agent import service
-from tests.processes import cli
+from tests.support.processes import cli
 
 
 def test_plist_parses_and_runs_the_agent_with_its_config_dir(tmp_path):
@@ -85,6 +87,7 @@ def test_no_loader_or_a_failing_one_is_reported_and_the_file_still_written(tmp_p
     assert not result.loaded and "launchctl is not on this machine" in result.message
 
 
+@pytest.mark.process
 def test_cli_install_service_on_this_machine(tmp_path):
     """Here (a container) systemd has no user session: the unit is written and the CLI says it
     could not be loaded, exiting non-zero, instead of pretending."""

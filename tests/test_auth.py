@@ -3,16 +3,11 @@
 import grpc
 import pytest
 
+from coordinator import agents, auth
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
-
-
-@pytest.fixture
-def coordinator(tmp_path):
-    c = start_coordinator(tmp_path)
-    yield c
-    c.stop()
+from tests.support.clocks import FakeClock
+from tests.support.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 
 def code_of(fn) -> grpc.StatusCode:
@@ -42,7 +37,10 @@ def test_revoked_agent_is_refused(coordinator):
     assert code_of(lambda: agent.heartbeat()) == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_enrolment_tokens_expire_and_run_out(coordinator):
+def test_enrolment_tokens_expire_and_run_out(coordinator, monkeypatch):
+    clock = FakeClock()  # the coordinator's token clock, so that expiry never waits on the real one
+    for module in (auth, agents):
+        monkeypatch.setattr(module, "time", clock.as_time_module())
     admin = admin_for(coordinator)
     client = AgentApi(channel(address(coordinator)))
     token = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=1)).token
@@ -51,11 +49,11 @@ def test_enrolment_tokens_expire_and_run_out(coordinator):
     assert (
         code_of(lambda: client.enrol("sft.unknown", "third", LINUX_BOX, {}, ["mlx"])) == grpc.StatusCode.UNAUTHENTICATED
     )
-    short = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=0.01, max_uses=5)).token
-    import time
-
-    time.sleep(0.05)
-    assert code_of(lambda: client.enrol(short, "fourth", LINUX_BOX, {}, ["mlx"])) == grpc.StatusCode.UNAUTHENTICATED
+    short = admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=5)).token
+    clock.advance(59.9)
+    client.enrol(short, "fourth", LINUX_BOX, {}, ["mlx"])  # not yet expired
+    clock.advance(0.1)
+    assert code_of(lambda: client.enrol(short, "fifth", LINUX_BOX, {}, ["mlx"])) == grpc.StatusCode.UNAUTHENTICATED
     assert code_of(lambda: admin.CreateToken(pb.CreateTokenRequest(ttl_seconds=-5))) == grpc.StatusCode.INVALID_ARGUMENT
 
 

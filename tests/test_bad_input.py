@@ -15,13 +15,13 @@ from coordinator.server import ADMIN_TOKEN_FILE
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.sweeps import MAX_MESSAGE_CHARS
 from specfleet.yaml_limits import MAX_NODES
-from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
-from tests.test_cli_errors import one_line_error, specfleet
-from tests.test_sweeps import alias_bomb, yaml_of
+from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
+from tests.support.processes import one_line_error, specfleet
+from tests.support.sweeps import alias_bomb, yaml_of
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def leased_job(tmp_path_factory):
     """A coordinator with one agent holding a job of one stored sweep."""
     coordinator = start_coordinator(tmp_path_factory.mktemp("bad-input"))
     agent = enrol(coordinator)
@@ -64,8 +64,8 @@ SWEEPS = [
 
 
 @pytest.mark.parametrize("text, message", SWEEPS, ids=[m.split(":")[0] for _, m in SWEEPS])
-def test_a_bad_sweep_is_refused_naming_the_problem_while_agents_are_answered(fleet, text, message):
-    coordinator, admin, agent, job = fleet
+def test_a_bad_sweep_is_refused_naming_the_problem_while_agents_are_answered(leased_job, text, message):
+    coordinator, admin, agent, job = leased_job
     before = stored(coordinator)
     beats, done = [], threading.Event()
 
@@ -89,8 +89,8 @@ def test_a_bad_sweep_is_refused_naming_the_problem_while_agents_are_answered(fle
     assert beats and max(beats) < 1.0
 
 
-def test_a_run_id_reused_with_other_content_is_refused_and_the_same_content_is_a_duplicate(fleet):
-    coordinator, _, agent, job = fleet
+def test_a_run_id_reused_with_other_content_is_refused_and_the_same_content_is_a_duplicate(leased_job):
+    coordinator, _, agent, job = leased_job
     first = make_run(job.job_id, tps=100.0)
     assert not agent.report_result(job.job_id, job.lease_id, first).duplicate
     assert agent.report_result(job.job_id, job.lease_id, first).duplicate  # a retry: acknowledged
@@ -119,6 +119,7 @@ FILE_CASES = [
 
 
 @pytest.mark.parametrize("files, command, names", FILE_CASES, ids=[" ".join(c[2]) for c in FILE_CASES])
+@pytest.mark.process
 def test_an_unreadable_configuration_file_is_named_on_one_line(tmp_path, files, command, names):
     config = tmp_path / "config" / "specfleet"
     config.mkdir(parents=True)
@@ -131,6 +132,7 @@ def test_an_unreadable_configuration_file_is_named_on_one_line(tmp_path, files, 
     assert files_of(config) == before
 
 
+@pytest.mark.process
 def test_an_admin_token_that_cannot_be_read_is_named(tmp_path):
     data = tmp_path / "data" / "specfleet"
     (data / ADMIN_TOKEN_FILE).mkdir(parents=True)

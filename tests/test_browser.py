@@ -5,82 +5,22 @@ Streamlit already depends on. Nothing is downloaded; everything stays on loopbac
 from __future__ import annotations
 
 import base64
-import itertools
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from websockets.sync.client import connect
 
 from dashboard import serve
-from tests.fleet import admin_for, start_coordinator
-from tests.test_dashboard import seed_fleet
+from tests.support.browser import CHROMIUM, START_SECONDS, DevTools, stop_group, wait_http
+from tests.support.dashboard import seed_fleet
+from tests.support.fleet import admin_for, start_coordinator
+from tests.support.ports import free_port
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-START_SECONDS = 90
 RENDER_SECONDS = 90
 
-pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float) -> bytes:
-    deadline = time.monotonic() + seconds
-    while True:
-        assert proc.poll() is None, f"{proc.args[0]} exited:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.read()
-        except OSError:
-            assert time.monotonic() < deadline, f"{url} did not answer in {seconds}s:\n{log.read_text()[-3000:]}"
-            time.sleep(0.3)
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop a process this test started in its own session, and its children."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-
-
-class DevTools:
-    def __init__(self, ws):
-        self.ws = ws
-        self.ids = itertools.count(1)
-
-    def call(self, method: str, timeout: float = 30, **params):
-        call_id = next(self.ids)
-        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
-            if msg.get("id") == call_id:
-                assert "error" not in msg, msg
-                return msg.get("result", {})
-
-    def evaluate(self, expression: str):
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
-
-    def rendered(self) -> str:
-        """The page's text once Streamlit has drawn every element (no skeleton placeholders left)."""
-        skeletons = self.evaluate("document.querySelectorAll('[data-testid=\"stSkeleton\"]').length")
-        return self.evaluate("document.body ? document.body.innerText : ''") if skeletons == 0 else ""
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def test_questions_page_renders_verdicts_in_chromium(tmp_path):

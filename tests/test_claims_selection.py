@@ -17,10 +17,11 @@ import yaml
 
 from dashboard import claims
 from specfleet import inference
-from specfleet.record import MAX_DEPTH, ModelIdentity, Sampler, is_method
-from tests.fleet import fleet_db, jobs_of
-from tests.test_claims import GOOD, claim, ours
-from tests.test_dashboard import MLX_27B, record, row, sha
+from specfleet.record import BACKENDS, MAX_DEPTH, ModelIdentity, Sampler, is_method
+from specfleet.settings import Settings
+from tests.support.claims import GOOD, claim, ours
+from tests.support.dashboard import MLX_27B, record, row, sha
+from tests.support.fleet import fleet_db, jobs_of
 
 MTPLX_27B = MLX_27B  # Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed
 OPTIQ_27B = ModelIdentity(
@@ -33,6 +34,32 @@ OPTIQ_27B = ModelIdentity(
     source="huggingface",
 )
 OPTIQ = {1: 1.36, 2: 1.34, 3: 0.94, 4: 0.74}  # the seed's OptiQ figures by depth
+OPTIQ_BANDS = {1: (1.22, 1.5), 2: (1.2, 1.48), 3: (0.85, 1.03), 4: (0.67, 0.81)}
+
+
+def optiq_record(depth: int) -> dict:
+    """OptiQ's claim at depth K, as a record would give it once OptiQ's depth option is known: it
+    waits in docs/claims.md (the ledger refuses a depth the server's command cannot set), so the
+    tests give a hypothetical option (`--depth {depth}`, test data only)."""
+    low, high = OPTIQ_BANDS[depth]
+    return {
+        "id": f"optiq-depth-k{depth}",
+        "statement": f"OptiQ Qwen3.6-27B greedy MTP at depth K={depth} gives {OPTIQ[depth]}x.",
+        "source": {"file": "seeds/000_1adc8d5e08f1ad2a.txt", "section": "Draft depth", "quote": "K=1 1.36x"},
+        "conditions": {"engine": "openai", "system": "OptiQ", "method": "mtp", "models": [OPTIQ_27B.reference],
+                       "chip": "Apple*", "depth": depth, "sampler": {"temperature": 0}},
+        "metric": "speedup",
+        "expected": f"{OPTIQ[depth]}x",
+        "verdict": {"rule": "range", "low": low, "high": high},
+        "sweep": {"target": OPTIQ_27B.reference,
+                  "arm_command": "optiq serve --model {model} --mtp --depth {depth} --port {port}"},
+    }  # fmt: skip
+
+
+def optiq_k(depth: int) -> claims.Claim:
+    return claims.parse_claims(yaml.safe_dump([optiq_record(depth)]))[0]
+
+
 MTPLX = {1: 1.9, 2: 2.3, 3: 2.6, 4: 2.1}
 MACS = ("mini-1", "mini-2", "mini-3")
 
@@ -69,11 +96,12 @@ def blended():
     rows = []
     for i, agent in enumerate(MACS):
         level = 1 + 0.01 * (i - 1)  # machines differ a little in level
+        metal = dict(rng=rng, backend="metal")  # MLX on a Mac's GPU, as the Metal claims name it
         rows += job_rows(
-            "Apple M4 Pro", agent, f"mtplx-{agent}", MTPLX_27B, {d: r * level for d, r in MTPLX.items()}, rng=rng
+            "Apple M4 Pro", agent, f"mtplx-{agent}", MTPLX_27B, {d: r * level for d, r in MTPLX.items()}, **metal
         )
         rows += job_rows(
-            "Apple M4 Pro", agent, f"optiq-{agent}", OPTIQ_27B, {d: r * level for d, r in OPTIQ.items()}, rng=rng
+            "Apple M4 Pro", agent, f"optiq-{agent}", OPTIQ_27B, {d: r * level for d, r in OPTIQ.items()}, **metal
         )
     runs = frame(rows)
     return runs, jobs_of(runs)
@@ -82,7 +110,7 @@ def blended():
 @pytest.mark.parametrize("depth", sorted(OPTIQ))
 def test_optiq_claims_select_only_the_optiq_model(blended, depth):
     runs, jobs = blended
-    c = ours(f"optiq-depth-k{depth}")  # the claim on our loop, as it stands beside OptiQ's verdict
+    c = claims.our_loop(optiq_k(depth))  # the claim on our loop, as it stands beside OptiQ's verdict
     matched = claims.matching_runs(c, fleet_db(runs))
     assert set(matched["target_reference"]) == {OPTIQ_27B.reference}
     assert len(matched) == len(MACS) * 5 * 2  # each machine's baselines and arm at this depth
@@ -96,7 +124,7 @@ def test_optiq_claims_select_only_the_optiq_model(blended, depth):
     assert sel["models"] == [OPTIQ_27B.reference] and sel["systems"] == ["specfleet mlx"]
     assert sel["excluded"]["models"] == len(MACS) * 5 * 5  # every MTPLX-build run, baselines included
     # the claim itself is OptiQ's: our loop's runs never settle it, and stand beside it on its model only
-    r = claims.evaluate(claim(f"optiq-depth-k{depth}"), fleet_db(runs, jobs)).iloc[0]
+    r = claims.evaluate(optiq_k(depth), fleet_db(runs, jobs)).iloc[0]
     assert (r["verdict"], r["runs"]) == (inference.INCONCLUSIVE, 0) and r["why"].startswith("no runs of OptiQ")
     ours_figure = f"{claims.evaluate(c, fleet_db(runs, jobs)).iloc[0]['figure']:.3g}"
     assert r["beside"].startswith(f"our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: {ours_figure} [")
@@ -157,6 +185,7 @@ def test_a_system_claim_is_settled_by_that_system_only(systems):
                     **GOOD,
                     "conditions": {**c.conditions, "system": "OptiQ", "chip": None},
                     "verdict": {"rule": "range", "low": 1.2, "high": 1.4},
+                    "sweep": {"arm_command": optiq_record(3)["sweep"]["arm_command"]},  # sets the depth
                 }
             ]
         )
@@ -178,7 +207,7 @@ def test_best_depth_of_one_model_with_its_confidence_set(blended):
 
 
 def test_an_interval_across_the_band_edge_is_inconclusive():
-    c = claim("optiq-depth-k1")  # band 1.22-1.5, OptiQ's server
+    c = optiq_k(1)  # band 1.22-1.5, OptiQ's server
     rows = []
     for agent, ratio in zip(MACS, (1.16, 1.22, 1.28)):  # the truth at the band's lower edge
         rng = np.random.default_rng(1)
@@ -191,7 +220,7 @@ def test_an_interval_across_the_band_edge_is_inconclusive():
 
 
 def test_a_claim_about_any_mac_needs_the_simulated_minimum_of_machines():
-    c = claim("optiq-depth-k1")
+    c = optiq_k(1)
     assert c.rule.min_machines == claims.MIN_MACHINES_FLEET == 2  # bench/verdicts.py section rules
     rng = np.random.default_rng(2)
     one = frame(job_rows("Apple M4 Pro", MACS[0], "j-0", OPTIQ_27B, {1: 1.35}, rng=rng, **OPTIQ_SERVER))
@@ -205,8 +234,7 @@ def test_a_claim_about_any_mac_needs_the_simulated_minimum_of_machines():
     r = claims.evaluate(c, fleet_db(runs)).iloc[0]
     assert r["machines"] == 2 and r["tested"] and not r["why"].startswith("inconclusive: 2 of")
     # min_machines in the record may raise the minimum
-    rec = yaml.safe_load(claims.LEDGER.read_text())
-    k1 = next(x for x in rec if x["id"] == "optiq-depth-k1")
+    k1 = optiq_record(1)
     three = claims.parse_claims(yaml.safe_dump([{**k1, "verdict": {**k1["verdict"], "min_machines": 3}}]))[0]
     r = claims.evaluate(three, fleet_db(runs)).iloc[0]
     assert r["why"].startswith("inconclusive: 2 of 3 machines") and not r["tested"]
@@ -219,9 +247,32 @@ def _sampler(values: dict) -> Sampler:
     return Sampler(**{k: int(v) if k in ("top_k", "seed") else float(v) for k, v in values.items()})
 
 
+# The ledger's conditions as its file says them, read as plain YAML and not through
+# claims.parse_claims: the runs a claim must select are built from what the record names, so that a
+# parser or selector that drops or ignores a condition selects a decoy and fails the test.
+RAW_CONDITIONS = {r["id"]: r["conditions"] for r in yaml.safe_load(claims.LEDGER.read_text())}
+
+
+def _named(c: claims.Claim) -> dict:
+    """The conditions the claim's record names (a null value names none)."""
+    return {k: v for k, v in RAW_CONDITIONS[c.id].items() if v is not None}
+
+
+def _other_value(setting, values: list):
+    """A valid value of a declared setting outside `values`."""
+    choices = setting.choices or (BACKENDS[1:] if setting.name == "backend" else ())  # the record's own list
+    if choices:
+        return next(x for x in choices if x not in values)
+    if setting.type is int:
+        return max(values, default=int(setting.lo or 0)) + 1
+    if setting.type is bool:
+        return not values[0] if values else True
+    return "another-" + "-".join(map(str, values))
+
+
 def _wanted(c: claims.Claim) -> dict:
-    """A run's fields inside every condition of the claim."""
-    cond = c.conditions
+    """A run's fields inside every condition the claim's record names."""
+    cond = _named(c)
     engine = cond["engine"]
     gguf = engine in ("llama.cpp", "llama-server")
     ref = (cond.get("models") or ["Some-Model-Q8_0.gguf" if gguf else "some-org/Some-Model-4bit"])[0]
@@ -243,6 +294,14 @@ def _wanted(c: claims.Claim) -> dict:
         prompt_category=(claims._as_list(cond.get("prompt_category")) or ["code"])[0],
         context_tokens=(claims._as_list(cond.get("context_tokens")) or [0])[0],
         depth=claims.sweep_depths(c)[0],
+        backend=(claims._as_list(cond.get("backend")) or [""])[0],
+        settings=Settings(
+            **{
+                name: claims._as_list(cond[name])[0]
+                for name in claims.DECLARED_CONDITIONS
+                if name in cond and name in Settings.__dataclass_fields__
+            }
+        ),
     )
 
 
@@ -269,7 +328,7 @@ def _another_engine(c: claims.Claim, w: dict) -> dict:
 def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
     """(name, fields, selected?): one change each. A change in a condition the claim names is a
     decoy; a change in one it leaves out must still be selected."""
-    cond = c.conditions
+    cond = _named(c)
     sibling = dataclasses.replace(
         w["model"], reference=w["model"].reference.replace("-", "-DWQ-", 1), digest=sha("sibling")
     )
@@ -286,7 +345,20 @@ def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
     if cond.get("quantisation"):
         out.append(("quantisation", dict(w, model=dataclasses.replace(w["model"], quantisation="Q4_0")), False))
     # another depth: a decoy where the claim names its depths; selected by a claim of any depth
-    out.append(("depth", dict(w, depth=max(c.depths or [1]) % MAX_DEPTH + 1), not c.depths))
+    out.append(("depth", dict(w, depth=max(c.depths or [1]) % MAX_DEPTH + 1), "depth" not in cond))
+    # every declared condition (specfleet/settings.py: threads, backend, kv_cache_type, ...): a
+    # decoy where the record names it; where it does not, another value on the claim's engine is selected
+    for name, setting in claims.DECLARED_CONDITIONS.items():
+        named = name in cond
+        if not named and w["engine"] not in setting.engines:
+            continue
+        value = _other_value(
+            setting, claims._as_list(cond.get(name)) if named else [w.get(name, getattr(w["settings"], name, None))]
+        )
+        if name in Settings.__dataclass_fields__:
+            out.append((name, dict(w, settings=dataclasses.replace(w["settings"], **{name: value})), not named))
+        else:
+            out.append((name, dict(w, **{name: value}), not named))
     return out
 
 
@@ -305,6 +377,8 @@ def _job(name: str, f: dict) -> pd.DataFrame:
         prompt_category=f["prompt_category"],
         prompt_set=f["prompt_category"],
         context_tokens=f["context_tokens"],
+        backend=f["backend"],
+        settings=f["settings"],
     )
     return frame(rows)
 

@@ -7,18 +7,17 @@ import argparse
 import os
 import socket
 import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cli import main as cli
 from coordinator.server import ADMIN_TOKEN_FILE, admin_credential
 from specfleet.yaml_limits import MAX_NODES
-from tests.fleet import start_coordinator
-from tests.processes import ROOT
-from tests.test_sweeps import alias_bomb, yaml_of
+from tests.support.fleet import start_coordinator
+from tests.support.processes import one_line_error, specfleet
+from tests.support.sweeps import alias_bomb, yaml_of
+
+pytestmark = [pytest.mark.process]
 
 
 def subcommands(parser: argparse.ArgumentParser, path=()):
@@ -97,34 +96,8 @@ def test_a_flag_given_wins_over_its_variable_and_repeated_flags_replace_it(monke
     ]
 
 
-def specfleet(*args: str, home: Path, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, with its data and config directories under `home`."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}
-    environ.update(XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"), HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**environ, **(env or {})},
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess, *names: str) -> str:
-    """The error line of a failed command: the last line on stderr, the only one that is not a log
-    record (a warning of ours, or gRPC's own log of a failed bind)."""
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode != 0, result
-    assert "Traceback" not in result.stderr and lines[-1].startswith("error: "), result.stderr
-    assert [line for line in lines if line.startswith("error")] == lines[-1:], result.stderr
-    for name in names:
-        assert name in lines[-1], (name, lines[-1])
-    return lines[-1]
-
-
 @pytest.fixture(scope="module")
-def coordinator(tmp_path_factory):
+def module_coordinator(tmp_path_factory):
     c = start_coordinator(tmp_path_factory.mktemp("cli-errors"))
     yield c
     c.stop()
@@ -148,7 +121,8 @@ def test_secret_files_are_made_0600_when_opened(tmp_path):
     assert stat.S_IMODE((tmp_path / "agent.json").stat().st_mode) == 0o600
 
 
-def test_cli_errors_are_one_line(tmp_path, coordinator):
+def test_cli_errors_are_one_line(tmp_path, module_coordinator):
+    coordinator = module_coordinator
     address = f"127.0.0.1:{coordinator.port}"
     admin = ["--coordinator", address, "--data-dir", str(coordinator.config.data_dir)]
     binary, bomb = tmp_path / "binary.yaml", tmp_path / "bomb.yaml"
@@ -175,7 +149,8 @@ def test_cli_errors_are_one_line(tmp_path, coordinator):
     one_line_error(specfleet("sweep", "status", "s-1", "--coordinator", "127.0.0.1:1", home=tmp_path), "admin")
 
 
-def test_a_second_coordinator_on_a_taken_port_fails_naming_it(tmp_path, coordinator):
+def test_a_second_coordinator_on_a_taken_port_fails_naming_it(tmp_path, module_coordinator):
+    coordinator = module_coordinator
     result = specfleet(
         "coordinator", "serve", "--data-dir", str(tmp_path / "other"), "--port", str(coordinator.port), home=tmp_path
     )

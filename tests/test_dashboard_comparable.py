@@ -4,49 +4,42 @@ for a group is specfleet.speedup's on the same runs. A model is one model wherev
 
 from __future__ import annotations
 
+import time
+import urllib.request
+
 import duckdb
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from streamlit.testing.v1 import AppTest
 
-from protos.specfleet.v1 import fleet_pb2 as pb
+from cli import demo
+from coordinator.metrics import INFO_LABELS
 from specfleet import speedup
 from specfleet.client import fetch_table
 from specfleet.record import CHECKED_KEYS, ModelIdentity
-from tests.fleet import admin_for, enrol, register_runs, start_coordinator
-from tests.test_dashboard import (
+from tests.support.dashboard import (
     APP,
     VARIANTS,
     fingerprint,
     frame,
     group_ids,
     record,
-    report,
+    run_job,
     sha,
     speculative,
     texts,
 )
+from tests.support.fleet import admin_for, enrol, register_runs, start_coordinator
 
-PROMPTS = 3
+PROMPTS = 5  # the fewest prompts a verdict rests on (specfleet.inference.MIN_PROMPTS)
 AGENTS = ("left", "right", "middle")  # three machines: the fewest a verdict over machines can rest on
 
 
-def sweep(name: str, agent: str, target: str, engine: str = "mlx") -> str:
-    return (
-        f"name: {name}\ntarget: {{agents: [{agent}]}}\nmodels: {{{engine}: {{target: {target}}}}}\n"
-        f"engines: [{engine}]\nprompt_sets: [code]\nmethods: {{mtp: [2]}}\nrepeats: 1\n"
-    )
-
-
-def run_job(coordinator, agent, name: str, target_path: str, records_for) -> str:
-    """Submit a one-cell sweep for `agent`, take its job, report records_for(job_id), finish."""
-    admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=sweep(name, agent.name, target_path)))
-    job = agent.acquire_job(30).job
-    assert job.job_id, f"{agent.name} was offered no job for {name}"
-    records = records_for(job.job_id)
-    report(agent, job, records)
-    agent.complete_job(job.job_id, job.lease_id, len(records))
-    return job.job_id
+def first_acceptance(i: int) -> float:
+    """Group i's acceptance at draft position 1: distinct per group, within [0, 1] however many
+    checked keys the declaration has."""
+    return 0.3 + 0.6 * i / (len(CHECKED_KEYS) + 1)
 
 
 def cell(job_id: str, i: int, repeats: int, rng, **fields) -> list:
@@ -59,7 +52,7 @@ def cell(job_id: str, i: int, repeats: int, rng, **fields) -> list:
             common = dict(prompt_id=f"code-{p + 1:02d}", repeat=repeat, **fields)
             base = base_tps * (1 + rng.normal(0, 0.01))
             out.append(record(job_id, "baseline", 0, base, **common))
-            arm = dict(speculative(2), acceptance_by_position=(0.5 + 0.02 * i, 0.3))
+            arm = dict(speculative(2), acceptance_by_position=(first_acceptance(i), 0.3))
             out.append(record(job_id, "mtp", 2, base * ratio * (1 + rng.normal(0, 0.02)), **common, **arm))
     return out
 
@@ -163,7 +156,7 @@ def test_compare_page_shows_one_group_only(page, key):
     assert roof["decode_tokens_per_second"].tolist() == pytest.approx([baselines.median()])
     acceptance = frame(at, "position", "acceptance").set_index("position")
     i = ["base", *CHECKED_KEYS].index(key)
-    assert acceptance.loc[1, "acceptance"] == pytest.approx(0.5 + 0.02 * i)
+    assert acceptance.loc[1, "acceptance"] == pytest.approx(first_acceptance(i))
     assert acceptance.loc[1, "runs"] == machines * PROMPTS * repeats
     assert frame(at, "phase", "ms")["runs"].unique().tolist() == [machines * PROMPTS * repeats]
     # verify cost: the curves of the group's own target build, engine and engine version
@@ -212,6 +205,35 @@ def test_claims_settle_every_group_apart(page, tmp_path, monkeypatch):
     assert mlx.loc[groups["base"], "differs"].startswith("target_digest=")
     assert "sampler_seed=1" in mlx.loc[groups["sampler_seed"], "differs"]
     assert f"{len(mlx)} comparable groups match, settled apart and never pooled" in texts(at)
+
+
+def test_every_group_is_its_own_on_metrics_and_in_the_demo_summary(fleet):
+    """The other surfaces that report a figure: /metrics names each group once in
+    specfleet_comparable_group_info with its speedup series, and the demo's summary prints one
+    table per group; a run differing from the base in any one declared checked key is its own."""
+    coordinator, _, truth = fleet
+    url = f"http://127.0.0.1:{coordinator.metrics_port}/metrics"
+    deadline = time.monotonic() + 60  # the result series follow new runs within RESULTS_EVERY_SECONDS
+    while True:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        info = {s.labels["comparable"]: s.labels for s in families["specfleet_comparable_group_info"].samples}
+        if set(truth["groups"].values()) <= set(info) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert set(info) == set(truth["groups"].values())
+    ratios = {s.labels["comparable"] for s in families["specfleet_speedup_ratio"].samples}
+    assert ratios == set(truth["groups"].values())
+    for key in CHECKED_KEYS:  # the info names the key the group differs in, apart from the base's
+        label = INFO_LABELS.get(key)
+        if label:
+            assert info[truth["groups"][key]][label] != info[truth["groups"]["base"]][label], key
+    admin = admin_for(coordinator)
+    runs, _ = fetch_table(admin, "runs")
+    jobs, _ = fetch_table(admin, "jobs")
+    summary = demo.summary_table(runs, jobs)
+    for key, g in truth["groups"].items():
+        assert summary.count(f"comparable group {g}:") == 1, key
 
 
 # ---------------------------------------------------------------- one model, many paths

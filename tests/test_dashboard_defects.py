@@ -6,8 +6,8 @@ from streamlit.testing.v1 import AppTest
 
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, enrol, start_coordinator
-from tests.test_dashboard import APP, MLX_27B, PATHS, fingerprint, record, report, sweep_yaml
+from tests.support.dashboard import APP, MLX_27B, PATHS, fingerprint, record, report, sweep_yaml
+from tests.support.fleet import admin_for, enrol, start_coordinator
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ from streamlit.testing.v1 import AppTest
 from cli.importers import llama_bench, mtplx
 from dashboard import imported, mirror
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
-from tests.test_importers import CAPTURED, MTPLX_RUN
+from tests.support.captured import CAPTURED, MTPLX_RUN
+from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 PAGE = "../dashboard/views/imported.py"
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def imported_fleet(tmp_path_factory):
     """A coordinator with one paired cell of fleet runs and six imported figures."""
     coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
     admin = admin_for(coordinator)
@@ -32,8 +32,8 @@ def fleet(tmp_path_factory):
     coordinator.stop()
 
 
-def test_rows_and_beside(fleet):
-    _, admin = fleet
+def test_rows_and_beside(imported_fleet):
+    _, admin = imported_fleet
     m = mirror.Mirror(admin)
     m.sync()
     rows = imported.rows(m)
@@ -50,8 +50,8 @@ def test_rows_and_beside(fleet):
     ]
 
 
-def test_page_shows_imported_figures_marked_unpaired(fleet, monkeypatch):
-    coordinator, _ = fleet
+def test_page_shows_imported_figures_marked_unpaired(imported_fleet, monkeypatch):
+    coordinator, _ = imported_fleet
     from coordinator.server import admin_credential
 
     monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")

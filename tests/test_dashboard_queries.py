@@ -1,7 +1,7 @@
 """The dashboard's queries at scale (dashboard/data.py on the mirror: labels computed as runs
 arrive, claims evaluated on a cursor and cached per claim, selections counted incrementally)
 give the same rows and figures as the pandas path they replaced: every run pulled into a
-DataFrame and evaluated there. On a synthetic fleet of a few thousand runs (tests/synthetic.py)
+DataFrame and evaluated there. On a synthetic fleet of a few thousand runs (tests/support/synthetic.py)
 behind a real coordinator."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from coordinator.server import admin_credential
 from dashboard import claims, data
 from specfleet import speedup, stats
 from specfleet.client import fetch_table
-from tests.fleet import admin_for, fleet_db, start_coordinator
-from tests.synthetic import RUNS_PER_JOB, seed
+from tests.support.fleet import admin_for, fleet_db, start_coordinator
+from tests.support.synthetic import RUNS_PER_JOB, seed
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def synthetic_store(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("queries")
     seed(data_dir, 12 * RUNS_PER_JOB)  # 12 jobs: every system of the synthetic fleet, 4812 runs
     coordinator = start_coordinator(data_dir)
@@ -30,8 +30,8 @@ def fleet(tmp_path_factory):
 
 
 @pytest.fixture
-def v(fleet, monkeypatch):
-    coordinator, *_ = fleet
+def v(synthetic_store, monkeypatch):
+    coordinator, *_ = synthetic_store
     monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
     monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", admin_credential(coordinator.config.data_dir))
     return data.version()
@@ -41,15 +41,15 @@ def sort(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.sort_values(keys).reset_index(drop=True)
 
 
-def test_the_fleet_spans_the_systems(fleet):
-    _, runs, _ = fleet
+def test_the_fleet_spans_the_systems(synthetic_store):
+    _, runs, _ = synthetic_store
     assert len(runs) == 12 * RUNS_PER_JOB + 12
     assert {"openai", "llama-server", "mlx", "llama.cpp"} <= set(runs["engine"])
     assert runs["agent_id"].nunique() == 12 and runs["env_nominal"].isna().any() and runs["env_nominal"].eq(False).any()
 
 
-def test_verdicts_equal_the_ledger_evaluated_on_every_run_in_pandas(fleet, v):
-    _, runs, jobs = fleet
+def test_verdicts_equal_the_ledger_evaluated_on_every_run_in_pandas(synthetic_store, v):
+    _, runs, jobs = synthetic_store
     expected = claims.evaluate_all(claims.load_claims(data.ledger_path()), fleet_db(runs, jobs))
     got = data.verdicts(v)
     keys = ["claim", "chip", "group", "why"]
@@ -59,8 +59,8 @@ def test_verdicts_equal_the_ledger_evaluated_on_every_run_in_pandas(fleet, v):
     pd.testing.assert_frame_equal(sort(again, keys), sort(got, keys))
 
 
-def test_selections_equal_and_add_up_over_ranges_of_runs(fleet, v):
-    _, runs, jobs = fleet
+def test_selections_equal_and_add_up_over_ranges_of_runs(synthetic_store, v):
+    _, runs, jobs = synthetic_store
     con = fleet_db(runs, jobs)
     got = data.selections(v)
     mid = int(runs["seq"].median())
@@ -73,8 +73,8 @@ def test_selections_equal_and_add_up_over_ranges_of_runs(fleet, v):
         assert halves == {**whole, "excluded": dict(whole["excluded"])}, c.id
 
 
-def test_speedups_and_groups_equal_the_definition_on_the_frame(fleet, v):
-    _, runs, jobs = fleet
+def test_speedups_and_groups_equal_the_definition_on_the_frame(synthetic_store, v):
+    _, runs, jobs = synthetic_store
     con = fleet_db(runs, jobs)
     got = data.speedups(v, data.Filters())
     expected = stats.speedups(lambda sql, params=None: con.execute(sql, params or {}).df(), "runs")
@@ -88,8 +88,8 @@ def test_speedups_and_groups_equal_the_definition_on_the_frame(fleet, v):
     assert dict(zip(groups["comparable"], groups["runs"])) == dict(zip(reference["comparable"], reference["runs"]))
 
 
-def test_tokens_per_joule_only_where_energy_was_recorded(fleet, v):
-    _, runs, _ = fleet
+def test_tokens_per_joule_only_where_energy_was_recorded(synthetic_store, v):
+    _, runs, _ = synthetic_store
     got = data.energy(v, data.Filters()).set_index(["chip", "engine", "arm"])
     measured = runs[(runs["joules_per_token"] > 0) & ~runs["env_nominal"].eq(False)].copy()
     measured["arm"] = measured["method"] + np.where(measured["depth"] > 0, " K=" + measured["depth"].astype(str), "")
@@ -101,8 +101,8 @@ def test_tokens_per_joule_only_where_energy_was_recorded(fleet, v):
     assert set(got["energy_source"]) == {"rapl"}
 
 
-def test_decode_speed_and_the_runs_summary_equal_pandas(fleet, v):
-    _, runs, _ = fleet
+def test_decode_speed_and_the_runs_summary_equal_pandas(synthetic_store, v):
+    _, runs, _ = synthetic_store
     generation = runs[runs["method"] != "verify-cost"].copy()
     generation["arm"] = generation["method"] + np.where(
         generation["depth"] > 0, " K=" + generation["depth"].astype(str), ""

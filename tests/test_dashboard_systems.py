@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.fleet import admin_for, enrol, start_coordinator
-from tests.test_dashboard import GGUF_9B, MLX_27B, fingerprint, frame, group_ids, record, texts
-from tests.test_dashboard_comparable import run_job
+from tests.support.dashboard import GGUF_9B, MLX_27B, fingerprint, frame, group_ids, record, run_job, texts
+from tests.support.fleet import admin_for, enrol, start_coordinator
 
 PROMPTS, REPEATS = 3, 2
 LLAMA_SERVER = dict(

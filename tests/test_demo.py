@@ -8,15 +8,24 @@ import duckdb
 import pytest
 
 from specfleet.speedup import speedups
-from tests.processes import ROOT
+from tests.support.ports import free_port
+from tests.support.processes import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
 
-# system, method, K, decode tok/s, the server's own tok/s ("-" for our loops), speedup, acceptance,
-# lossless, runs
+# system, method, K, decode tok/s, the server's own tok/s ("-" for our loops), speedup (marked "*"
+# where it comes from runs judged not nominal: a busy machine), acceptance, lossless, runs
 ROW = re.compile(
-    r"^(mlx|llama\.cpp|llama-server)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+(\S+)\s+(yes|NO)\s+(\d+)$"
+    r"^(mlx|llama\.cpp|llama-server)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+([\d.]+\*?)\s+(\S+)\s+(yes|NO)\s+(\d+)$"
 )
+# The stored runs as if every one were nominal: the same definition of speedup whatever the load.
+ANY_LOAD = "(SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs)"
+
+
+# About 2 minutes on a quiet 2-core machine; a loaded one (other suites, both cores busy) takes
+# several times that. The load may slow the demo, never fail it (its figures are checked against
+# the stored runs whatever the load).
+DEMO_SECONDS = 1800
 
 
 def run_demo(data_dir):
@@ -24,7 +33,7 @@ def run_demo(data_dir):
         [sys.executable, "-m", "cli.main", "demo", "--no-dashboard", "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=DEMO_SECONDS,
         cwd=ROOT,
     )
 
@@ -33,18 +42,24 @@ def _rows(text: str) -> list[tuple]:
     return [m.groups() for line in text.splitlines() if (m := ROW.match(line.strip()))]
 
 
-def _printed_speedups(text: str) -> dict[tuple, float]:
-    """(comparable group, method, K) -> the speedup the summary printed."""
+def _printed_speedups(text: str) -> dict[tuple, tuple[float, bool]]:
+    """(comparable group, method, K) -> (the speedup the summary printed, whether it was marked as
+    coming from runs judged not nominal)."""
     out, group = {}, None
     for line in text.splitlines():
         if line.startswith("comparable group "):
             group = line.split()[2].rstrip(":")
         elif (m := ROW.match(line.strip())) and m.group(2) != "baseline":
-            out[(group, m.group(2), int(m.group(3)))] = float(m.group(6))
+            out[(group, m.group(2), int(m.group(3)))] = (float(m.group(6).rstrip("*")), m.group(6).endswith("*"))
     return out
 
 
+@pytest.mark.timeout(2 * DEMO_SECONDS + 300)  # two runs of the demo
 def test_demo_measures_every_arm_on_both_engines(tmp_path):
+    """`specfleet demo` itself, which tests/test_e2e.py does not run: every arm of its four sweeps
+    (MTP at depths 1-3, llama-server beside our loops, ngram-mod), the summary's figures equal to
+    the stored runs' speedups whatever the machine's load (a busy machine marks a figure, never
+    fails it), and a second run reusing the models and the enrolment."""
     result = run_demo(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     llama, hybrid, ngram_mod, dense = (
@@ -58,7 +73,7 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
             assert (engine, *arm) in arms, result.stdout
     assert ("mlx", "ref-draft", 2) in arms and ("llama.cpp", "ref-ngram", 3) in arms
     for engine, method, k, tps, _server_tps, speedup, acceptance, lossless, runs in rows:
-        assert float(tps) > 0 and float(speedup) > 0 and int(runs) > 0
+        assert float(tps) > 0 and float(speedup.rstrip("*")) > 0 and int(runs) > 0
         assert lossless == "yes", f"{engine} {method} K={k} changed the greedy output"
         if method in ("draft", "ngram"):
             assert 0 < float(acceptance) <= 1
@@ -96,10 +111,16 @@ def test_demo_measures_every_arm_on_both_engines(tmp_path):
     assert db.execute("SELECT count(DISTINCT engine), count(*) FROM runs").fetchone()[0] == 3
     # The summary prints the one definition of speedup (specfleet/speedup.py, as /metrics and the
     # dashboard compute it), one comparable group at a time: the same runs give the same figures.
+    # Runs judged not nominal (a loaded machine) count only where an arm has no nominal pair, and
+    # then the figure is marked: the load changes a label, never whether this test passes.
     stored = {(r.comparable, r.method, r.depth): r.speedup for r in speedups(db).itertuples()}
+    any_load = {(r.comparable, r.method, r.depth): r.speedup for r in speedups(db, ANY_LOAD).itertuples()}
     printed = _printed_speedups(result.stdout)
-    assert printed.keys() == stored.keys() and len({g for g, *_ in printed}) == 9  # 2 + 3 + 3 + 1 groups
-    assert all(abs(printed[k] - stored[k]) <= 0.005 for k in printed), (printed, stored)
+    assert printed.keys() == any_load.keys() and len({g for g, *_ in printed}) == 9  # 2 + 3 + 3 + 1 groups
+    for key, (figure, marked) in printed.items():
+        assert marked == (key not in stored), (key, result.stdout)
+        assert abs(figure - stored.get(key, any_load[key])) <= 0.005, (key, figure, stored, any_load)
+    assert ("* from runs judged not nominal" in result.stdout) == any(m for _, m in printed.values())
     db.close()
     again = run_demo(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -113,13 +134,10 @@ def test_demo_serves_the_dashboard_and_stops_everything_on_ctrl_c(tmp_path):
     import json
     import os
     import signal
-    import socket
     import time
     import urllib.request
 
-    with socket.socket() as s:  # a free port for the dashboard
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the dashboard
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "demo", "--data-dir", str(tmp_path), "--dashboard-port", str(port)],
         stdout=subprocess.PIPE,

@@ -17,7 +17,7 @@ import pytest
 from agent import doctor, environment
 from agent.doctor import FAIL, NOT_AVAILABLE, NOT_HERE, OK, WARN
 from agent.fingerprint import engine_versions
-from tests.processes import ROOT, cli, start_coordinator, stop
+from tests.support.processes import ROOT, cli, start_coordinator, stop
 
 CAPTURED = Path(__file__).parent / "captured"
 
@@ -38,6 +38,7 @@ def by_name(checks) -> dict[str, doctor.Check]:
     return {c.name: c for c in checks}
 
 
+@pytest.mark.process
 def test_a_busy_process_fails_the_cpu_check():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -132,6 +133,7 @@ def test_model_directories_and_disk(tmp_path):
     assert disk.verdict == expected and "GiB free at" in disk.detail
 
 
+@pytest.mark.process  # run_checks asks llama-server for its version
 def test_linux_readings_say_what_is_not_available_here(tmp_path):
     checks = by_name(doctor.run_checks(tmp_path, [], None, platform="linux"))
     assert checks["Metal device"].detail == NOT_HERE
@@ -158,6 +160,7 @@ def doctor_cli(config_dir: Path) -> tuple[int, dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_coordinator_checks_valid_revoked_and_stopped(tmp_path):
     data, agent_dir = tmp_path / "coordinator", tmp_path / "agent"
     coordinator, endpoints = start_coordinator(data)

@@ -3,9 +3,7 @@ measures and retries uploads, restart both. Every run measured is in DuckDB exac
 the interrupted job is requeued and finished. Real processes on loopback, tiny models."""
 
 import signal
-import socket
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,36 +14,19 @@ from coordinator.server import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.processes import spawn, start_coordinator, stop
+from tests.support.ports import free_port
+from tests.support.processes import gone, spawn, start_coordinator, stop, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
 PROMPTS, ARMS, REPEATS = 2, 2, 10
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, what, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-    return "\nState:\tZ" in state  # a zombie has exited
-
-
 def test_kill_9_and_coordinator_downtime_lose_nothing_and_count_nothing_twice(tmp_path, tiny_models):
+    """One scripted sequence, checked exactly, that the random kill drill (tests/test_kill_drill.py)
+    only checks by its invariants: the coordinator down while the worker measures into the spool,
+    the agent killed -9 with its worker, the agent back before the coordinator; then the lost
+    attempt keeps what it measured, the requeued attempt runs the whole cell, and the job says why
+    (agent restarted while holding the lease)."""
     data, config = tmp_path / "coordinator", tmp_path / "agent"
     port = free_port()
     address = f"127.0.0.1:{port}"

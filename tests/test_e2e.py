@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from coordinator.store import open_readonly
-from tests.processes import cli, spawn, start_coordinator, stop, wait_for_sweep
+from tests.support.processes import cli, spawn, start_coordinator, stop, wait_for_sweep
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
 
 METHODS = {"draft": [2], "ngram": [3]}
 PROMPTS = 2  # the first two of the code set
@@ -40,6 +40,11 @@ def sweep_file(tmp_path, tiny_models):
 
 
 def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
+    """The path a user takes through the CLI, which the demo (tests/test_demo.py) runs for them:
+    a one-use token and a 0600 credential, `sweep submit` rounding repeats up to a Williams design,
+    both engines at context depths 0 and 512 (the documents' token counts and prompt-set digests
+    checked per run), every stored row's accounting (rounds, acceptance, load time, names not
+    paths), /metrics, and a restarted coordinator serving and exporting the same runs."""
     data, agent_dir = tmp_path / "coordinator", tmp_path / "agent"
     coordinator, endpoints = start_coordinator(data)
     address = endpoints["grpc"]

@@ -98,6 +98,7 @@ def test_the_llama_cpp_engine_names_its_backend():
     assert make_engine("llama.cpp").backend() == ("cuda" if cuda else "cpu")
 
 
+@pytest.mark.engine
 def test_a_job_records_backend_and_energy_per_token(tiny_models):
     model = str(tiny_models.gguf_target)
     spec = JobSpec(

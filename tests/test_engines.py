@@ -14,6 +14,8 @@ from cli import tinymodels
 from specfleet.record import IN_PROCESS_ENGINES
 from specfleet.record import SPECULATIVE_METHODS as SPECULATIVE
 
+pytestmark = [pytest.mark.engine]
+
 NAMES = list(IN_PROCESS_ENGINES)  # the engines that run our own loops
 NEW_TOKENS = 32
 PROMPTS = (

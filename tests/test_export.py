@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 
 from agent.engines import make_engine
 from agent.model_identity import identify
@@ -18,8 +19,10 @@ from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
 from specfleet.record import JobSpec, RunRecord
-from tests.fleet import LINUX_BOX, SWEEP_YAML
-from tests.processes import cli, start_coordinator, stop
+from tests.support.fleet import LINUX_BOX, SWEEP_YAML
+from tests.support.processes import cli, start_coordinator, stop
+
+pytestmark = [pytest.mark.process, pytest.mark.engine]
 
 
 def measure_and_upload(address, data, tiny_models, tmp_path) -> list[RunRecord]:
@@ -112,8 +115,8 @@ def test_export_refuses_negative_or_absurd_arguments_by_name(tmp_path):
     import grpc
     import pytest
 
-    from tests.fleet import admin_for
-    from tests.fleet import start_coordinator as start_in_process
+    from tests.support.fleet import admin_for
+    from tests.support.fleet import start_coordinator as start_in_process
 
     coordinator = start_in_process(tmp_path / "coordinator")
     try:

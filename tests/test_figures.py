@@ -19,8 +19,8 @@ from coordinator.scheduler import Scheduler
 from coordinator.store import Store
 from specfleet import speedup
 from specfleet.sweeps import parse_sweep
-from tests.fleet import make_run
-from tests.test_scheduler import Clock
+from tests.support.clocks import FakeClock as Clock
+from tests.support.fleet import make_run
 
 SWEEP = """
 name: figures
@@ -38,7 +38,7 @@ ARMS = (("baseline", 0), ("draft", 2), ("draft", 4))
 
 
 @pytest.fixture
-def fleet(tmp_path):
+def scheduled_machines(tmp_path):
     store = Store(tmp_path)
     clock = Clock()
     scheduler = Scheduler(store, clock=clock, lease_seconds=30)
@@ -113,8 +113,8 @@ def assert_same(con) -> None:
     assert arms.iloc[:, 6].tolist() == pytest.approx(expected_arms.iloc[:, 6].tolist(), rel=1e-12)
 
 
-def test_figures_equal_the_runs_tables_through_a_fleets_history(fleet):
-    scheduler, clock, machines = fleet
+def test_figures_equal_the_runs_tables_through_a_fleets_history(scheduled_machines):
+    scheduler, clock, machines = scheduled_machines
     rng = random.Random(20261201)
     levels = {m: 0.5 + i for i, m in enumerate(machines)}
     rounds = 0
@@ -147,8 +147,8 @@ def test_figures_equal_the_runs_tables_through_a_fleets_history(fleet):
     assert states.get("done", 0) > 0 and states.get("failed", 0) > 0 and lost > 0, (states, lost)
 
 
-def test_a_rebuild_from_runs_gives_the_same_figures(fleet):
-    scheduler, _, machines = fleet
+def test_a_rebuild_from_runs_gives_the_same_figures(scheduled_machines):
+    scheduler, _, machines = scheduled_machines
     rng = random.Random(7)
     for machine in machines:
         job = scheduler.acquire(machine)
@@ -166,8 +166,8 @@ def test_a_rebuild_from_runs_gives_the_same_figures(fleet):
     pd.testing.assert_frame_equal(after[1], before[1])
 
 
-def test_runs_stored_behind_the_figures_back_are_caught_up_at_the_next_open(fleet, tmp_path):
-    scheduler, _, machines = fleet
+def test_runs_stored_behind_the_figures_back_are_caught_up_at_the_next_open(scheduled_machines, tmp_path):
+    scheduler, _, machines = scheduled_machines
     rng = random.Random(3)
     job = scheduler.acquire(machines[0])
     runs = job_runs(rng, job, 1.0)
@@ -189,8 +189,8 @@ def test_runs_stored_behind_the_figures_back_are_caught_up_at_the_next_open(flee
         scheduler.store = Store(tmp_path)  # for the fixture to close
 
 
-def test_a_scrape_shows_the_kept_figures_and_follows_new_runs(fleet):
-    scheduler, _, machines = fleet
+def test_a_scrape_shows_the_kept_figures_and_follows_new_runs(scheduled_machines):
+    scheduler, _, machines = scheduled_machines
     # One collector, recomputing whenever a run or a job changed: a scrape after new runs must not
     # show the figures cached before.
     metrics = Metrics(scheduler, results_every=0)
@@ -225,8 +225,8 @@ def assert_scrape_equals_the_table(scheduler, metrics: Metrics) -> None:
     assert info == set(groups["comparable"])
 
 
-def test_the_result_figures_are_formatted_at_most_every_interval(fleet):
-    scheduler, _, machines = fleet
+def test_the_result_figures_are_formatted_at_most_every_interval(scheduled_machines):
+    scheduler, _, machines = scheduled_machines
     clock = Clock()
     results = ResultFigures(scheduler.store, every=5, clock=clock)
     rng = random.Random(5)

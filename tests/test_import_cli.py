@@ -19,12 +19,13 @@ from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
 from specfleet.client import AdminApi, channel
-from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run
-from tests.fleet import start_coordinator as start_in_process
-from tests.processes import cli
-from tests.test_importers import MTPLX_RUN
+from tests.support.captured import MTPLX_RUN
+from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run
+from tests.support.fleet import start_coordinator as start_in_process
+from tests.support.processes import cli
 
-pytestmark = pytest.mark.slow  # real processes: the CLI a dozen times, a coordinator (about a minute)
+# real processes: the CLI a dozen times, a coordinator (about a minute)
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 M1_MAX = pb.Fingerprint(hostname="m1", os="macos", chip="Apple M1 Max", memory_bytes=64 * 2**30)
 
 

@@ -15,9 +15,8 @@ import pytest
 from cli.importers import llama_bench, mtplx
 from cli.importers.result import BadFile
 from tests.conftest import LLAMA_BENCH
+from tests.support.captured import CAPTURED, MTPLX_RUN
 
-CAPTURED = Path(__file__).parent / "captured"
-MTPLX_RUN = Path(__file__).parent / "importer_fixtures" / "mtplx-bench-run"
 FORMATS = ("json", "jsonl", "csv", "sql")
 
 
@@ -37,6 +36,7 @@ def refused(path: Path, *fragments: str, parse=llama_bench.parse) -> str:
     return message
 
 
+@pytest.mark.process
 def test_real_output_in_every_format_reads_the_same_tests(llama_bench_output):
     commit = build_commit()
     parsed = {fmt: llama_bench.parse(path) for fmt, path in llama_bench_output.items()}
@@ -55,6 +55,7 @@ def test_real_output_in_every_format_reads_the_same_tests(llama_bench_output):
     assert all(r.samples_tokens_per_second == () for fmt in ("csv", "sql") for r in parsed[fmt])
 
 
+@pytest.mark.process
 def test_real_json_values_are_the_files_own(llama_bench_output):
     """Every figure is the file's: compared with the file read by the json module."""
     rows = json.loads(llama_bench_output["json"].read_text())

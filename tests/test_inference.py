@@ -323,7 +323,6 @@ def test_best_depth_probability():
     assert p == inference.best_depth_probability(d, 2, 4, resamples=500, seed=9)  # seeded
 
 
-
 def test_best_depth_probability_of_a_machine_that_missed_a_depth_by_enumeration():
     # One prompt each; c never ran depth 1. A resample draws 3 machines with replacement (27
     # equally likely draws); a depth's figure is the mean over the drawn machines that measured

@@ -7,15 +7,18 @@ import threading
 
 import duckdb
 import grpc
+import pytest
 
 from coordinator import ingest
 from coordinator.ingest import InvalidRun, Report, ingest_many
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
-from tests.processes import start_coordinator as start_coordinator_process
-from tests.processes import stop
+from tests.support.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
+from tests.support.processes import start_coordinator as start_coordinator_process
+from tests.support.processes import stop
+
+pytestmark = [pytest.mark.process]
 
 SURROGATE = {"prompt_id": "code-\ud800"}  # json.dumps writes it as the escape "\ud800": valid JSON, not UTF-8
 

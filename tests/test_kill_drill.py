@@ -5,9 +5,9 @@ a run of a lease that expired meanwhile), nothing is stored twice, and no job is
 sweep ends, every job in a final state, every job done with its whole cell stored for its last
 attempt). Real processes on loopback, the tiny GGUF, a seeded schedule printed on failure."""
 
+import os
 import random
 import signal
-import socket
 import time
 
 import pytest
@@ -15,34 +15,55 @@ import yaml
 
 from agent.credentials import AgentIdentity
 from agent.spool import Spool
-from coordinator.server import admin_credential
+from coordinator.server import ENDPOINTS_FILE, admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.processes import spawn, start_coordinator, stop
+from tests.support.ports import free_port
+from tests.support.processes import spawn, stop
 
-pytestmark = pytest.mark.slow
-KILLS = 24
-SEED = 17
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
+# 24 in the slow suite; the full drill (issue 31) is SPECFLEET_DRILL_KILLS=100.
+KILLS = int(os.environ.get("SPECFLEET_DRILL_KILLS", "24"))
+SEED = int(os.environ.get("SPECFLEET_DRILL_SEED", "17"))
 AGENTS = ("drill-a", "drill-b")
 SWEEPS = 3
 PROMPTS, ARMS, REPEATS = 2, 2, 4  # 16 runs a job
 FINAL_JOB_STATES = {"done", "failed", "refused", "cancelled"}
-SETTLE_SECONDS = 240
+# How long the sweeps have to end after the last kill: a busy machine needs more (a job of 16 runs
+# took 1-2 minutes at a load of 12 on 2 cores).
+SETTLE_SECONDS = float(os.environ.get("SPECFLEET_DRILL_SETTLE_SECONDS", "240"))
+START_SECONDS = 300  # a coordinator's start, on a machine busy with other tests (60 s was too short)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_coordinator(data, port: int):
+    """A coordinator process on `data` and `port`, once it serves (its endpoints file written)."""
+    data.mkdir(parents=True, exist_ok=True)
+    (data / ENDPOINTS_FILE).unlink(missing_ok=True)
+    proc = spawn("coordinator", "serve", "--data-dir", str(data), "--port", str(port), "--metrics-port", "0",
+                 log=data / "coordinator.log")  # fmt: skip
+    deadline = time.monotonic() + START_SECONDS
+    try:
+        while not (data / ENDPOINTS_FILE).exists():
+            assert proc.poll() is None, (data / "coordinator.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the coordinator did not start within {START_SECONDS} s"
+            time.sleep(0.1)
+    except BaseException:
+        stop(proc, signal.SIGKILL)  # never left behind by a failed drill
+        raise
+    return proc
 
 
 def test_random_kills_lose_nothing_double_nothing_and_leave_no_job_stuck(tmp_path, tiny_models):
+    """What the scripted durability test (tests/test_durability.py) cannot reach: SIGKILLs of the
+    coordinator and of two agents at random moments, many times over three sweeps, wherever they
+    land; checked by invariants only (nothing lost, nothing stored twice, every run of an expired
+    lease parked with its reason, no job stuck), with the seeded schedule printed on failure."""
     rng = random.Random(SEED)
     data = tmp_path / "coordinator"
     port = free_port()
     address = f"127.0.0.1:{port}"
-    coordinator, _ = start_coordinator(data, "--port", str(port))
+    coordinator = start_coordinator(data, port)
     configs = {name: tmp_path / name for name in AGENTS}
     agents: dict[str, object] = {}
     schedule: list[str] = []
@@ -80,7 +101,7 @@ def test_random_kills_lose_nothing_double_nothing_and_leave_no_job_stuck(tmp_pat
                 coordinator.send_signal(signal.SIGKILL)
                 coordinator.wait(timeout=10)
                 time.sleep(down)
-                coordinator, _ = start_coordinator(data, "--port", str(port))
+                coordinator = start_coordinator(data, port)
             else:
                 agents[victim].send_signal(signal.SIGKILL)
                 agents[victim].wait(timeout=10)
@@ -122,7 +143,7 @@ def test_random_kills_lose_nothing_double_nothing_and_leave_no_job_stuck(tmp_pat
     assert len(stored) == len(set(stored)), "a run was stored twice\n" + context
     assert not pending, f"{len(pending)} runs never uploaded\n{context}"
     assert measured <= set(stored) | parked, f"{len(measured - set(stored) - parked)} measured runs lost\n{context}"
-    assert len(schedule) >= 20 and {s.split()[1] for s in schedule} >= {"coordinator"}, context
+    assert len(schedule) >= min(KILLS, 20) and {s.split()[1] for s in schedule} >= {"coordinator"}, context
     assert all(state == "done" for (state,) in sweeps), (sweeps, context)
     assert {state for _, state, _, _ in jobs} <= FINAL_JOB_STATES, (jobs, context)
     for job, state, attempt, reason in jobs:
@@ -131,4 +152,8 @@ def test_random_kills_lose_nothing_double_nothing_and_leave_no_job_stuck(tmp_pat
     assert sum(state == "done" for _, state, _, _ in jobs) == len(jobs), (jobs, context)
     # The kills did interrupt jobs: some were requeued and ran again.
     assert max(attempt for _, _, attempt, _ in jobs) > 1, (jobs, context)
-    print(f"{len(stored)} runs stored, {len(parked)} parked, attempts {sorted(a for _, _, a, _ in jobs)}")
+    kinds = {v: sum(s.split()[1] == v for s in schedule) for v in ("coordinator", *AGENTS)}
+    print(
+        f"{len(schedule)} kills {kinds}: {len(stored)} runs stored, {len(measured)} measured, {len(parked)} parked, "
+        f"0 stored twice, 0 pending; {len(jobs)} jobs done, attempts {sorted(a for _, _, a, _ in jobs)}"
+    )

@@ -11,10 +11,10 @@ from coordinator.server import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.processes import cli, spawn, start_coordinator, stop
-from tests.test_durability import wait_until
+from tests.support.processes import cli, spawn, start_coordinator, stop, wait_until
 
 
+@pytest.mark.process
 def test_a_lease_shorter_than_three_heartbeats_is_refused_at_start_in_one_line(tmp_path):
     done = cli("coordinator", "serve", "--data-dir", str(tmp_path), "--port", "0", "--lease-seconds", "2", check=False)
     assert done.returncode == 1
@@ -32,6 +32,8 @@ def test_the_interval_is_a_third_of_the_lease_at_most():
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.engine
 def test_a_five_second_lease_holds_through_a_long_job(tmp_path, tiny_models):
     data, config = tmp_path / "coordinator", tmp_path / "agent"
     coordinator, endpoints = start_coordinator(data, "--lease-seconds", "5")

@@ -1,6 +1,6 @@
 """Engine llama-server against the real llama-server built from the locked llama.cpp
 (scripts/build-llama-cpp.sh), on the tiny models: the command line of every arm, the streamed
-run and the server's own accounting, fresh servers for stateful drafters, rotation or blocks,
+run and the server's own accounting, a server's state kept until the protocol restarts it, rotation or blocks,
 and every way a server can fail. tests/fake_server.py stands in only for servers that answer
 what a real llama-server never would."""
 
@@ -23,12 +23,12 @@ from agent.engines.llama_server import (
 )
 from agent.summary import summarise
 from specfleet.record import Arm, Sampler
-from tests.processes import needs_llama_server
-from tests.test_server_process import FAKE, gone
+from tests.support.processes import FAKE_SERVER as FAKE
+from tests.support.processes import gone, needs_llama_server
 
 CAPTURED = Path(__file__).with_name("captured")
 MEMORY = 16 * 2**30
-pytestmark = needs_llama_server
+pytestmark = [needs_llama_server, pytest.mark.process]
 
 
 @pytest.fixture
@@ -194,26 +194,31 @@ def test_a_draft_model_arm_loads_its_draft(engine, tiny_models):
     assert gen.tokens == e.generate(Request(prompt, 16)).tokens
 
 
-def test_a_stateful_drafter_starts_every_run_fresh_unless_kept(engine, tiny_models):
+def test_a_stateful_drafter_keeps_its_state_until_the_protocol_restarts_its_server(engine, tiny_models):
     """ngram-mod's table outlives a request: kept, a repeated prompt is drafted from the earlier
-    run's tokens and acceptance rises; a fresh server per run gives every run the same start."""
+    run's tokens and acceptance rises; restarted before every run (`restart`), every run starts
+    the same. The engine never restarts a server on its own: the state is the protocol's."""
     flags = ("--spec-ngram-mod-n-match", "8", "--spec-ngram-mod-n-min", "2")
+    arm = Arm("ngram-mod", 16, flags)
     text = "The quick brown fox jumps over the lazy dog. A second, different sentence about a cat."
     results = {}
-    for keep in (False, True):
-        e = engine(keep_drafter_state=keep)
+    for fresh in (True, False):
+        e = engine()
         e.load(str(tiny_models.gguf_target))
         prompt = e.tokenize(text)
-        runs, servers = [], set()
+        runs, servers, served = [], set(), []
         for _ in range(3):
+            if fresh:
+                e.restart(arm)
+            served.append(e.served(arm))
             gen = e.generate(Request(prompt, 64, "ngram-mod", 16, flags=flags))
             runs.append((gen.server.accepted, gen.server.drafter_warm))
             servers.add(e._servers[("ngram-mod", 16, flags)].proc.pid)
-        results[keep] = runs, len(servers)
-    fresh, kept = results[False], results[True]
-    assert fresh == ([(fresh[0][0][0], False)] * 3, 3)  # the same each time, from three servers
+        results[fresh] = runs, len(servers), served
+    fresh, kept = results[True], results[False]
+    assert fresh == ([(fresh[0][0][0], False)] * 3, 3, [0, 0, 0])  # the same each time, from three servers
     (first, warm_first), *later = kept[0]
-    assert kept[1] == 1 and warm_first is False and all(warm for _, warm in later)
+    assert kept[1:] == (1, [0, 1, 2]) and warm_first is False and all(warm for _, warm in later)
     assert all(accepted > first for accepted, _ in later), kept  # the table remembered
 
 

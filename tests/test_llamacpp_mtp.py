@@ -14,6 +14,8 @@ from agent.engines import llamacpp, llamacpp_mtp, make_engine
 from agent.engines.base import EngineError, Request, Sampler
 from cli import tinymodels, tinymtp
 
+pytestmark = [pytest.mark.engine]
+
 NEW_TOKENS = 32
 PROMPTS = (
     "Speculative decoding lets a small draft model propose several tokens that the large",

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AgentApi, channel
 from specfleet.record import CHECKED_KEYS
-from tests.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
+from tests.support.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 M4 = pb.Fingerprint(hostname="m4", os="macos", chip="Apple M4 Pro", memory_bytes=48 * 2**30)
 M1 = pb.Fingerprint(hostname="m1", os="macos", chip="Apple M1 Max", memory_bytes=64 * 2**30)
@@ -52,13 +52,15 @@ def value(families, name, sample_name=None, **labels) -> float:
 
 
 @pytest.fixture
-def coordinator(tmp_path):
-    c = start_coordinator(tmp_path, lease_seconds=2.0)
+def short_lease_coordinator(tmp_path):
+    """An in-process coordinator whose leases last 3 s, the shortest it accepts (three heartbeats)."""
+    c = start_coordinator(tmp_path, lease_seconds=3.0)
     yield c
     c.stop()
 
 
-def test_metrics_after_a_scripted_fleet_run(coordinator):
+def test_metrics_after_a_scripted_fleet_run(short_lease_coordinator):
+    coordinator = short_lease_coordinator
     fast, slow = enrol(coordinator, "m4", fingerprint=M4), enrol(coordinator, "m1", fingerprint=M1)
     enrol(coordinator, "linux", fingerprint=LINUX_BOX, engines=("llama.cpp",))  # no mlx: never asks, stays enrolled
     admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))

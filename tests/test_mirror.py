@@ -7,7 +7,7 @@ from pathlib import Path
 from dashboard.mirror import Mirror
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.record import RunRecord
-from tests.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
+from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
 
 
 def test_incremental_sync(tmp_path):

@@ -16,6 +16,8 @@ from agent.engines import mlx as mlx_engine
 from agent.engines.base import EngineError, Request, Sampler
 from agent.summary import acceptance_flags
 
+pytestmark = [pytest.mark.engine]
+
 NEW_TOKENS = 24
 TEXTS = (
     "def accept(draft_tokens, target_tokens):\n    accepted = 0\n    for draft, target in zip(",

@@ -73,6 +73,7 @@ def test_parameter_count_is_the_sum_of_the_tensors(tiny_models):
     assert ident(tiny_models.mlx_target).tensor_types == f"F32:{len(tensors)}"
 
 
+@pytest.mark.engine
 def test_mlx_lm_quantised_copy_reports_4bit_g64_and_logical_parameters(tiny_models, tmp_path):
     convert = pytest.importorskip("mlx_lm").convert
     plain = ident(tiny_models.mlx_target)
@@ -84,6 +85,7 @@ def test_mlx_lm_quantised_copy_reports_4bit_g64_and_logical_parameters(tiny_mode
     assert (q.architecture, q.vocab_size, q.context_length, q.has_mtp) == ("LlamaForCausalLM", 512, 4096, False)
 
 
+@pytest.mark.engine
 def test_mtp_follows_the_weights_not_the_config(tiny_models, tmp_path):
     """mlx_lm.convert drops the mtp.* tensors but keeps mtp_num_hidden_layers: 1 in config."""
     convert = pytest.importorskip("mlx_lm").convert

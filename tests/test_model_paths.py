@@ -9,15 +9,10 @@ import pytest
 
 from agent.daemon import Agent
 from specfleet import speedup
-from tests.fleet import start_coordinator
-from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
+from tests.support.agents import Running, identity_for, submit, sweep
+from tests.support.processes import wait_until
 
-
-@pytest.fixture
-def coordinator(tmp_path):
-    c = start_coordinator(tmp_path / "coordinator")
-    yield c
-    c.stop()
+pytestmark = [pytest.mark.process, pytest.mark.engine]
 
 
 def test_two_agents_with_one_model_at_different_paths_show_one_model(tmp_path, coordinator, tiny_models):

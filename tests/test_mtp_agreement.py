@@ -26,6 +26,8 @@ from agent.engines import llamacpp, llamacpp_mtp, make_engine
 from agent.engines import mlx as mlx_engine
 from agent.engines.base import Request
 
+pytestmark = [pytest.mark.engine]
+
 TEXTS = (
     "Speculative decoding lets a small draft model propose several tokens that the large",
     "The fleet measures tokens per second, time to first token, acceptance by draft position",

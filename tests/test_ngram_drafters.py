@@ -310,6 +310,7 @@ def _server_replay(method: str, prompt: list[int], tokens: list[int], params: di
 
 
 @pytest.mark.parametrize("method", list(RUNS))
+@pytest.mark.engine
 def test_llama_cpp_drafters_are_lossless_and_draft(engine, method):
     prompt = engine.tokenize(REPEATING)
     baseline = engine.generate(Request(prompt, NEW_TOKENS)).tokens
@@ -329,6 +330,7 @@ def test_llama_cpp_drafters_are_lossless_and_draft(engine, method):
 
 
 @pytest.mark.parametrize("method", list(RUNS))
+@pytest.mark.engine
 def test_default_parameters_are_lossless(engine, method):
     prompt = engine.tokenize(REPEATING)
     baseline = engine.generate(Request(prompt, 48)).tokens
@@ -345,6 +347,7 @@ def test_default_parameters_are_lossless(engine, method):
         ({"method": "ngram-map-k4v", "ngram_map_min_hits": 0}, r"ngram_map_min_hits: must be between 1 and 1024"),
     ],
 )
+@pytest.mark.engine
 def test_bad_ngram_parameters_are_refused(engine, change, message):
     with pytest.raises(EngineError, match=message):
         method = change.pop("method")

@@ -18,9 +18,12 @@ from agent.runner import parked_reason
 from agent.spool import Spool
 from agent.upload import Parked, Uploader
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, run_record, start_coordinator
 from tests.poison_worker import poisoned
-from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
+from tests.support.agents import Running, identity_for, submit, sweep
+from tests.support.fleet import admin_for, run_record
+from tests.support.processes import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.engine]
 
 UNREADABLE = ("not-json", "surrogate", "no-lease", "unknown-field")
 REASONS = {
@@ -29,13 +32,6 @@ REASONS = {
     "no-lease": "lease_id",
     "unknown-field": "priority",
 }
-
-
-@pytest.fixture
-def coordinator(tmp_path):
-    c = start_coordinator(tmp_path / "coordinator")
-    yield c
-    c.stop()
 
 
 @pytest.fixture

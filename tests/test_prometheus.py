@@ -3,7 +3,6 @@ coordinator on loopback, and a fleet metric is read back through Prometheus' HTT
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -11,8 +10,11 @@ import urllib.request
 
 import pytest
 
-from tests.fleet import enrol, start_coordinator
-from tests.processes import ROOT
+from tests.support.fleet import enrol, start_coordinator
+from tests.support.ports import free_port
+from tests.support.processes import ROOT
+
+pytestmark = [pytest.mark.process]
 
 SCRAPE_CONFIG = """
 global:
@@ -23,12 +25,6 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:{metrics_port}"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

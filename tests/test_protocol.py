@@ -7,91 +7,12 @@ from collections import Counter
 import pytest
 
 from agent import prompts
-from agent.engines.base import Generation, Request, Round
+from agent.engines.base import Generation, Round
 from agent.protocol import WARMUP_AGREEMENT, ContextTooLong, run_job, run_seed
 from agent.summary import acceptance_flags, summarise
 from specfleet.design import rounded_repeats, williams
-from specfleet.record import Arm, JobSpec, ModelIdentity, Prompt, Sampler
-
-ARMS = (Arm("baseline", 0), Arm("draft", 2), Arm("ngram", 3))
-TARGET = ModelIdentity(reference="t", digest="ab" * 32, context_length=4096)
-
-
-class FakeEngine:
-    name = "mlx"
-    methods = ("baseline", "draft", "ngram")
-
-    def __init__(self, log: list, warmup_speeds: dict[str, list[float]]):
-        self.log = log
-        self.warmup_speeds = {k: list(v) for k, v in warmup_speeds.items()}
-        self.loads = 0
-
-    def load(self, target, draft=None):
-        self.loads += 1
-        self.log.append(("load", target, draft))
-        return 0.25
-
-    def tokenize(self, text):
-        return tuple(ord(c) % 50 for c in text)
-
-    def generate(self, request: Request) -> Generation:
-        queue = self.warmup_speeds.get(request.method)
-        speed = queue.pop(0) if queue else 100.0
-        self.log.append(("generate", request.method, request.depth, request.prompt_tokens))
-        return Generation(
-            tokens=[1, 2, 3, 4, 5],
-            prompt_tokens=len(request.prompt_tokens),
-            prefill_seconds=0.01,
-            decode_seconds=4 / speed,
-            token_times_seconds=[0.01, 0.02, 0.03, 0.04, 0.05],
-            peak_memory_bytes=1000,
-        )
-
-    def versions(self):
-        return {"fake": "1"}
-
-    def verify_cost(self, context_tokens, max_rows=16, repeats=5):
-        return [0.01] * max_rows
-
-
-def spec(**overrides) -> JobSpec:
-    fields = dict(
-        engine="mlx",
-        model={"target": "/models/t", "draft": "/models/d"},
-        prompt_set="code",
-        prompt_category="code",
-        prompt_set_digest="cd" * 32,
-        prompts=(Prompt("p1", "hello"), Prompt("p2", "world!")),
-        arms=ARMS,
-        max_new_tokens=5,
-        warmup_cap=3,
-        repeats=3,
-    )
-    fields.update(overrides)
-    return JobSpec(**fields)
-
-
-def run(s, warmup_speeds=None, samples=None, target=TARGET):
-    log, runs = [], []
-    engine = FakeEngine(log, warmup_speeds or {})
-    readings = iter(samples or [])
-
-    def sample():
-        log.append(("sample",))
-        return next(readings, {"power_source": "ac", "thermal": "nominal"})
-
-    n = run_job(
-        s,
-        engine,
-        runs.append,
-        job_id="job-1",
-        attempt=2,
-        target=target,
-        sample=sample,
-        sleep=lambda seconds: log.append(("sleep", seconds)),
-    )
-    assert n == len(runs)
-    return engine, log, runs
+from specfleet.record import Arm, ModelIdentity, Prompt, Sampler
+from tests.support.fake_engine import ARMS, TARGET, FakeEngine, run, spec
 
 
 def test_williams_design_balances_position_and_carry_over():
@@ -339,24 +260,25 @@ def run_server(plan: str, server_tps: float = 100.0):
     return engine, log, runs
 
 
-def test_server_arms_that_cannot_stay_up_together_run_in_blocks_of_one_arm():
+def test_server_arms_that_cannot_stay_up_together_still_run_pairs_back_to_back_warmed_up_after_each_start():
     engine, log, runs = run_server("blocks")
-    measured = [e for e in log if e[0] == "generate"]
-    # Per repeat, each arm runs every prompt (its warm-ups first) before the next arm's server
-    # starts: the arm changes only between blocks, at most 3 times a repeat; rotated order would
-    # change it after nearly every run.
-    methods = [m for _, m, _, _ in measured]
-    changes = sum(a != b for a, b in zip(methods, methods[1:]))
     repeats = rounded_repeats(2, 3)
-    assert changes <= 3 * repeats < len(methods) // 2
     assert engine.closed == 1
     assert {r.interleaving for r in runs} == {"blocks"} and len(runs) == 3 * 2 * repeats
-    # Every arm of a repeat and prompt kept its Williams position.
+    # Only one server can be up, so every measured run gets a server of its own, warmed up after
+    # its start (warmup_cap 1: one warm-up run of the same arm and prompt right before it), and
+    # the arms of a prompt and repeat run back to back in their Williams order: pairs adjacent.
+    generates = [e for e in log if e[0] == "generate"]
+    order = [SERVER_ARMS[i].method for i in williams(3)[0]]
+    assert [g[1] for g in generates[:3]] == order  # the prompt's settling warm-up: its count, 1
     for repeat in range(repeats):
-        order = [SERVER_ARMS[i].method for i in williams(3)[repeat % len(williams(3))]]
-        for pid in ("p1", "p2"):
-            got = sorted((r.position, r.method) for r in runs if r.repeat == repeat and r.prompt_id == pid)
-            assert [m for _, m in got] == order
+        row = [SERVER_ARMS[i].method for i in williams(3)[repeat % len(williams(3))]]
+        got = [r.method for r in runs if r.repeat == repeat and r.prompt_id == "p1"]
+        assert got == row
+    p1 = generates[3 : 3 + 2 * 3 * repeats]  # p1's measured runs, each after its own warm-up
+    assert [g[1] for g in p1[0::2]] == [g[1] for g in p1[1::2]]  # warm-up, then the run, same arm
+    assert {r.settings.server_state for r in runs} == {"fresh"}  # blocks are fresh, whatever was asked
+    assert {r.warmup_runs for r in runs} == {1}
 
 
 def test_rotated_server_arms_interleave_like_in_process_ones():

@@ -20,7 +20,7 @@ from specfleet.record import (
     differences,
 )
 from specfleet.record import FIELDS_SINCE as RECORD_FIELDS_SINCE
-from tests.fleet import run_record, setting_changes
+from tests.support.fleet import run_record, setting_changes
 
 
 def full_record() -> RunRecord:
@@ -191,7 +191,13 @@ def test_a_newer_record_is_held_not_faulty():
 def test_an_older_record_reads_with_what_it_predates_unknown():
     """A schema 2 record (before the declared settings) reads with every setting None (unknown),
     never the declaration's defaults; a schema 1 record also lacks the systems and accelerator."""
-    data = full_record().to_dict()
+    data = {k: v for k, v in full_record().to_dict().items() if RECORD_FIELDS_SINCE.get(k, 1) <= 3}
+    since = {s.name: s.since for s in declared.CARRIED}
+    settings3 = {k: v if since[k] <= 3 else None for k, v in data["settings"].items()}
+    schema3 = RunRecord.from_dict({**data, "settings": settings3, "schema": 3})  # before divergence, text sample
+    assert (schema3.divergence, schema3.divergence_margin, schema3.text_sample) == (None, None, None)
+    with pytest.raises(InvalidRecord, match="divergence: unknown field in a schema 3 record"):
+        RunRecord.from_dict({**data, "settings": settings3, "schema": 3, "divergence": "near-tie"})
     del data["settings"]
     old = RunRecord.from_dict({**data, "schema": 2})
     assert old.schema == SCHEMA_VERSION

@@ -24,9 +24,10 @@ from websockets.sync.client import connect
 from cli.report import cell
 from dashboard import data
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, start_coordinator
-from tests.test_browser import CHROMIUM, START_SECONDS, DevTools, free_port, stop_group, wait_http
-from tests.test_dashboard import MLX_27B, expected_speedup, seed_fleet
+from tests.support.browser import CHROMIUM, START_SECONDS, DevTools, stop_group, wait_http
+from tests.support.dashboard import MLX_27B, expected_speedup, seed_fleet
+from tests.support.fleet import admin_for, start_coordinator
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -272,6 +273,8 @@ BUILD_TWICE = """
 import sys
 from pathlib import Path
 from cli import report
+
+pytestmark = [pytest.mark.process]
 address, token, first, second, out = sys.argv[1:]
 for sweep in (first, second, first):
     report.make(address, token, sweep, "md", Path(out) / sweep)

@@ -8,6 +8,7 @@ import pytest
 
 from agent import heartbeat, retry, upload
 from specfleet.client import CallStream, StreamError
+from tests.support.clocks import FakeClock
 
 Code = grpc.StatusCode
 
@@ -22,21 +23,6 @@ class Refused(grpc.RpcError):
 
     def details(self):
         return self._details
-
-
-class FakeClock:
-    """Time moves only when something sleeps; the jitter is the top of its range."""
-
-    def __init__(self):
-        self.now, self.sleeps = 0.0, []
-
-    def clock(self) -> retry.Clock:
-        return retry.Clock(now=lambda: self.now, sleep=self._sleep, jitter=lambda low, high: high)
-
-    def _sleep(self, seconds, stop):
-        self.sleeps.append(seconds)
-        self.now += seconds
-        return stop is not None and stop.is_set()
 
 
 def answers(*outcomes):
@@ -57,7 +43,7 @@ def answers(*outcomes):
 def test_unreachable_is_retried_with_doubling_delays_up_to_the_cap():
     fake = FakeClock()
     fn = answers(*[Refused(Code.UNAVAILABLE)] * 5, "ok")
-    assert retry.call(fn, retry.Budget(0.5, 3.0, 100.0), "x", clock=fake.clock()) == "ok"
+    assert retry.call(fn, retry.Budget(0.5, 3.0, 100.0), "x", clock=fake.retry_clock()) == "ok"
     assert fake.sleeps == [0.5, 1.0, 2.0, 3.0, 3.0] and fn.calls == 6
 
 
@@ -65,7 +51,7 @@ def test_the_budget_s_time_is_spent_then_the_last_error_is_raised():
     fake = FakeClock()
     fn = answers(*[Refused(Code.DEADLINE_EXCEEDED)] * 100)
     with pytest.raises(grpc.RpcError) as raised:
-        retry.call(fn, heartbeat.HEARTBEAT, "heartbeat", clock=fake.clock())
+        retry.call(fn, heartbeat.HEARTBEAT, "heartbeat", clock=fake.retry_clock())
     assert raised.value.code() == Code.DEADLINE_EXCEEDED
     assert sum(fake.sleeps) <= heartbeat.HEARTBEAT.give_up_after_seconds < sum(fake.sleeps) + 5.0
 
@@ -73,13 +59,13 @@ def test_the_budget_s_time_is_spent_then_the_last_error_is_raised():
 def test_uploads_outlast_any_outage_but_not_a_coordinator_that_refuses_the_record():
     fake = FakeClock()
     fn = answers(*[Refused(Code.UNAVAILABLE)] * 1500, "stored")
-    assert retry.call(fn, upload.UPLOAD, "upload", clock=fake.clock()) == "stored"
+    assert retry.call(fn, upload.UPLOAD, "upload", clock=fake.retry_clock()) == "stored"
     assert sum(fake.sleeps) > 24 * 3600  # a day's outage
 
     refusals = [Refused(Code.RESOURCE_EXHAUSTED, "larger than max"), Refused(Code.UNAVAILABLE)] * 10
     fn = answers(*refusals)
     with pytest.raises(grpc.RpcError) as raised:
-        retry.call(fn, upload.UPLOAD, "upload", clock=FakeClock().clock())
+        retry.call(fn, upload.UPLOAD, "upload", clock=FakeClock().retry_clock())
     assert fn.calls == 2 * upload.UPLOAD.max_refusals - 1  # the outages between count for nothing
     assert retry.refusal(raised.value, upload.UPLOAD) == "RESOURCE_EXHAUSTED: larger than max (refused 5 times)"
 
@@ -87,9 +73,9 @@ def test_uploads_outlast_any_outage_but_not_a_coordinator_that_refuses_the_recor
 def test_fatal_and_non_retryable_errors_are_not_retried():
     fake = FakeClock()
     with pytest.raises(retry.FatalApiError, match="enrol: UNAUTHENTICATED: revoked"):
-        retry.call(answers(Refused(Code.UNAUTHENTICATED, "revoked")), retry.ENROL, "enrol", clock=fake.clock())
+        retry.call(answers(Refused(Code.UNAUTHENTICATED, "revoked")), retry.ENROL, "enrol", clock=fake.retry_clock())
     with pytest.raises(grpc.RpcError) as raised:
-        retry.call(answers(Refused(Code.INVALID_ARGUMENT, "bad")), upload.UPLOAD, "upload", clock=fake.clock())
+        retry.call(answers(Refused(Code.INVALID_ARGUMENT, "bad")), upload.UPLOAD, "upload", clock=fake.retry_clock())
     assert fake.sleeps == [] and retry.refusal(raised.value, upload.UPLOAD) == "INVALID_ARGUMENT: bad"
 
 
@@ -97,7 +83,7 @@ def test_a_stop_ends_the_wait_between_tries():
     stop = threading.Event()
     stop.set()
     with pytest.raises(InterruptedError, match="acquire: agent stopping"):
-        retry.call(answers(Refused(Code.UNAVAILABLE)), retry.ENROL, "acquire", stop, clock=FakeClock().clock())
+        retry.call(answers(Refused(Code.UNAVAILABLE)), retry.ENROL, "acquire", stop, clock=FakeClock().retry_clock())
 
 
 def test_heartbeats_wait_the_interval_less_up_to_a_fifth():

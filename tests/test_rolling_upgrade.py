@@ -27,11 +27,13 @@ from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import record
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.fleet import SWEEP_YAML, admin_for, run_record, start_coordinator
-from tests.processes import ROOT, spawn, stop
-from tests.processes import start_coordinator as start_coordinator_process
-from tests.test_agent_daemon import identity_for
-from tests.test_durability import free_port, wait_until
+from tests.support.agents import identity_for
+from tests.support.fleet import SWEEP_YAML, admin_for, run_record, start_coordinator
+from tests.support.ports import free_port
+from tests.support.processes import ROOT, spawn, stop, wait_until
+from tests.support.processes import start_coordinator as start_coordinator_process
+
+pytestmark = [pytest.mark.process, pytest.mark.engine]
 
 NOW = record.SCHEMA_VERSION  # this checkout's record schema: the agent's, and the upgraded coordinator's
 

@@ -7,21 +7,14 @@ from coordinator.ingest import ingest
 from coordinator.scheduler import Beat, NoMatchingAgents, Scheduler, SchedulerError
 from coordinator.store import Store, migrations, open_readonly
 from specfleet.sweeps import parse_sweep
-from tests.fleet import SWEEP_YAML, make_run
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_000_000.0
-
-    def __call__(self):
-        return self.now
+from tests.support.clocks import FakeClock
+from tests.support.fleet import SWEEP_YAML, make_run
 
 
 @pytest.fixture
-def fleet(tmp_path):
+def scheduler_two_agents(tmp_path):
     store = Store(tmp_path)
-    clock = Clock()
+    clock = FakeClock()
     scheduler = Scheduler(store, clock=clock, lease_seconds=30)
     token, _ = auth.create_token(store, 60, 5, now=clock.now)
     fp = {"chip": "Apple M4 Pro", "memoryBytes": str(48 * 2**30)}
@@ -36,8 +29,8 @@ def job_state(scheduler, job_id):
         return con.execute("SELECT state, attempt, reason FROM jobs WHERE job_id = ?", [job_id]).fetchone()
 
 
-def test_submit_creates_one_job_per_cell_per_matching_agent(fleet):
-    scheduler, _, a1, a2 = fleet
+def test_submit_creates_one_job_per_cell_per_matching_agent(scheduler_two_agents):
+    scheduler, _, a1, a2 = scheduler_two_agents
     sweep_id, jobs = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     assert jobs == 1  # engines: [mlx], one sampler, one prompt set; only mac-1 has mlx
     assert scheduler.acquire(a2) is None
@@ -46,8 +39,8 @@ def test_submit_creates_one_job_per_cell_per_matching_agent(fleet):
     assert [a["method"] for a in job.spec["arms"]] == ["baseline", "draft"]
 
 
-def test_no_matching_agent_stores_nothing(fleet):
-    scheduler, *_ = fleet
+def test_no_matching_agent_stores_nothing(scheduler_two_agents):
+    scheduler, *_ = scheduler_two_agents
     text = SWEEP_YAML + "target: {chip_families: [M1]}\n"
     with pytest.raises(NoMatchingAgents):
         scheduler.submit(parse_sweep(text), text)
@@ -55,8 +48,8 @@ def test_no_matching_agent_stores_nothing(fleet):
         assert con.execute("SELECT count(*) FROM sweeps").fetchone()[0] == 0
 
 
-def test_one_job_at_a_time_and_heartbeat_extends_the_lease(fleet):
-    scheduler, clock, a1, _ = fleet
+def test_one_job_at_a_time_and_heartbeat_extends_the_lease(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
@@ -67,8 +60,8 @@ def test_one_job_at_a_time_and_heartbeat_extends_the_lease(fleet):
     assert job_state(scheduler, job.job_id)[0] == "leased"
 
 
-def test_expired_lease_requeues_then_fails_at_max_attempts(fleet):
-    scheduler, clock, a1, _ = fleet
+def test_expired_lease_requeues_then_fails_at_max_attempts(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)  # max_attempts: 2
     job = scheduler.acquire(a1)
     clock.now += 31
@@ -85,8 +78,8 @@ def test_expired_lease_requeues_then_fails_at_max_attempts(fleet):
         assert con.execute("SELECT state FROM sweeps").fetchone()[0] == "done"
 
 
-def test_late_result_after_requeue_is_refused(fleet):
-    scheduler, clock, a1, _ = fleet
+def test_late_result_after_requeue_is_refused(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     old = scheduler.acquire(a1)
     clock.now += 31
@@ -99,8 +92,8 @@ def test_late_result_after_requeue_is_refused(fleet):
     assert ingest(scheduler, a1, new.job_id, new.lease_id, run)[0] is True  # a retry is acknowledged once
 
 
-def test_complete_requires_every_run_stored_and_closes_the_sweep(fleet):
-    scheduler, _, a1, _ = fleet
+def test_complete_requires_every_run_stored_and_closes_the_sweep(scheduler_two_agents):
+    scheduler, _, a1, _ = scheduler_two_agents
     sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     ingest(scheduler, a1, job.job_id, job.lease_id, make_run(job.job_id))
@@ -115,8 +108,8 @@ def test_complete_requires_every_run_stored_and_closes_the_sweep(fleet):
         scheduler.complete(a1, job.job_id, job.lease_id, 1)  # done is terminal
 
 
-def test_cancel_ends_open_jobs_and_frees_the_agent(fleet):
-    scheduler, _, a1, _ = fleet
+def test_cancel_ends_open_jobs_and_frees_the_agent(scheduler_two_agents):
+    scheduler, _, a1, _ = scheduler_two_agents
     sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     assert scheduler.cancel(sweep_id) == 1
@@ -126,8 +119,8 @@ def test_cancel_ends_open_jobs_and_frees_the_agent(fleet):
         scheduler.cancel("sw-unknown")
 
 
-def test_refused_job_is_refused_without_retry_and_crash_retries(fleet):
-    scheduler, _, a1, _ = fleet
+def test_refused_job_is_refused_without_retry_and_crash_retries(scheduler_two_agents):
+    scheduler, _, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     assert scheduler.fail(a1, job.job_id, job.lease_id, "worker killed by SIGKILL", retry=True) is True
@@ -136,8 +129,8 @@ def test_refused_job_is_refused_without_retry_and_crash_retries(fleet):
     assert job_state(scheduler, job.job_id) == ("refused", 2, "attempt 2 of 2: refused: unknown engine")
 
 
-def test_restart_keeps_everything(tmp_path, fleet):
-    scheduler, _, a1, _ = fleet
+def test_restart_keeps_everything(tmp_path, scheduler_two_agents):
+    scheduler, _, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     ingest(scheduler, a1, job.job_id, job.lease_id, make_run(job.job_id))
@@ -154,8 +147,8 @@ def test_restart_keeps_everything(tmp_path, fleet):
     scheduler.store = Store(path.parent)  # let the fixture close something open
 
 
-def test_a_job_goes_only_to_agents_with_the_engine_and_the_memory_for_the_model(fleet):
-    scheduler, clock, a1, a2 = fleet
+def test_a_job_goes_only_to_agents_with_the_engine_and_the_memory_for_the_model(scheduler_two_agents):
+    scheduler, clock, a1, a2 = scheduler_two_agents
     token, _ = auth.create_token(scheduler.store, 60, 1, now=clock.now)
     big, _ = agents.enrol(
         scheduler.store,
@@ -182,10 +175,10 @@ def test_a_job_goes_only_to_agents_with_the_engine_and_the_memory_for_the_model(
         scheduler.submit(parse_sweep(too_big), too_big)
 
 
-def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
+def test_a_batch_of_reports_refuses_only_the_bad_ones(scheduler_two_agents):
     from coordinator.ingest import InvalidRun, Report, ingest_many
 
-    scheduler, _, a1, a2 = fleet
+    scheduler, _, a1, a2 = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     good = make_run(job.job_id)
@@ -233,15 +226,15 @@ def test_a_batch_of_reports_refuses_only_the_bad_ones(fleet):
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
 
 
-def test_a_restarted_scheduler_hands_out_the_queued_jobs(fleet):
-    scheduler, clock, a1, _ = fleet
+def test_a_restarted_scheduler_hands_out_the_queued_jobs(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     again = Scheduler(scheduler.store, clock=clock, lease_seconds=30)  # what a coordinator restart builds
     assert again.acquire(a1) is not None
 
 
-def test_heartbeats_extend_only_live_leases_and_the_table_gets_the_expiry_when_written(fleet):
-    scheduler, clock, a1, a2 = fleet
+def test_heartbeats_extend_only_live_leases_and_the_table_gets_the_expiry_when_written(scheduler_two_agents):
+    scheduler, clock, a1, a2 = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     start = clock.now
@@ -268,10 +261,10 @@ def test_heartbeats_extend_only_live_leases_and_the_table_gets_the_expiry_when_w
     assert again.expire_leases() == 1
 
 
-def test_a_rolled_back_transaction_leaves_the_lease_live(fleet, monkeypatch):
+def test_a_rolled_back_transaction_leaves_the_lease_live(scheduler_two_agents, monkeypatch):
     """Leases live in memory too: a transaction that fails after moving the job must leave
     both the table and the lease as they were."""
-    scheduler, _, a1, _ = fleet
+    scheduler, _, a1, _ = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     with pytest.raises(SchedulerError, match="agent reports 3 runs but 0 are stored"):
@@ -292,7 +285,7 @@ def test_a_rolled_back_transaction_leaves_the_lease_live(fleet, monkeypatch):
         scheduler.complete(a1, job.job_id, job.lease_id, 0)
 
 
-def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_path):
+def test_heartbeats_are_answered_from_memory_then_written_in_chunks(scheduler_two_agents, tmp_path):
     """A heartbeat costs no transaction: the servicer extends the lease in memory, keeps the
     latest beat per agent, and flush_beats writes them, FLUSH_CHUNK agents per write."""
     import asyncio
@@ -302,7 +295,7 @@ def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_p
     from coordinator.metrics import Metrics
     from protos.specfleet.v1 import fleet_pb2 as pb
 
-    scheduler, clock, a1, a2 = fleet
+    scheduler, clock, a1, a2 = scheduler_two_agents
     token, _ = auth.create_token(scheduler.store, 60, 300, now=clock.now)
     fp = {"chip": "Apple M4 Pro", "memoryBytes": str(48 * 2**30)}
     ids = [a1, a2] + [
@@ -342,13 +335,13 @@ def test_heartbeats_are_answered_from_memory_then_written_in_chunks(fleet, tmp_p
         assert con.execute("SELECT chip FROM agents WHERE agent_id = ?", [a2]).fetchone()[0] == "Apple M5"
 
 
-def test_heartbeats_written_while_the_reaper_expires_an_extended_lease_are_all_kept(fleet, monkeypatch):
+def test_heartbeats_written_while_the_reaper_expires_an_extended_lease_are_all_kept(scheduler_two_agents, monkeypatch):
     """The reaper takes an expired lease out of memory, then ends its attempt in a transaction.
     A write of heartbeats in between (the flusher's thread) once met the extension still pending
     for that lease, raised KeyError and lost every agent's beat in the batch."""
     import threading
 
-    scheduler, clock, a1, a2 = fleet
+    scheduler, clock, a1, a2 = scheduler_two_agents
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     assert scheduler.extend_lease(a1, job.job_id, job.lease_id) == 30  # pending: the table lacks it
@@ -379,7 +372,7 @@ def test_heartbeats_written_while_the_reaper_expires_an_extended_lease_are_all_k
     assert rows == {a1: "still here", a2: "idle and well"} and seen == clock.now
 
 
-def test_a_failed_write_of_heartbeats_keeps_them_for_the_next(fleet, monkeypatch):
+def test_a_failed_write_of_heartbeats_keeps_them_for_the_next(scheduler_two_agents, monkeypatch):
     """No batch of heartbeats is lost: a write that fails leaves them for the next flush,
     unless a newer beat of the same agent came meanwhile."""
     import asyncio
@@ -389,7 +382,7 @@ def test_a_failed_write_of_heartbeats_keeps_them_for_the_next(fleet, monkeypatch
     from coordinator.metrics import Metrics
     from protos.specfleet.v1 import fleet_pb2 as pb
 
-    scheduler, clock, a1, a2 = fleet
+    scheduler, clock, a1, a2 = scheduler_two_agents
     db = Database()
     servicer = service.AgentServicer(scheduler, Metrics(scheduler), db)
     record_beats = scheduler.record_beats

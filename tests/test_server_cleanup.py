@@ -20,11 +20,13 @@ import pytest
 from agent.daemon import Agent
 from agent.engines.llama_server import PROJECT_BUILD
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import admin_for, start_coordinator
-from tests.processes import needs_llama_server, spawn, stop
-from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
+from tests.support.agents import Running, identity_for, submit, sweep
+from tests.support.fleet import admin_for, start_coordinator
+from tests.support.processes import needs_llama_server, spawn, stop, wait_until
 
 pytestmark = [
+    pytest.mark.process,
+    pytest.mark.engine,
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc"),
     needs_llama_server,
@@ -99,7 +101,7 @@ def failure(coordinator, sweep_id) -> str:
 
 
 @pytest.fixture
-def fleet(tmp_path, monkeypatch, tiny_models):
+def agent_with_marker(tmp_path, monkeypatch, tiny_models):
     marker = uuid.uuid4().hex
     monkeypatch.setenv(MARKER, marker)
     coordinator = start_coordinator(tmp_path / "coordinator")
@@ -111,8 +113,8 @@ def fleet(tmp_path, monkeypatch, tiny_models):
         coordinator.stop()
 
 
-def test_no_server_outlives_a_job_however_it_ends(fleet, tiny_models):
-    coordinator, config, marker = fleet
+def test_no_server_outlives_a_job_however_it_ends(agent_with_marker, tiny_models):
+    coordinator, config, marker = agent_with_marker
     model = tiny_models.gguf_mtp_hybrid
     arms = [{"method": "baseline"}, {"method": "draft-mtp", "depth": 2}]
     long_job = {"repeats": 400, "max_new_tokens": 64}
@@ -159,8 +161,8 @@ def test_no_server_outlives_a_job_however_it_ends(fleet, tiny_models):
     assert "worker exceeded the job's deadline and was killed" in failure(coordinator, late)
 
 
-def test_no_server_outlives_an_agent_that_stops_mid_job(fleet, tiny_models):
-    coordinator, config, marker = fleet
+def test_no_server_outlives_an_agent_that_stops_mid_job(agent_with_marker, tiny_models):
+    coordinator, config, marker = agent_with_marker
     _, job_id = server_job(
         coordinator, "stopped", tiny_models.gguf_mtp_hybrid, [{"method": "baseline"}], repeats=400, max_new_tokens=64
     )
@@ -172,9 +174,9 @@ def test_no_server_outlives_an_agent_that_stops_mid_job(fleet, tiny_models):
     assert watch.seen
 
 
-def test_no_server_outlives_an_agent_killed_with_sigkill(fleet, tiny_models, tmp_path):
+def test_no_server_outlives_an_agent_killed_with_sigkill(agent_with_marker, tiny_models, tmp_path):
     """kill -9 of the agent: its worker's orphan watchdog takes the worker's process group down."""
-    coordinator, config, marker = fleet
+    coordinator, config, marker = agent_with_marker
     server_job(
         coordinator, "orphaned", tiny_models.gguf_mtp_hybrid, [{"method": "baseline"}], repeats=400, max_new_tokens=64
     )

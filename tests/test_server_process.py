@@ -17,26 +17,10 @@ from agent.engines import server_process
 from agent.engines.base import EngineError
 from agent.engines.llama_server import PROJECT_BUILD
 from agent.engines.server_process import ServerProcess, free_port, stop_all
-from tests.processes import needs_llama_server
+from tests.support.processes import FAKE_SERVER as FAKE
+from tests.support.processes import gone, needs_llama_server
 
-FAKE = str(Path(__file__).with_name("fake_server.py"))
-
-
-def gone(pid: int, timeout: float = 10) -> bool:
-    """Whether `pid` has exited (a zombie counts) within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
-                return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
+pytestmark = [pytest.mark.process]
 
 
 def fake(tmp_path, mode, monkeypatch, timeout=30.0, **env) -> ServerProcess:

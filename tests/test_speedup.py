@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from specfleet import speedup
-from tests.fleet import run_record
+from tests.support.fleet import run_record
 
 
 def stored(job, attempt, agent, method, prompt, repeat, tps, **fields) -> dict:

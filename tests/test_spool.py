@@ -9,9 +9,9 @@ import pytest
 
 from agent.daemon import Agent
 from agent.spool import Spool, Unreadable, read
-from tests.fleet import run_record, start_coordinator
 from tests.poison_worker import poisoned
-from tests.test_agent_daemon import identity_for, submit
+from tests.support.agents import identity_for, submit
+from tests.support.fleet import run_record, start_coordinator
 
 
 def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):

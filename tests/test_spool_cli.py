@@ -2,13 +2,17 @@
 in the upload queue once their cause is gone; a record whose reason still holds is refused by
 name and stays parked."""
 
+import pytest
+
 from agent.daemon import Agent
 from agent.spool import Spool
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.fleet import SWEEP_YAML, admin_for, run_record, start_coordinator
 from tests.poison_worker import poisoned
-from tests.processes import cli
-from tests.test_agent_daemon import identity_for
+from tests.support.agents import identity_for
+from tests.support.fleet import SWEEP_YAML, admin_for, run_record, start_coordinator
+from tests.support.processes import cli
+
+pytestmark = [pytest.mark.process]
 
 OLD_REFUSAL = "INVALID_ARGUMENT: schema: record schema 3 is not 2"  # what a coordinator before item 25.3 said
 

@@ -21,12 +21,12 @@ from coordinator.states import (
 )
 from coordinator.store import Store
 from specfleet.sweeps import parse_sweep
-from tests.fleet import SWEEP_YAML
-from tests.test_scheduler import Clock
+from tests.support.clocks import FakeClock as Clock
+from tests.support.fleet import SWEEP_YAML
 
 
 @pytest.fixture
-def fleet(tmp_path):
+def scheduler_one_agent(tmp_path):
     store = Store(tmp_path)
     clock = Clock()
     scheduler = Scheduler(store, clock=clock, lease_seconds=30)
@@ -48,10 +48,10 @@ def agent(scheduler, agent_id):
 
 
 @pytest.mark.parametrize("machine", [JOBS, AGENTS, SWEEPS], ids=lambda m: m.entity)
-def test_every_move_outside_the_table_is_refused_naming_entity_state_and_move(fleet, machine):
+def test_every_move_outside_the_table_is_refused_naming_entity_state_and_move(scheduler_one_agent, machine):
     """For every pair of states: a row put in the first and moved to the second moves exactly
     when the table allows it, and is refused otherwise with the entity, its state and the move."""
-    scheduler, _, a1 = fleet
+    scheduler, _, a1 = scheduler_one_agent
     sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     with scheduler.store.tx() as con:
         entity_id = con.execute(f"SELECT {machine.key} FROM {machine.table} LIMIT 1").fetchone()[0]
@@ -77,8 +77,8 @@ def test_final_states():
     assert SWEEPS.final() == {SweepState.DONE, SweepState.CANCELLED}
 
 
-def test_an_agent_is_enrolled_until_heard_from_then_idle_busy_idle(fleet):
-    scheduler, clock, a1 = fleet
+def test_an_agent_is_enrolled_until_heard_from_then_idle_busy_idle(scheduler_one_agent):
+    scheduler, clock, a1 = scheduler_one_agent
     assert agent(scheduler, a1) == ("enrolled", None)
     scheduler.record_beats([Beat(a1, status="waiting for a job")])
     assert agent(scheduler, a1) == ("idle", None)
@@ -89,8 +89,8 @@ def test_an_agent_is_enrolled_until_heard_from_then_idle_busy_idle(fleet):
     assert agent(scheduler, a1) == ("idle", None)
 
 
-def test_an_agent_restarted_with_a_lease_is_idle_again_when_no_job_is_left(fleet):
-    scheduler, _, a1 = fleet
+def test_an_agent_restarted_with_a_lease_is_idle_again_when_no_job_is_left(scheduler_one_agent):
+    scheduler, _, a1 = scheduler_one_agent
     text = SWEEP_YAML.replace("max_attempts: 2", "max_attempts: 1")
     scheduler.submit(parse_sweep(text), text)
     job = scheduler.acquire(a1)
@@ -99,8 +99,8 @@ def test_an_agent_restarted_with_a_lease_is_idle_again_when_no_job_is_left(fleet
     assert agent(scheduler, a1) == ("idle", None)
 
 
-def test_drain_finishes_the_job_takes_no_other_and_undrain_takes_jobs_again(fleet):
-    scheduler, _, a1 = fleet
+def test_drain_finishes_the_job_takes_no_other_and_undrain_takes_jobs_again(scheduler_one_agent):
+    scheduler, _, a1 = scheduler_one_agent
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
@@ -124,10 +124,10 @@ def test_drain_finishes_the_job_takes_no_other_and_undrain_takes_jobs_again(flee
 
 
 @pytest.mark.parametrize("before", [[], ["draining"], ["draining", "idle"]], ids=["idle", "draining", "undrained"])
-def test_revoked_is_final_whatever_came_before_and_after(fleet, before):
+def test_revoked_is_final_whatever_came_before_and_after(scheduler_one_agent, before):
     """Every admin call after a revocation is refused, the row stays revoked, the credential
     stays refused, also read afresh from the file (a restart)."""
-    scheduler, clock, a1 = fleet
+    scheduler, clock, a1 = scheduler_one_agent
     sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     job = scheduler.acquire(a1)
     for state in before:
@@ -156,8 +156,8 @@ def test_revoked_is_final_whatever_came_before_and_after(fleet, before):
         auth._check_agent(f"sfa.{a1}.secret", lambda _: (auth.hash_secret("secret"), row[1]))
 
 
-def test_a_refused_job_is_refused_with_its_reason_never_retried_and_closes_the_sweep(fleet):
-    scheduler, _, a1 = fleet
+def test_a_refused_job_is_refused_with_its_reason_never_retried_and_closes_the_sweep(scheduler_one_agent):
+    scheduler, _, a1 = scheduler_one_agent
     sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)  # max_attempts: 2
     job = scheduler.acquire(a1)
     scheduler.refuse(a1, job.job_id, job.lease_id, "engine 'vllm' is not one this agent runs")
@@ -171,8 +171,8 @@ def test_a_refused_job_is_refused_with_its_reason_never_retried_and_closes_the_s
         scheduler.refuse(a1, job.job_id, job.lease_id, "again")
 
 
-def test_a_sweep_is_cancelled_once_and_never_after_it_is_done(fleet):
-    scheduler, _, a1 = fleet
+def test_a_sweep_is_cancelled_once_and_never_after_it_is_done(scheduler_one_agent):
+    scheduler, _, a1 = scheduler_one_agent
     sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
     assert scheduler.cancel(sweep_id) == 1
     with pytest.raises(StateError, match=f"sweep {sweep_id} is cancelled \\(final\\); it cannot become cancelled"):

@@ -7,8 +7,8 @@ import pytest
 from scipy.stats import t as stats_t
 
 from specfleet import speedup, stats
-from tests.fleet import register_runs
-from tests.test_dashboard import record, row
+from tests.support.dashboard import record, row
+from tests.support.fleet import register_runs
 
 
 def stored(job, agent, method, depth, prompt, repeat, tps, **fields):

@@ -14,11 +14,10 @@ import pytest
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.fleet import LINUX_BOX, SWEEP_YAML, make_run
-from tests.processes import start_coordinator, stop
-from tests.test_durability import wait_until
+from tests.support.fleet import LINUX_BOX, SWEEP_YAML, make_run
+from tests.support.processes import start_coordinator, stop, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from coordinator.progress import AgentOnSweep, JobProgress, eta_seconds, expecte
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.record import Arm, JobSpec, Prompt, Sampler, VerifyCost
-from tests.processes import ROOT, cli, spawn, start_coordinator, stop
+from tests.support.processes import ROOT, cli, spawn, start_coordinator, stop
 
 SWEEP_LINE = re.compile(
     r"^sweep (sw-\w+) watched: (running|done|cancelled), (\d+)/2 jobs finished( \(\d+ failed\))?, "
@@ -32,6 +32,8 @@ FAILURE_LINE = re.compile(r"^  (sw-\w+) failed (job-\w+): (.+)$")
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.engine
 def test_watch_piped_prints_a_line_per_change_of_a_real_sweep(tmp_path, tiny_models):
     """One MLX cell that runs (2 arms x 2 repeats x 1 prompt = 4 runs) and one llama.cpp cell
     whose model is missing on the agent (refused, with its reason): the watch's lines tell both."""

@@ -6,21 +6,8 @@ from specfleet import prompt_library
 from specfleet.record import Arm, JobSpec, Sampler, VerifyCost
 from specfleet.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, SweepError, agent_matches, parse_sweep
 from specfleet.yaml_limits import MAX_NODES
-from tests.fleet import SWEEP_YAML
-
-GOOD = {
-    "name": "s",
-    "engines": ["mlx"],
-    "prompt_sets": ["code"],
-    "models": {"mlx": {"target": "/m/t", "draft": "/m/d"}},
-}
-
-
-def yaml_of(**changes):
-    import yaml
-
-    doc = {**GOOD, **changes}
-    return yaml.safe_dump({k: v for k, v in doc.items() if v is not None})
+from tests.support.fleet import SWEEP_YAML
+from tests.support.sweeps import alias_bomb, yaml_of
 
 
 @pytest.mark.parametrize(
@@ -155,13 +142,6 @@ def test_the_readme_sweep_example_is_accepted():
     sweep = parse_sweep(example)
     assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a.method, a.depth) for a in sweep.arms}
     assert sweep.context_tokens == [512, 4096, 16384, 32768]
-
-
-def alias_bomb(levels: int = 9) -> str:
-    """A few hundred bytes that expand to 9**levels values: every level lists the one above nine times."""
-    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
-    return "\n".join(lines) + f"\nrepeats: *l{levels - 1}\n"
 
 
 @pytest.mark.parametrize(

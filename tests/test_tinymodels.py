@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from cli import tinymodels
 from cli.tinymodels import make_tiny
+
+pytestmark = [pytest.mark.engine]
 
 TEXT = "def lookup(context, n_min, n_max):\n    return context[-n:]  # M4 Pro: 42.0 tok/s\n\n"
 

@@ -2,6 +2,7 @@
 
 import http.client
 import json
+import socket
 import ssl
 import subprocess
 import urllib.error
@@ -12,12 +13,15 @@ import pytest
 
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
+from coordinator import metrics
 from coordinator.server import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
-from tests.fleet import LINUX_BOX, start_coordinator
-from tests.processes import ROOT, cli, stop
-from tests.processes import start_coordinator as start_coordinator_process
+from tests.support.fleet import LINUX_BOX, start_coordinator
+from tests.support.processes import ROOT, cli, stop
+from tests.support.processes import start_coordinator as start_coordinator_process
+
+pytestmark = [pytest.mark.process]
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +160,65 @@ def test_metrics_are_served_with_the_same_tls_as_grpc(tmp_path, certs, other_ca)
         assert "specfleet_jobs" in scrape(c.metrics_port, client)
     finally:
         c.stop()
+
+
+def test_a_client_that_never_finishes_its_handshake_stalls_no_scrape(tmp_path, certs):
+    """Issue 31: one client holding a TLS connection open without a handshake stopped /metrics for
+    everyone (the handshake ran on the accepting thread). Each connection has its own thread now,
+    and a handshake that does not come within HANDSHAKE_SECONDS is dropped."""
+    c = start_coordinator(tmp_path, tls_cert=certs / "server.pem", tls_key=certs / "server.key")
+    silent = socket.create_connection(("127.0.0.1", c.metrics_port), timeout=10)
+    half = socket.create_connection(("127.0.0.1", c.metrics_port), timeout=10)
+    try:
+        half.sendall(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, never the rest
+        trusting = ssl.create_default_context(cafile=certs / "ca.pem")
+        for _ in range(3):
+            assert "specfleet_jobs" in scrape(c.metrics_port, trusting)
+        # The server gives up on both (EOF or a reset), well within a generous minute.
+        for held in (silent, half):
+            held.settimeout(60)
+            try:
+                assert held.recv(1024) == b""
+            except ConnectionResetError:
+                pass
+        assert metrics.HANDSHAKE_SECONDS < 60
+    finally:
+        silent.close()
+        half.close()
+        c.stop()
+
+
+def test_tls_keys_readable_by_others_are_made_0600_or_refused(tmp_path, certs, monkeypatch):
+    """Issue 31: TLS key files were read whatever their mode. The coordinator's key, an agent's
+    stored key and a CLI's --tls-key are made 0600 when group or others could read them, and
+    refused, saying what to do, when that cannot be done."""
+    keys = {}
+    for name in ("coordinator", "agent", "cli"):
+        keys[name] = tmp_path / f"{name}.key"
+        keys[name].write_bytes((certs / ("server.key" if name == "coordinator" else "client.key")).read_bytes())
+        keys[name].chmod(0o644)
+    c = start_coordinator(tmp_path / "data", tls_cert=certs / "server.pem", tls_key=keys["coordinator"])
+    try:
+        assert keys["coordinator"].stat().st_mode & 0o777 == 0o600
+        identity = AgentIdentity(
+            f"127.0.0.1:{c.port}", "ag-1", "m", "sfa.x", 10.0, str(certs / "ca.pem"), str(certs / "client.pem"),
+            str(keys["agent"]),
+        )  # fmt: skip
+        assert identity.tls_files()["key"] == keys["agent"] and keys["agent"].stat().st_mode & 0o777 == 0o600
+    finally:
+        c.stop()
+    tls = ["--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "client.pem"), "--tls-key", str(keys["cli"])]
+    cli("agents", "list", "--coordinator", "127.0.0.1:1", "--admin-token", "x", *tls, check=False)
+    assert keys["cli"].stat().st_mode & 0o777 == 0o600
+
+    # A key whose mode cannot be changed (not its owner's, a read-only disk) is refused.
+    keys["coordinator"].chmod(0o640)
+
+    def refuse(path, mode):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("os.chmod", refuse)
+    with pytest.raises(ValueError, match=r"readable by other users \(mode 640\).*chmod 600"):
+        start_coordinator(tmp_path / "data", tls_cert=certs / "server.pem", tls_key=keys["coordinator"])
+    with pytest.raises(ValueError, match="chmod 600"):
+        AgentIdentity("a:1", "ag-1", "m", "sfa.x", 10.0, None, None, str(keys["coordinator"])).tls_files()

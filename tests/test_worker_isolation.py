@@ -17,12 +17,11 @@ import pytest
 
 from agent.daemon import Agent
 from agent.worker import ORPHANED_EXIT_STATUS
-from tests.fleet import start_coordinator
-from tests.processes import spawn
-from tests.test_agent_daemon import Running, identity_for, submit, sweep, wait_until
-from tests.test_durability import gone
+from tests.support.agents import Running, identity_for, submit, sweep
+from tests.support.fleet import start_coordinator
+from tests.support.processes import gone, spawn, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
 
 
 def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exported for the engines)
     MAX_DEPTH,
     METHODS,
@@ -73,6 +75,9 @@ class ServerRun:
     system: str  # "llama-server", or the OpenAI-compatible server's name ("MTPLX", ...)
     version: str
     command: str  # shell-quoted argv the server was started with ("" for a server already running)
+    # What every arm's server of the job shares, as recorded flags (RunRecord settings.server_flags,
+    # a checked key): the same for a pair's baseline and arm, whose own flags are its method and depth.
+    flags: str = ""
     decode_tokens_per_second: float | None = None
     prefill_seconds: float | None = None
     drafted: int | None = None
@@ -95,6 +100,33 @@ class Generation:
     accepted_by_position: list[int] = field(default_factory=list)  # accepted count at draft position i
     drafted_by_position: list[int] = field(default_factory=list)
     server: ServerRun | None = None  # server engines only
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The target's top two tokens at one position of a token sequence and their logit gap
+    (end-of-generation tokens banned, as the target's sampling bans them): how near a tie the
+    greedy choice there was."""
+
+    first: int
+    second: int
+    margin: float  # logit[first] - logit[second], >= 0
+
+
+def top_two(logits, banned: Sequence[int] = (), pair: tuple[int, int] | None = None) -> Margin:
+    """The Margin of one logits row; `banned` ids take no part (logit -inf). With `pair` (a, b):
+    Margin(a, b, logit[a] - logit[b]), signed, whatever their ranks."""
+    row = np.array(logits, dtype=np.float64)
+    if pair is not None:
+        return Margin(pair[0], pair[1], float(row[pair[0]] - row[pair[1]]))
+    if len(banned):
+        ids = np.asarray(banned, dtype=np.intp)
+        row[ids[ids < len(row)]] = -np.inf
+    first = int(row.argmax())
+    top = row[first]
+    row[first] = -np.inf
+    second = int(row.argmax())
+    return Margin(first, second, float(top - row[second]))
 
 
 def record_round(
@@ -165,9 +197,26 @@ class Engine(Protocol):
 
     def versions(self) -> dict[str, str]: ...
 
+    def logit_margin(
+        self, tokens: Sequence[int], position: int, rows: int = 1, pair: tuple[int, int] | None = None
+    ) -> Margin:
+        """The target's top-two logit margin for the token at `position` of `tokens` (its
+        logits given tokens[:position]), computed with that position the last of a `rows`-row
+        forward pass on top of the cached tokens before them: rows=1 is one-token decoding, as
+        the baseline runs; rows=K+1 the verify batch of a depth-K speculative round. With `pair`
+        (a, b), the signed gap logit[a] - logit[b] instead (top_two). In-process engines only;
+        agent/divergence.py labels a greedy divergence with it."""
+
     def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
         """Median seconds of one target forward pass of 1..max_rows query rows (all rows'
         logits computed) on top of `context_tokens` cached tokens: element i is i+1 rows."""
+
+
+def margin_problem(tokens: Sequence[int], position: int, rows: int) -> str:
+    """Why logit_margin cannot compute (tokens, position, rows); "" when it can."""
+    if not 1 <= rows <= position <= len(tokens):
+        return f"logit_margin needs 1 <= rows ({rows}) <= position ({position}) <= len(tokens) ({len(tokens)})"
+    return ""
 
 
 def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: int, has_draft: bool) -> None:

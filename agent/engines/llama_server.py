@@ -20,11 +20,14 @@ verification steps (`spec_decode_num_drafts_total`) at every position, which cou
 shorter than a position as a miss there, as llama-server's log line "acc per pos" does. The
 server's memory is not measured: `peak_memory_bytes` is 0.
 
-Drafters that keep state across requests (ngram-mod's shared hash table, ngram-cache's context
-cache, ngram-map-k's and ngram-map-k4v's key maps: common/speculative.cpp, common/ngram-map.cpp)
-get a fresh server before every run, so that no run inherits what an earlier one taught them
-(`drafter_warm=False`); with `keep_drafter_state=True` the server is kept and every run after its
-first is marked `drafter_warm=True`. Other types: `drafter_warm=None`.
+Server state is the protocol's to set, the same for every arm (agent/protocol.py, setting
+server_state): the engine never restarts a server on its own, except that in blocks mode starting
+one arm's server stops the others. `restart(arm)` stops an arm's server so that its next request
+starts a fresh one; `served(arm)` is the number of requests the arm's current server has served (0
+when none is up), so a pair's baseline and arm can be measured after the same number. Drafters that
+keep state across requests (ngram-mod's shared hash table, ngram-cache's context cache,
+ngram-map-k's and ngram-map-k4v's key maps: common/speculative.cpp, common/ngram-map.cpp) record
+whether their server had served a request before the run (`drafter_warm`); other types None.
 
 `interleaving(arms)` decides whether all arms' servers stay up together ("rotated": runs rotate
 through the arms) or only the current arm's ("blocks"), from agent/engines/server_memory.py.
@@ -33,6 +36,7 @@ through the arms) or only the current arm's ("blocks"), from agent/engines/serve
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -43,6 +47,7 @@ from pathlib import Path
 from specfleet import settings as declared
 from specfleet.record import ENGINE_METHODS, MAX_DEPTH, Settings
 
+from .. import prompts
 from . import loopback, server_memory
 from .base import EngineError, Generation, Request, ServerRun, make_generation
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
@@ -178,7 +183,6 @@ class LlamaServerEngine:
         flags: Sequence[str] = (),
         memory_bytes: int | None = None,
         log_dir: str | None = None,
-        keep_drafter_state: bool = False,
         health_timeout_seconds: float = HEALTH_TIMEOUT_SECONDS,
         settings: Settings | None = None,
     ):
@@ -194,7 +198,6 @@ class LlamaServerEngine:
         self.flags = tuple(flags) + tuple(declared.server_argv(settings) if settings is not None else ())
         self.memory_bytes = memory_bytes
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-server-"))
-        self.keep_drafter_state = keep_drafter_state
         self.health_timeout_seconds = health_timeout_seconds
         self.target: str = ""
         self.draft: str | None = None
@@ -222,17 +225,28 @@ class LlamaServerEngine:
 
     def _server_for(self, key: tuple) -> ServerProcess:
         """The arm's server, started if it is not up; in blocks mode the other arms' are stopped
-        first; a stateful drafter's server is started afresh unless its state is kept."""
+        first. A server is never restarted here: its state is the protocol's (`restart`)."""
         if self.plan == "blocks":
             for other in [k for k in self._servers if k != key]:
                 self._stop(other)
         server = self._servers.get(key)
         if server is not None:
             server.check()  # a server that died is a failed job, never silently replaced
-            if self._stateful(key) and not self.keep_drafter_state and self._served[key] > 0:
-                self._stop(key)
-                server = None
         return server or self._start(key)
+
+    @staticmethod
+    def _key(arm) -> tuple:
+        return (arm.method, arm.depth, tuple(arm.flags))
+
+    def restart(self, arm) -> None:
+        """Stop the arm's server (if it is up): its next request starts a fresh one."""
+        if self._key(arm) in self._servers:
+            self._stop(self._key(arm))
+
+    def served(self, arm) -> int:
+        """Requests the arm's current server has served; 0 when none is up (the next starts one)."""
+        key = self._key(arm)
+        return self._served.get(key, 0) if key in self._servers else 0
 
     def _stateful(self, key: tuple) -> bool:
         return any(t in STATEFUL_TYPES for t in spec_types(key[0]))
@@ -264,6 +278,32 @@ class LlamaServerEngine:
         server = self._server_for(("baseline", 0, ()))
         try:
             answer = loopback.post_json(server.port, "/tokenize", {"content": text, "add_special": True})
+        except OSError as e:
+            raise server.died(e) from None
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise loopback.BadAnswer(f"POST /tokenize answered no list of token ids: {str(answer)[:300]}")
+        return tuple(tokens)
+
+    def chat_template(self) -> str | None:
+        """The target GGUF's own chat template, None where it has none (llama-server would serve
+        its ChatML fallback: not the model's)."""
+        return prompts.gguf_chat_template(self.target) if self.target else None
+
+    def chat_tokenize(self, chat: list[dict[str, str]], reasoning: str | None) -> tuple[int, ...]:
+        """The chat rendered by the server itself (POST /apply-template: llama.cpp's own template
+        engine, enable_thinking where set), tokenized by its /tokenize with special tokens parsed."""
+        server = self._server_for(("baseline", 0, ()))
+        body: dict = {"messages": chat}
+        if reasoning is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": reasoning == "on"}
+        try:
+            rendered = loopback.post_json(server.port, "/apply-template", body).get("prompt")
+            if not isinstance(rendered, str):
+                raise loopback.BadAnswer("POST /apply-template answered no prompt")
+            answer = loopback.post_json(
+                server.port, "/tokenize", {"content": rendered, "add_special": True, "parse_special": True}
+            )
         except OSError as e:
             raise server.died(e) from None
         tokens = answer.get("tokens")
@@ -349,6 +389,7 @@ class LlamaServerEngine:
             system=SYSTEM,
             version=version_label(self._versions()),
             command=server.command,
+            flags=shlex.join(self.flags),
             decode_tokens_per_second=(
                 timings["predicted_n"] / (timings["predicted_ms"] / 1000) if timings["predicted_ms"] > 0 else None
             ),

@@ -53,6 +53,7 @@ from importlib import metadata
 from pathlib import Path
 
 from specfleet.record import MAX_DEPTH, OPENAI_METHODS, ServerSpec
+from specfleet.server_arms import recorded_flags
 
 from .. import prompts
 from . import loopback, server_memory
@@ -322,18 +323,10 @@ class OpenAIServerEngine:
         return tuple(self._auto_tokenizer()(text)["input_ids"])
 
     def chat_template(self) -> str | None:
-        """The baseline's server's chat template (GET /props, llama-server's form), else the
-        model directory's tokenizer's; None where neither has one."""
-        endpoint = self._endpoint(self._key("baseline", 0, ""))
-        status, body = self._call(
-            endpoint, lambda: loopback.request(endpoint.port, "GET", "/props", host=endpoint.host)
-        )
-        try:
-            template = loopback.json_of(status, body, "GET /props").get("chat_template") if status == 200 else None
-        except loopback.BadAnswer:
-            template = None
-        if isinstance(template, str) and template:
-            return template
+        """The target's own chat template: a GGUF's tokenizer.chat_template, a model directory's
+        tokenizer's; None where it has none (a server's fallback template is not the model's)."""
+        if Path(self.target).is_file() and self.target.endswith(".gguf"):
+            return prompts.gguf_chat_template(self.target)
         if not Path(self.target).is_dir():
             return None
         return getattr(self._auto_tokenizer(), "chat_template", None) or None
@@ -493,6 +486,7 @@ class OpenAIServerEngine:
             system=self.system,
             version=" ".join(v for v in (endpoint.version, fingerprint) if v),
             command=endpoint.command,
+            flags=recorded_flags(self.spec.command) if self.spec.command else "",
             decode_tokens_per_second=predicted_n / (predicted_ms / 1000) if predicted_ms and predicted_n else None,
             prefill_seconds=timings["prompt_ms"] / 1000 if "prompt_ms" in timings else None,
             drafted=int(timings.get("draft_n", 0)) if speculative and timings else None,

@@ -6,6 +6,7 @@ and command beside the client's; disagreeing timings and warm drafters are flagg
 import streamlit as st
 
 from dashboard import data, plots, widgets
+from specfleet import variance, versions
 
 
 def chart_section(frame, chart, empty: str | None, details: str = "Figures, machines, prompts and runs") -> None:
@@ -45,6 +46,12 @@ for r in data.lossy_runs(v, f).itertuples():
         f" against the {r.checked_against}; they are left out of every speedup."
     )
 widgets.server_flags(v, f)
+for column, what in (
+    ("outlier_runs", "outlier run(s) (beyond 3 MADs of their arm's repeats on the prompt) left out of the figures"),
+    ("near_tie_runs", "run(s) diverged at a near-tie (batch numerics flip two nearly tied tokens): kept, labelled"),
+):
+    if column in speedups and speedups[column].sum():
+        st.warning(f"{int(speedups[column].sum())} {what}.")
 if speedups.empty:
     st.info("No arm with a baseline in this group.")
 else:
@@ -53,6 +60,42 @@ else:
 
 st.header("Decode tokens/s per chip and method")
 chart_section(data.decode_speed(v, f), plots.decode_speed, None)
+
+st.header("The chip apart from the unit")
+st.caption(
+    "Variance components of log decode speed and log speedup (statsmodels MixedLM, REML): chip, machine within"
+    " chip, prompt and residual, as the typical difference they make (a standard deviation on the log scale,"
+    " exp(s) − 1), with 95% Satterthwaite intervals. 'Units differ by' is the machine-within-chip term, one for"
+    " every chip of the group; 'chips by' the chip term. The difference of two chips (pooled t over machine means)"
+    " exceeds the unit-to-unit spread when its whole interval lies beyond the range of 95% of the differences"
+    " between two units of one chip (±1.96·√2·s_machine). docs/variance.md."
+)
+unit_table = data.chip_components(v, f)
+if unit_table.empty:
+    st.info("No figure with machines and prompts in this group.")
+unit_values, unit_pairs = data.unit_values(v, f), data.chip_pairs(v, f)
+for key, table in unit_table.groupby(["comparable", "figure", "method", "depth"], sort=False):
+    comparable, figure, method, depth = key
+    mine = unit_values[(unit_values[["comparable", "figure", "method"]] == [comparable, figure, method]).all(axis=1)]
+    mine = mine[mine["depth"] == depth]
+    st.subheader(f"{figure} · {method}{f' K={depth}' if depth else ''}")
+    unit = "x" if figure == versions.SPEEDUP else " tok/s"
+    lines = [
+        variance.sentence(r.chip, f"{r.figure:.3g}{unit} ({r.machines} machine(s))", table)
+        for r in variance.levels(mine).itertuples()
+    ]
+    st.markdown("\n".join(f"- {line}" for line in lines))
+    ranked = list(variance.levels(mine)["chip"])
+    pairs = unit_pairs[(unit_pairs[["comparable", "figure", "method"]] == [comparable, figure, method]).all(axis=1)]
+    pairs = pairs[pairs["depth"] == depth]
+    for lower, higher in zip(ranked[1:], ranked):
+        row = pairs[(pairs["chip_a"] == min(lower, higher)) & (pairs["chip_b"] == max(lower, higher))]
+        if len(row):
+            st.caption(variance.pair_sentence(next(row.itertuples()), over=higher))
+if not unit_table.empty:
+    with st.expander("Components, intervals and every pair of chips"):
+        st.dataframe(unit_table, hide_index=True)
+        st.dataframe(unit_pairs, hide_index=True)
 
 st.header("Tokens per joule beside tokens per second")
 spent = data.energy(v, f)

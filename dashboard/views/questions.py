@@ -35,11 +35,14 @@ st.caption(
     " contradicted when it lies wholly outside, inconclusive otherwise. A verdict needs at least"
     f" {ledger.MIN_MACHINES_NAMED_CHIP} machines of a chip and {ledger.MIN_PROMPTS} prompts on each (the fewest"
     " whose simulated wrong-verdict rate stays at 2.5%); with fewer, the figure is shown and the verdict reads"
-    " 'inconclusive: N of M machines'. Acceptance rates are judged the same way. Every verdict then goes through the false-discovery step across the whole ledger"
+    " 'inconclusive: N of M machines'. Acceptance rates are judged the same way. Every verdict then goes through"
+    " the false-discovery step across the whole ledger"
     f" (Benjamini-Hochberg, q {ledger.FDR_Q:g}): the verdict that stands is shown beside the raw one."
     " Conditions select runs exactly (system, model reference, quantisation, sampler, prompts); runs that differ"
     " in a checked key are never pooled. A claim about MTPLX, OptiQ or llama-server is settled by runs of that"
     " system only; our own loop of the same method on the same weights is shown beside it, never as the verdict."
+    " A server arm's runs and their baselines are measured in one server state (warm or fresh, a checked key);"
+    " runs whose warm-up reached its cap without two runs within 5% are counted and flagged (⚠)."
     f" Add a claim by adding a record to {data.ledger_path()}."
 )
 try:
@@ -83,6 +86,8 @@ for claim in claims:
         figure = "" if r.runs == 0 or r.figure != r.figure else f" · **{r.figure:.3g}**"
         interval = "" if r.ci_low != r.ci_low else f" [{r.ci_low:.3g}, {r.ci_high:.3g}]"
         excluded = f" · {r.excluded_runs} degraded {unit} excluded" if r.excluded_runs else ""
+        # Runs whose warm-up reached the sweep's cap unsteady (warmup_converged false): counted, flagged.
+        unsteady = f" · ⚠ {r.unsteady_runs} run(s) after a warm-up that never steadied" if r.unsteady_runs else ""
         group = f" · group {r.group} ({r.differs})" if r.differs else ""
         stands = badge(r.adjusted_verdict, r.tested, r.why)
         if r.adjusted_verdict != r.verdict:
@@ -90,10 +95,18 @@ for claim in claims:
         adjusted = "" if r.adjusted_p != r.adjusted_p else f" · adjusted p {r.adjusted_p:.2g}"
         st.markdown(
             f"**{r.chip}**: {stands}{figure}{interval} · {r.machines} machine(s), {r.prompts} prompt(s),"
-            f" {r.runs} {unit}{excluded}{group}{adjusted} · {r.why}"
+            f" {r.runs} {unit}{excluded}{unsteady}{group}{adjusted} · {r.why}"
         )
     if len(mine) and mine["beside"].iloc[0]:
         st.caption(f"Beside the verdict, never as it: {mine['beside'].iloc[0]}")
+    for other in ledger.conflicting(claim, claims):  # the seeds hold them against each other: side by side
+        theirs = verdicts[verdicts["claim"] == other.id]
+        said = "; ".join(
+            f"{r.chip}: {badge(r.adjusted_verdict, r.tested, r.why)}"
+            + ("" if r.figure != r.figure else f" {r.figure:.3g}")
+            for r in theirs.itertuples()
+        )
+        st.markdown(f"Held against `{other.id}` ({other.expected}): {other.statement} · {said or 'no verdict yet'}")
     if claim.note:
         st.caption(claim.note)
     with st.expander("Sweep that would test it"):

@@ -1,0 +1,112 @@
+"""The settings declaration (specfleet/settings.py): what each row derives, checked row by row so
+that a setting added there is parsed, carried, applied and recorded without another edit."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from agent import worker
+from specfleet import settings as declared
+from specfleet.record import CHECKED_KEYS, FIELDS_SINCE, SCHEMA_VERSION, JobSpec, RunRecord, Settings
+from specfleet.server_arms import recorded_flags as server_flags
+from specfleet.sweeps import SweepError, parse_sweep
+from tests.support.fleet import another_value, run_record
+
+BASE = """name: s
+engines: [llama.cpp, llama-server, mlx]
+models: {llama.cpp: {target: t.gguf}, llama-server: {target: t.gguf}, mlx: {target: t}}
+prompt_sets: [qa]
+"""
+
+
+def field(setting: declared.Setting, value) -> str:
+    """The sweep file lines that set `setting` to `value`."""
+    section, _, key = setting.sweep.rpartition(".")
+    return f"{section}: {{{key}: {value!r}}}\n" if section else f"{key}: {value!r}\n"
+
+
+@pytest.mark.parametrize("setting", declared.SWEEP_SETTINGS, ids=lambda s: s.name)
+def test_every_sweep_setting_is_parsed_carried_and_recorded(setting):
+    other = another_value(setting)
+    sweep = parse_sweep(BASE + field(setting, other))
+    for cell in sweep.cells():
+        expected = other if cell.engine in setting.engines else None
+        assert getattr(cell.settings, setting.name) == expected, cell.engine
+        assert JobSpec.from_json(cell.to_json()).settings == cell.settings
+    record = run_record("job-1", settings=Settings(**{setting.name: other}))
+    assert RunRecord.from_json(record.to_json()) == record
+    assert record.row()[setting.name] == other  # one store column, named as the setting
+    assert (setting.name in CHECKED_KEYS) == setting.checked
+
+
+@pytest.mark.parametrize("setting", declared.SWEEP_SETTINGS, ids=lambda s: s.name)
+def test_every_sweep_setting_is_a_dimension_and_refuses_bad_values_by_name(setting):
+    values = [setting.default, another_value(setting)] if setting.default is not None else [another_value(setting)]
+    sweep = parse_sweep(BASE + field(setting, values).replace("'", '"'))
+    applies = [c for c in sweep.cells() if c.engine in setting.engines]
+    assert sorted(map(repr, {getattr(c.settings, setting.name) for c in applies})) == sorted(map(repr, values))
+    bad = "not-a-value" if setting.type is not str or setting.choices else 12
+    with pytest.raises(SweepError, match=re.escape(setting.sweep) + ": must be"):
+        parse_sweep(BASE + field(setting, bad))
+
+
+def test_a_server_flag_a_setting_owns_is_refused_in_free_flags():
+    for flag, setting in declared.OWNED_SERVER_FLAGS.items():
+        with pytest.raises(SweepError, match=f"must not hold {flag}: it is the sweep setting {setting.sweep}"):
+            parse_sweep(BASE + f"server: {{flags: '{flag} 4'}}\n")
+
+
+def test_the_engines_apply_the_declared_knobs():
+    settings = Settings(threads=3, kv_cache_type="q8_0")
+    argv = declared.server_argv(settings)
+    assert argv[argv.index("-t") + 1] == "3" and argv[argv.index("-ctk") + 1] == "q8_0"
+    assert argv[argv.index("-ctv") + 1] == "q8_0"
+    cparams = declared.llama_cparams(settings)
+    assert cparams["type_k"] == ("q8_0", "GGML_TYPE_") and cparams["n_threads"] == (3, "")
+    assert "-t" not in declared.server_argv(Settings(threads=0))  # 0: the agent decides, no flag
+
+
+def test_the_agent_resolves_threads_once_for_both_llama_cpp_engines():
+    spec = parse_sweep(BASE).cells()
+    resolved = {c.engine: worker.resolved(c).settings.threads for c in spec}
+    assert resolved["llama.cpp"] == resolved["llama-server"] == worker.default_threads() >= 1
+    assert resolved["mlx"] is None  # not a llama.cpp engine: recorded as not applicable
+    named = parse_sweep(BASE + "threads: 2\n").cells()
+    assert {worker.resolved(c).settings.threads for c in named if c.engine != "mlx"} == {2}
+
+
+def test_a_server_command_is_recorded_without_paths_and_ports():
+    command = "/opt/bin/llama-server -m /Users/me/t.gguf --host 127.0.0.1 --port 8081 -fa on -ctk q8_0 --model-draft d"
+    assert server_flags(command) == "-fa on -ctk q8_0"
+    assert server_flags("mtplx serve --model=/x/y --port=9000 --mtp --depth 3") == "serve --mtp --depth 3"
+
+
+@pytest.mark.engine
+def test_in_process_llama_cpp_runs_with_the_declared_kv_cache(tiny_models):
+    pytest.importorskip("llama_cpp")
+    from agent.engines import make_engine
+
+    engine = make_engine("llama.cpp", settings=Settings(threads=1, kv_cache_type="q8_0"))
+    engine.load(str(tiny_models.gguf_target))
+    try:
+        import llama_cpp as ll
+
+        assert engine._target.cparams.type_k == ll.GGML_TYPE_Q8_0 == engine._target.cparams.type_v
+        assert engine._target.cparams.n_threads == 1
+    finally:
+        engine.close()
+
+
+def test_the_record_version_moves_with_a_declared_setting():
+    assert SCHEMA_VERSION >= max(s.since for s in declared.DECLARED)
+    previous = SCHEMA_VERSION - 1
+    data = run_record("job-1").to_dict()
+    older = {k: v for k, v in data.items() if FIELDS_SINCE.get(k, 1) <= previous}
+    older["settings"] = {s.name: data["settings"][s.name] for s in declared.CARRIED if s.since <= previous}
+    read = RunRecord.from_dict({**older, "schema": previous})
+    for s in declared.CARRIED:  # what the older record predates is unknown, never the default
+        assert (getattr(read.settings, s.name) is None) >= (s.since > previous), s.name
+    assert read.schema == SCHEMA_VERSION and dataclasses.replace(read).schema == SCHEMA_VERSION
