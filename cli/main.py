@@ -761,8 +761,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--data-dir", env="DEMO_DIR", default=".data/demo")
     flag(p, "--no-dashboard", env="DEMO_NO_DASHBOARD", action="store_true", help="exit when the sweep is done")
     flag(p, "--dashboard-port", env="DASHBOARD_PORT", type=int, default=8501)
-    p.add_argument("--real", action="store_true", help="the real models of scripts/setup.sh --real-models instead")
-    p.add_argument("--models-dir", default=".data/models", help="where --real finds them (default: .data/models)")
+    flag(p, "--real", env="DEMO_REAL", action="store_true", help="the real models of scripts/setup.sh --real-models")
+    flag(p, "--models-dir", env="MODELS_DIR", default=".data/models", help="where --real finds them")
     p.set_defaults(fn=cmd_demo)
     return parser
 

@@ -25,6 +25,7 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
     models.mkdir()
     huge = models / "huge.gguf"
     with open(huge, "wb") as f:
+        f.write(b"GGUF")  # a GGUF by its magic, so that its size is what refuses it
         f.truncate(4 * 2**40)  # sparse: 4 TiB on paper, nothing on disk
     config = tmp_path / "agent"
     identity_for(coordinator, config)

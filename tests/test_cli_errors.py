@@ -72,6 +72,7 @@ def test_every_flag_has_a_variable_named_in_its_help():
     "words, dest, variable", every_flag(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v)
 )
 def test_every_flag_is_read_from_its_variable(monkeypatch, words, dest, variable):
+    monkeypatch.delenv(variable, raising=False)  # the suite's own defaults (conftest) aside
     parsers = dict(subcommands(cli.build_parser()))
     action = next(a for a in flags(parsers[words]) if a.dest == dest)
     text, expected = sample(action)

@@ -225,17 +225,17 @@ def test_questions_page_verdicts_decided_by_the_interval(app, tmp_path, monkeypa
     truth = app.truth
     verdicts = at.dataframe[0].value.set_index(["claim", "chip"])
     wide, far = verdicts.loc[("wide-band", "Apple M4 Pro")], verdicts.loc[("far-band", "Apple M4 Pro")]
-    assert wide["verdict"] == "reproduced" and far["verdict"] == "contradicted"
-    assert wide["ci_low"] < wide["figure"] < wide["ci_high"]
+    # Two prompts a machine: fewer than a verdict rests on (specfleet.inference.MIN_PROMPTS, chosen by
+    # simulation in bench/verdicts.py), so both claims wait, with the figure shown (the interval's
+    # decision is on the page in tests/test_dashboard_comparable.py, on five prompts).
+    assert wide["verdict"] == far["verdict"] == "inconclusive"
     assert wide["figure"] == pytest.approx(expected_speedup(truth, "Apple M4 Pro", 3))
     assert (wide["machines"], wide["prompts"], wide["runs"], wide["excluded_runs"]) == (2, 2, 10, 2)
     assert wide["differs"] == "" and len(wide["group"]) == 12
-    assert {wide["adjusted_verdict"], far["adjusted_verdict"]} == {"reproduced", "contradicted"}
     page = texts(at)
-    assert ":green-badge[reproduced]" in page and ":red-badge[contradicted]" in page
     assert "2 machine(s), 2 prompt(s), 10 pair(s)" in page
     counts = {m.label: int(m.value) for m in at.metric}
-    assert counts["reproduced"] == 1
+    assert counts["reproduced"] == 0
 
 
 def test_questions_page_names_the_field_of_a_malformed_claim(app, tmp_path, monkeypatch):
@@ -262,7 +262,7 @@ def test_a_claim_added_to_the_ledger_is_settled_on_the_page(app, tmp_path, monke
     monkeypatch.setenv("SPECFLEET_CLAIMS", str(ledger))
     at = app("questions")
     verdicts = at.dataframe[0].value
-    assert verdicts["claim"].tolist() == ["m1-mtp-k2-loss"] and verdicts["verdict"].tolist() == ["reproduced"]
+    assert verdicts["claim"].tolist() == ["m1-mtp-k2-loss"] and verdicts["verdict"].tolist() == ["inconclusive"]
     assert verdicts["figure"][0] == pytest.approx(expected_speedup(app.truth, "Apple M1 Max", 2))
     assert "MTP at depth 2 loses on an M1 Max." in [h.value for h in at.subheader]
 

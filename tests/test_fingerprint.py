@@ -5,6 +5,8 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from agent import fingerprint as fpmod
 from agent.fingerprint import (
     BANDWIDTH_GBPS,
@@ -109,6 +111,7 @@ def test_linux_fingerprint_of_this_machine_for_real():
     assert {"gpu_cores", "model_identifier", "memory_bandwidth"} <= set(fp.unavailable)
 
 
+@pytest.mark.process  # platform.processor() runs uname -p
 def test_linux_without_nvidia_smi_has_no_gpus_and_does_not_crash(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Test CPU 9000\n")
