@@ -11,6 +11,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specfleet.keys import private_key_file
+
 log = logging.getLogger("specfleet.agent")
 
 CREDENTIAL_FILE = "agent.json"
@@ -85,22 +87,3 @@ def read_private(path: Path) -> str:
             os.fchmod(fd, 0o600)
             log.warning("%s was readable by other users: made 0600 (revoke it if others could read it)", path)
         return f.read()
-
-
-def private_key_file(path: Path) -> None:
-    """A TLS private key must be its owner's alone: one readable by group or others is made 0600,
-    with a warning; one that cannot be made so is refused (ValueError saying what to do)."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        raise ValueError(f"cannot read the TLS key {path} ({e.strerror})") from None
-    if not mode & 0o077:
-        return
-    try:
-        os.chmod(path, 0o600)
-    except OSError as e:
-        raise ValueError(
-            f"the TLS key {path} is readable by other users (mode {mode & 0o777:o}) and cannot be made 0600 "
-            f"({e.strerror}): `chmod 600 {path}` as its owner, and replace the key if others may have read it"
-        ) from None
-    log.warning("TLS key %s was readable by other users (mode %o): made 0600", path, mode & 0o777)

@@ -115,7 +115,7 @@ def _tls_files(args) -> dict[str, Path | None]:
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_cert and not args.tls_ca):
         sys.exit("error: --tls-cert and --tls-key go together, and need --tls-ca")
     if args.tls_key:
-        from agent.credentials import private_key_file
+        from specfleet.keys import private_key_file
 
         private_key_file(Path(args.tls_key))  # made 0600, or refused
     return {k: Path(v) if v else None for k, v in (("ca", args.tls_ca), ("cert", args.tls_cert), ("key", args.tls_key))}

@@ -23,6 +23,7 @@ from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer, check_lease
 from coordinator.store import Store, StoreUnavailable
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
+from specfleet.keys import private_key_file
 
 log = logging.getLogger("specfleet.coordinator")
 
@@ -100,25 +101,6 @@ def _make_private(fd: int, path: Path) -> None:
     if os.fstat(fd).st_mode & 0o077:
         os.fchmod(fd, 0o600)
         log.warning("%s was readable by other users: made 0600", path)
-
-
-def private_key_file(path: Path) -> None:
-    """The TLS key must be the coordinator's user's alone: one readable by group or others is
-    made 0600, with a warning; one that cannot be made so is refused (ValueError: what to do)."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        raise ValueError(f"cannot read the TLS key {path} ({e.strerror})") from None
-    if not mode & 0o077:
-        return
-    try:
-        os.chmod(path, 0o600)
-    except OSError as e:
-        raise ValueError(
-            f"the TLS key {path} is readable by other users (mode {mode & 0o777:o}) and cannot be made 0600 "
-            f"({e.strerror}): `chmod 600 {path}` as its owner, and replace the key if others may have read it"
-        ) from None
-    log.warning("TLS key %s was readable by other users (mode %o): made 0600", path, mode & 0o777)
 
 
 def _write_private(path: Path, text: str) -> None:
