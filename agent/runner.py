@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ WORKER_MODULE = "agent.worker"  # run as `python -m WORKER_MODULE JOB.json SPOOL
 WORKER_CHECK_SECONDS = 0.5
 WORKER_OUTPUT_TAIL_CHARS = 2000
 FAILURE_REASON_CHARS = 2000  # of parked runs' names and reasons (the coordinator keeps 2000)
+STOPPING_TELL_SECONDS = 10.0  # a stopping agent tells a job's failure this long at most
 PARKED_REASON_CHARS = 300  # of each parked run's reason, in its job's failure
 
 
@@ -66,6 +68,25 @@ def _tell(what: str, rpc, stop) -> bool:
         return False
 
 
+def _tell_while_stopping(what: str, rpc, stop: threading.Event) -> bool:
+    """_tell a job's failure, retrying as long as it takes while the agent runs; once it stops,
+    for at most STOPPING_TELL_SECONDS (a coordinator that is gone would hold the agent's exit
+    for ever: the job's lease then expires and the coordinator requeues the job itself)."""
+    if not stop.is_set():
+        return _tell(what, rpc, None)
+    give_up = threading.Event()
+    timer = threading.Timer(STOPPING_TELL_SECONDS, give_up.set)
+    timer.daemon = True
+    timer.start()
+    try:
+        return _tell(what, rpc, give_up)
+    except InterruptedError:
+        log.warning("%s: not told, the agent is stopping; the job's lease expiry will tell it", what)
+        return False
+    finally:
+        timer.cancel()
+
+
 def one_line(text: str) -> str:
     """A failure reason as `sweep status` prints it: one line, at most FAILURE_REASON_CHARS."""
     text = " ".join(str(text).split())
@@ -81,7 +102,9 @@ def _fail(agent: Agent, job, reason: str, *, refused: bool = False) -> None:
     outcome = "refused" if refused else "failed"
     reason = one_line(reason)
     log.error("job %s %s: %s", job.job_id, outcome, reason)
-    _tell(f"{outcome} {job.job_id}", lambda: agent.api.fail_job(job.job_id, job.lease_id, reason, refused), None)
+    _tell_while_stopping(
+        f"{outcome} {job.job_id}", lambda: agent.api.fail_job(job.job_id, job.lease_id, reason, refused), agent.stop
+    )
     if refused:
         agent.metrics.jobs.labels("refused").inc()
     else:

@@ -350,5 +350,5 @@ def test_default_parameters_are_lossless(engine, method):
 @pytest.mark.engine
 def test_bad_ngram_parameters_are_refused(engine, change, message):
     with pytest.raises(EngineError, match=message):
-        method = change.pop("method")
-        engine.generate(Request((1, 2, 3), 4, method=method, depth=2, settings=Settings(**change)))
+        settings = {k: v for k, v in change.items() if k != "method"}
+        engine.generate(Request((1, 2, 3), 4, method=change["method"], depth=2, settings=Settings(**settings)))
