@@ -163,7 +163,7 @@ def test_a_job_goes_only_to_agents_with_the_engine_and_the_memory_for_the_model(
         "{target: /models/target, draft: /models/draft}", "{target: /t, draft: /d, memory_gb: 64}"
     )
     sweep = parse_sweep(text)
-    assert sweep.models["mlx"]["memory_gb"] == 64
+    assert sweep.models["mlx"][0]["memory_gb"] == 64  # the engine's one model pair
     _, jobs = scheduler.submit(sweep, text)
     assert jobs == 1  # mac-1 has mlx but 48 GB; mac-2 has no mlx; the studio has both
     assert scheduler.acquire(a1) is None and scheduler.acquire(a2) is None

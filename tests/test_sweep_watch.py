@@ -8,6 +8,7 @@ import io
 import re
 import subprocess
 import sys
+import time
 
 import duckdb
 import pytest
@@ -45,7 +46,6 @@ def test_watch_piped_prints_a_line_per_change_of_a_real_sweep(tmp_path, tiny_mod
         token = cli("token", "create", "--ttl", "60", *admin).stdout.strip()
         cli("agent", "enrol", "--coordinator", endpoints["grpc"], "--token", token, "--name", "watcher",
             "--config-dir", str(agent_dir))  # fmt: skip
-        agent = spawn("agent", "run", "--config-dir", str(agent_dir), log=tmp_path / "agent.log")
         sweep = {
             "name": "watched",
             "models": {
@@ -62,11 +62,19 @@ def test_watch_piped_prints_a_line_per_change_of_a_real_sweep(tmp_path, tiny_mod
         }
         (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
         sweep_id = cli("sweep", "submit", str(tmp_path / "sweep.yaml"), *admin).stdout.split()[1].rstrip(":")
-        watched = subprocess.run(
+        # The watch starts before the agent: it sees the sweep run, however fast the agent is.
+        watch = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "sweep", "status", "--watch", sweep_id, "--interval", "0.2",
              *admin],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
+        time.sleep(5)  # its first poll: the sweep is still queued
+        agent = spawn("agent", "run", "--config-dir", str(agent_dir), log=tmp_path / "agent.log")
+        try:
+            stdout, stderr = watch.communicate(timeout=120)
+        finally:
+            watch.kill()
+        watched = subprocess.CompletedProcess(watch.args, watch.returncode, stdout, stderr)
     finally:
         if agent is not None:
             stop(agent)
