@@ -29,6 +29,8 @@ from tests.support.dashboard import MLX_27B, expected_speedup, seed_fleet
 from tests.support.fleet import admin_for, start_coordinator
 from tests.support.ports import free_port
 
+pytestmark = [pytest.mark.process]  # coordinators, CLI processes and Chromium
+
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CLI_SECONDS = 120
@@ -242,7 +244,7 @@ def test_html_report_renders_in_chromium_with_its_plots_and_flagged_runs(fleet, 
     assert f"{cell(row.speedup)}\t{cell(row.ci_low)}\t{cell(row.ci_high)}" in text  # the dashboard's figure
     collapsed = fleet[2][(fleet[2]["agent"] == "mbp") & (fleet[2]["method"] == "mtp")]  # every arm run of mbp
     assert "Acceptance collapsed on Apple M1 Max" in text
-    assert f"{len(collapsed)} acceptance collapsed." in text.split("Flagged runs")[-1]
+    assert f"{len(collapsed)} acceptance collapsed" in text.split("Flagged runs")[-1]
     assert text.split("Flagged runs")[-1].count("\tacceptance collapsed\t") == len(collapsed)
 
 
@@ -274,7 +276,6 @@ import sys
 from pathlib import Path
 from cli import report
 
-pytestmark = [pytest.mark.process]
 address, token, first, second, out = sys.argv[1:]
 for sweep in (first, second, first):
     report.make(address, token, sweep, "md", Path(out) / sweep)
