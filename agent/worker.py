@@ -101,7 +101,8 @@ def main(argv: list[str]) -> int:
             memory_total_bytes=job.get("memory_bytes") or None,
         )
     except EngineError as e:
-        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # One line: the agent reports a crashed worker by its last line (a server's log tail included)
+        print(f"{type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return ENGINE_ERROR_STATUS
     print(json.dumps({"runs": runs}), flush=True)
     return 0
