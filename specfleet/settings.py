@@ -16,9 +16,10 @@ Derived from `DECLARED`, never listed again by hand:
 - `CHECKED_KEYS` (specfleet/record.py), the claims' condition keys, the `/metrics` group info
   labels and the dashboard's group label (`describe`).
 
-Adding a setting: a row here, a numbered store migration adding its column, and (only if it needs
-one) the page that draws it. Settings that are the run record's own fields (`core`: sampler, models, context,
-versions, ...) are declared by their store column; their values stay where the record keeps them.
+Adding a setting: a row here (its `since` the next record schema, which moves SCHEMA_VERSION), a
+numbered store migration adding its column, and (only if it needs one) the page that draws it.
+Settings that are the run record's own fields (`core`: sampler, models, context, versions, ...) are
+declared by their store column; their values stay where the record keeps them.
 """
 
 from __future__ import annotations
