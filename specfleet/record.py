@@ -1,8 +1,10 @@
 """The vocabulary the agent, the coordinator and the dashboard share, and the typed run record.
 
 One module, imported by all three, so that no package imports another for a name. A run is a
-`RunRecord`: immutable, validated in its constructor, schema-versioned (pyperf's `Run`). The
-worker builds it once; the spool, the protocol (`ReportResultRequest.record_json`), ingest, the
+`RunRecord`: immutable, validated in its constructor, schema-versioned (pyperf's `Run`). It and
+the job spec's parts are strict pydantic dataclasses (specfleet/schemas.py `model`): each field's
+type and bounds are its annotation, the rules between fields are `_rules`, and one InvalidRecord
+names every faulty field. The worker builds it once; the spool, the protocol (`ReportResultRequest.record_json`), ingest, the
 store (one column per leaf field, `RunRecord.row()`) and the export carry it unchanged. A job's
 cell is a `JobSpec`, with every default in one place.
 
@@ -23,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import re
-from dataclasses import dataclass
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, get_type_hints
+
+from pydantic import Field
 
 from specfleet import settings as declared
-from specfleet.settings import Settings
+from specfleet.schemas import Bool, Float, Int, Settings, SettingsField, Sha256, Str, between, model, one_of, text
 
 # Fields added after the first record schema: name -> the schema that added it. A record of an
 # older schema has none of them (each is unknown: None); settings carry their own `since`.
@@ -126,6 +128,12 @@ def is_speculative(method: str) -> bool:
     return method in SPECULATIVE_METHODS or (method.count(",") > 0 and method.split(",")[0] in SERVER_SPEC_TYPES)
 
 
+def least_depth(engine: str, method: str) -> int:
+    """The shortest depth a speculative run records: 1, or 0 for llama-server's model-drafted types
+    (`--spec-draft-n-max 0`, the drafter loaded: an arm of its own, never the baseline)."""
+    return 0 if engine == "llama-server" and all(t.startswith("draft-") for t in method.split(",")) else 1
+
+
 # Engines whose speculative loops draw one random number per emitted token, as their baseline
 # does: with the same seed a sampled speculative run must emit the baseline's tokens exactly, so
 # losslessness is checked on sampled runs too. MLX's loops share one key and cannot be checked.
@@ -144,7 +152,11 @@ MAX_TOKENS_PER_SECOND = 10_000_000.0
 MAX_BYTES = 2**50
 MAX_LIST = 1024
 MAX_POWER_MODE_CHARS = 32
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# Compute backends a run can record: llama.cpp's ggml backends, MLX's devices.
+BACKENDS = ("", "cpu", "cuda", "metal")
+# Energy counters: NVIDIA's NVML total-energy counter, Linux RAPL (/sys/class/powercap), and
+# macOS IOReport's energy channels.
+ENERGY_SOURCES = ("", "nvml", "rapl", "ioreport")
 
 
 # A model class's suffix that the two formats disagree on: MLX's config names the class
@@ -171,15 +183,28 @@ class NewerSchema(InvalidRecord):
         super().__init__(f"schema: record schema {schema} is newer than {SCHEMA_VERSION}, the newest this code reads")
 
 
+# ---------------------------------------------------------------- field types (specfleet/schemas.py)
+
+Id = Annotated[Str, text(1, MAX_ID_CHARS)]
+Text = Annotated[Str, text(0, MAX_TEXT_CHARS)]
+Tokens = Annotated[Int, between(0, MAX_TOKENS)]
+Seconds = Annotated[Float, between(0, MAX_SECONDS)]
+Rate = Annotated[Float, between(0, MAX_TOKENS_PER_SECOND)]
+Joules = Annotated[Float, between(0.0, 1e9)]
+Bytes = Annotated[Int, between(0, MAX_BYTES)]
+ModelText = Annotated[Str, text(0, MAX_ID_CHARS * 2)]
+Listed = Field(max_length=MAX_LIST)  # a list field's length: at most MAX_LIST items
+
+
 # ---------------------------------------------------------------- parts
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "sampler")
 class Sampler:
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means no top-k truncation
-    seed: int = 0
+    temperature: Float = 0.0  # 0 means greedy
+    top_p: Float = 1.0
+    top_k: Int = 0  # 0 means no top-k truncation
+    seed: Int = 0
 
     @property
     def greedy(self) -> bool:
@@ -189,7 +214,7 @@ class Sampler:
         return "greedy" if self.greedy else f"T={self.temperature:g} top_p={self.top_p:g} top_k={self.top_k}"
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "model identity")
 class ModelIdentity:
     """A model as the weights describe it, never by where it lies on one machine.
 
@@ -198,151 +223,151 @@ class ModelIdentity:
     quantisation: GGUF file type ("Q8_0", "F16", ...) or MLX "4bit-g64", else the dtype ("bf16").
     Unknown numbers are 0 and unknown text is empty: never guessed."""
 
-    reference: str = ""
-    revision: str = ""
-    digest: str = ""
-    architecture: str = ""
-    parameters: int = 0
-    quantisation: str = ""
-    tensor_types: str = ""  # "F32:12,Q8_0:40": tensor count per type
-    vocab_size: int = 0
-    context_length: int = 0
-    has_mtp: bool = False
-    bytes: int = 0
-    source: str = ""  # "local" | "huggingface"
+    reference: ModelText = ""
+    revision: ModelText = ""
+    digest: Annotated[Sha256, text(0, MAX_ID_CHARS * 2)] = ""
+    architecture: ModelText = ""
+    parameters: Bytes = 0
+    quantisation: ModelText = ""
+    tensor_types: ModelText = ""  # "F32:12,Q8_0:40": tensor count per type
+    vocab_size: Bytes = 0
+    context_length: Bytes = 0
+    has_mtp: Bool = False
+    bytes: Bytes = 0
+    source: ModelText = ""  # "local" | "huggingface"
 
     def short(self) -> str:
         return f"{self.reference}@{self.digest[:12]}" if self.reference else ""
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "environment")
 class Environment:
     """One reading of the machine around a run; None where the reading is not available here."""
 
-    thermal: str | None = None  # "nominal" | "throttled: ..." | ...
-    power_source: str | None = None  # "ac" | "battery" | "ups"
-    low_power_mode: bool | None = None
-    loadavg_1m: float | None = None
-    memory_available_bytes: int | None = None
-    swap_used_bytes: int | None = None
+    thermal: Str | None = None  # "nominal" | "throttled: ..." | ...
+    power_source: Str | None = None  # "ac" | "battery" | "ups"
+    low_power_mode: Bool | None = None
+    loadavg_1m: Float | None = None
+    memory_available_bytes: Int | None = None
+    swap_used_bytes: Int | None = None
 
 
 # ---------------------------------------------------------------- the run record
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "invalid run record", lambda record: _rules(record))
 class RunRecord:
-    """One measured generation (one arm, prompt and repeat of a job), or one verify-cost curve."""
+    """One measured generation (one arm, prompt and repeat of a job), or one verify-cost curve.
+    Its constructor checks every field's type and bounds (the annotations: specfleet/schemas.py)
+    and then the rules between fields (`_rules`), naming every faulty one in one InvalidRecord."""
 
-    run_id: str
-    job_id: str
-    attempt: int
-    engine: str
-    engine_version: str  # every library version of the engine, "k=v k=v", sorted
-    method: str
-    depth: int  # draft depth K; 0 for baseline and verify-cost
+    run_id: Id
+    job_id: Id
+    attempt: Tokens
+    engine: Annotated[Str, one_of(ENGINES)]
+    engine_version: Text  # every library version of the engine, "k=v k=v", sorted
+    method: Str
+    depth: Int  # draft depth K; 0 for baseline and verify-cost
     target: ModelIdentity
     sampler: Sampler
-    prompt_set: str
-    prompt_set_digest: str  # SHA-256 of the set's prompts and of the context documents
-    prompt_category: str
-    prompt_id: str
-    context_tokens: int  # tokens of distinct documents before the prompt (llama-bench -d)
-    max_new_tokens: int
-    repeat: int
-    position: int  # order of this arm inside its repeat
-    prompt_tokens: int  # all tokens prefilled: context and prompt
-    generated_tokens: int
-    prefill_seconds: float
-    ttft_seconds: float
-    decode_seconds: float
-    wall_seconds: float
-    decode_tokens_per_second: float
-    prefill_tokens_per_second: float
-    peak_memory_bytes: int
-    output_sha256: str
-    started_at_unix_seconds: float
+    prompt_set: Id
+    prompt_set_digest: Sha256  # SHA-256 of the set's prompts and of the context documents
+    prompt_category: Str
+    prompt_id: Id
+    context_tokens: Tokens  # tokens of distinct documents before the prompt (llama-bench -d)
+    max_new_tokens: Tokens
+    repeat: Tokens
+    position: Annotated[Int, between(0, 1000)]  # order of this arm inside its repeat
+    prompt_tokens: Tokens  # all tokens prefilled: context and prompt
+    generated_tokens: Tokens
+    prefill_seconds: Seconds
+    ttft_seconds: Seconds
+    decode_seconds: Seconds
+    wall_seconds: Seconds
+    decode_tokens_per_second: Rate
+    prefill_tokens_per_second: Rate
+    peak_memory_bytes: Bytes
+    output_sha256: Sha256
+    started_at_unix_seconds: Annotated[Float, between(0, 2**33)]
     draft: ModelIdentity = ModelIdentity()
-    lossless: bool | None = None  # output equal to the reference's (lossless_check); None: not checked
-    lossless_check: str = ""  # "greedy reference" | "same-seed baseline" | "not checkable"
-    run_seed: int = 0  # the seed this run sampled with: derived from the sweep's, the repeat and the prompt
+    lossless: Bool | None = None  # output equal to the reference's (lossless_check); None: not checked
+    # "greedy reference" | "same-seed baseline" | "not checkable"
+    lossless_check: Annotated[Str, one_of(LOSSLESS_CHECKS)] = ""
+    # The seed this run sampled with: derived from the sweep's, the repeat and the prompt.
+    run_seed: Annotated[Int, between(0, 2**32 - 1)] = 0
     # Gaps between token arrivals as a streaming client sees them: a speculative round's tokens
     # arrive together, so its burst is one arrival (no zero gaps).
-    inter_token_latency_p50_seconds: float | None = None
-    inter_token_latency_p90_seconds: float | None = None
-    inter_token_latency_p99_seconds: float | None = None
-    round_latency_p50_seconds: float | None = None  # draft + verify time of one round
-    round_latency_p90_seconds: float | None = None
-    rounds: int = 0
-    tokens_drafted: int = 0
-    tokens_accepted: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    drafted_by_position: tuple[int, ...] = ()  # proposals at draft position 1, 2, ...
-    acceptance_by_position: tuple[float, ...] = ()  # share of them accepted (0..1)
-    acceptance_collapsed: bool | None = None  # None: not a model-drafted method
-    acceptance_reason: str = ""
-    verify_cost_seconds: tuple[float, ...] = ()  # verify-cost runs: T(M) for M = 1, 2, ...
-    warmup_runs: int = 0  # unmeasured runs of this arm before its first measured one on this prompt
-    arm_order: str = ""  # how arms were ordered: "williams" | "single"
-    load_seconds: float = 0.0
-    cooldown_seconds: float = 0.0
+    inter_token_latency_p50_seconds: Seconds | None = None
+    inter_token_latency_p90_seconds: Seconds | None = None
+    inter_token_latency_p99_seconds: Seconds | None = None
+    round_latency_p50_seconds: Seconds | None = None  # draft + verify time of one round
+    round_latency_p90_seconds: Seconds | None = None
+    rounds: Tokens = 0
+    tokens_drafted: Tokens = 0
+    tokens_accepted: Tokens = 0
+    draft_seconds: Seconds = 0.0
+    verify_seconds: Seconds = 0.0
+    drafted_by_position: Annotated[tuple[Tokens, ...], Listed] = ()  # proposals at draft position 1, 2, ...
+    acceptance_by_position: Annotated[tuple[Float, ...], Listed] = ()  # share of them accepted (0..1)
+    acceptance_collapsed: Bool | None = None  # None: not a model-drafted method
+    acceptance_reason: Text = ""
+    verify_cost_seconds: Annotated[tuple[Seconds, ...], Listed] = ()  # verify-cost runs: T(M) for M = 1, 2, ...
+    warmup_runs: Tokens = 0  # unmeasured runs of this arm before its first measured one on this prompt
+    arm_order: Str = ""  # how arms were ordered: "williams" | "single"
+    load_seconds: Seconds = 0.0
+    cooldown_seconds: Seconds = 0.0
     env_before: Environment = Environment()
     env_after: Environment = Environment()
-    env_nominal: bool | None = None  # None: readings unavailable, so unknown
-    env_reasons: tuple[str, ...] = ()
+    env_nominal: Bool | None = None  # None: readings unavailable, so unknown
+    env_reasons: Annotated[tuple[Text, ...], Listed] = ()
     # The system under test: "specfleet" (our loops, in process), "llama-server", or the name of
     # the OpenAI-compatible server an `openai` run measured ("MTPLX", "OptiQ", "oMLX", ...).
-    system: str = "specfleet"
-    server_version: str = ""  # the server's own --version: build number and commit
-    server_command: str = ""  # the server's full command line, as started (shell-quoted)
+    system: Id = "specfleet"
+    server_version: Text = ""  # the server's own --version: build number and commit
+    server_command: Text = ""  # the server's full command line, as started (shell-quoted)
     # The server's own figures for the run (llama-server's `timings`), beside the client's.
-    server_decode_tokens_per_second: float | None = None
-    server_prefill_seconds: float | None = None
-    timings_disagree: bool | None = None  # client and server decode tok/s differ by more than 5%
+    server_decode_tokens_per_second: Rate | None = None
+    server_prefill_seconds: Seconds | None = None
+    timings_disagree: Bool | None = None  # client and server decode tok/s differ by more than 5%
     # Drafters that keep state across requests (ngram-mod's table, ngram-cache): False when the
     # run started from a fresh server, True when it inherited state; None for stateless drafters.
-    drafter_warm: bool | None = None
-    interleaving: str = ""  # server arms: "rotated" (all servers up) | "blocks" (one at a time)
+    drafter_warm: Bool | None = None
+    # Server arms: "rotated" (all servers up) | "blocks" (one at a time).
+    interleaving: Annotated[Str, one_of(INTERLEAVINGS)] = ""
     # The accelerator (migration 005): the compute backend the engine ran on (BACKENDS; "" where
     # the engine cannot tell, as for a server), and the energy the run's generation drew, from the
     # counter named by energy_source (ENERGY_SOURCES; "" and None where none is readable here).
-    backend: str = ""
-    energy_source: str = ""
-    energy_joules: float | None = None
-    joules_per_token: float | None = None  # energy_joules / generated_tokens
+    backend: Annotated[Str, one_of(BACKENDS)] = ""
+    energy_source: Annotated[Str, one_of(ENERGY_SOURCES)] = ""
+    energy_joules: Joules | None = None
+    joules_per_token: Joules | None = None  # energy_joules / generated_tokens
     # The energy mode the run started in: macOS "automatic" | "low" | "high" (pmset powermode),
     # Linux the ACPI platform profile ("balanced"); None where it cannot be read. A checked key:
     # the same Mac can decode 2.5-3x faster in High Power than in Automatic.
-    power_mode: str | None = None
+    power_mode: Annotated[Str, text(1, MAX_POWER_MODE_CHARS)] | None = None
     # Every declared setting (specfleet/settings.py), one column each; None where it does not
     # apply to the engine or was not recorded (records older than schema 3).
-    settings: Settings = Settings()
+    settings: SettingsField = Settings()
     # Where the output first differs from the lossless check's reference (schema 4): DIVERGENCES
     # (None not checked, "none", "near-tie": the target's top two tokens there are closer than
     # divergence_threshold, so batch numerics may flip them and the run still counts, lossless
     # None; "defect": a clear margin or none known, lossless false), the generated-token index,
     # the run's and the reference's token, the target's logit margin between them there (one-token
     # decoding) and the threshold it was judged by.
-    divergence: str | None = None
-    divergence_position: int | None = None
-    divergence_token: int | None = None
-    divergence_reference_token: int | None = None
-    divergence_margin: float | None = None
-    divergence_threshold: float | None = None
+    divergence: Annotated[Str, one_of(DIVERGENCES)] | None = None
+    divergence_position: Tokens | None = None
+    divergence_token: Tokens | None = None
+    divergence_reference_token: Tokens | None = None
+    divergence_margin: Joules | None = None
+    divergence_threshold: Joules | None = None
     # Why this arm's drafter cannot draft within max_new_tokens at its settings ("" when it can;
     # None: not judged, as before schema 4).
-    drafter_warning: str | None = None
+    drafter_warning: Text | None = None
     # The start of the decoded output (at most TEXT_SAMPLE_CHARS), on a prompt's first repeat of
     # each arm and on every run that diverged: what a hash cannot show (a model that loops).
     # None where no sample was taken.
-    text_sample: str | None = None
-    schema: int = SCHEMA_VERSION
-
-    def __post_init__(self):
-        problems = _problems(self)
-        if problems:
-            raise InvalidRecord("invalid run record: " + "; ".join(problems))
+    text_sample: Annotated[Str, text(0, TEXT_SAMPLE_CHARS)] | None = None
+    schema: Int = SCHEMA_VERSION
 
     # -------------------------------------------------------- serialisation
 
@@ -354,8 +379,11 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        """The record from its dict; InvalidRecord naming unknown, missing or mistyped fields."""
-        return _build(cls, data, "")
+        """The record from its dict, upgraded from an older schema; InvalidRecord naming every
+        unknown, missing or mistyped field, NewerSchema for a record of a newer schema."""
+        if not isinstance(data, dict):
+            raise InvalidRecord("record: must be a mapping")
+        return cls(**_upgrade(data, _schema_of(data)))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunRecord:
@@ -381,27 +409,10 @@ class RunRecord:
 
 
 @functools.cache
-def _hints(cls) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-@functools.cache
-def _fields(cls) -> tuple[tuple[str, Any, bool], ...]:
-    """(name, type, has a default) of a dataclass's fields, resolved once per class."""
-    hints = _hints(cls)
-    return tuple(
-        (
-            f.name,
-            hints[f.name],
-            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
-        )
-        for f in dataclasses.fields(cls)
-    )
-
-
-@functools.cache
-def _names(cls) -> frozenset[str]:
-    return frozenset(name for name, _, _ in _fields(cls))
+def _fields(cls) -> tuple[tuple[str, Any], ...]:
+    """(name, type) of a dataclass's fields, resolved once per class."""
+    hints = get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def _nested(tp) -> type | None:
@@ -417,7 +428,7 @@ def _part_prefix(prefix: str, name: str) -> str:
 
 def _flatten(cls, value, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, tp, _ in _fields(cls):
+    for name, tp in _fields(cls):
         v = getattr(value, name) if value is not None else None
         if _nested(tp):
             out.update(_flatten(tp, v, _part_prefix(prefix, name)))
@@ -428,64 +439,12 @@ def _flatten(cls, value, prefix: str = "") -> dict[str, Any]:
 
 def _unflatten(cls, row: dict[str, Any], prefix: str) -> dict[str, Any]:
     out = {}
-    for name, tp, _ in _fields(cls):
+    for name, tp in _fields(cls):
         if _nested(tp):
             out[name] = _unflatten(tp, row, _part_prefix(prefix, name))
         elif f"{prefix}{name}" in row:
             out[name] = row[f"{prefix}{name}"]
     return out
-
-
-@functools.cache
-def _shape(tp) -> tuple[str, Any]:
-    """How a field type is checked: ("record", cls), ("list", item type), ("optional", inner
-    type) or ("plain", type). Resolved once per type."""
-    if _nested(tp):
-        return "record", tp
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is tuple:
-        return "list", args[0]
-    if args and type(None) in args:  # X | None
-        return "optional", next(a for a in args if a is not type(None))
-    return "plain", tp
-
-
-def _coerce(tp, value, where: str):
-    """`value` as type `tp`, or InvalidRecord. Ints may stand for floats; nothing else converts."""
-    kind, inner = _shape(tp)
-    if kind == "plain" and type(value) is inner and (inner is not float or math.isfinite(value)):
-        return value  # the common case, first: a record as the worker wrote it
-    if kind == "record":
-        if not isinstance(value, dict):
-            raise InvalidRecord(f"{where}: must be a mapping, got {type(value).__name__}")
-        return _build(inner, value, f"{where}.")
-    if kind == "list":
-        if not isinstance(value, (list, tuple)):
-            raise InvalidRecord(f"{where}: must be a list, got {type(value).__name__}")
-        if len(value) > MAX_LIST:
-            raise InvalidRecord(f"{where}: holds {len(value)} items; at most {MAX_LIST}")
-        return tuple(_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if kind == "optional":
-        return None if value is None else _coerce(inner, value, where)
-    if inner is bool:
-        if not isinstance(value, bool):
-            raise InvalidRecord(f"{where}: must be true or false, got {value!r}")
-        return value
-    if inner is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidRecord(f"{where}: must be an integer, got {value!r}")
-        return value
-    if inner is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidRecord(f"{where}: must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise InvalidRecord(f"{where}: must be finite, got {value!r}")
-        return float(value)
-    if inner is str:
-        if not isinstance(value, str):
-            raise InvalidRecord(f"{where}: must be a string, got {type(value).__name__}")
-        return value
-    raise TypeError(f"{where}: unsupported field type {tp}")
 
 
 def _schema_of(data: dict[str, Any]) -> int:
@@ -517,162 +476,44 @@ def _upgrade(data: dict[str, Any], schema: int) -> dict[str, Any]:
     return dict(data, schema=SCHEMA_VERSION, settings={**settings, **unknown})
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    if not isinstance(data, dict):
-        raise InvalidRecord(f"{where or 'record'}: must be a mapping")
-    if cls is RunRecord:
-        data = _upgrade(data, _schema_of(data))
-    fields = _fields(cls)
-    if not data.keys() <= _names(cls):
-        unknown = sorted(set(data) - _names(cls), key=str)
-        raise InvalidRecord(f"{where}{unknown[0]}: unknown field (schema {SCHEMA_VERSION})")
-    kwargs = {}
-    for name, tp, has_default in fields:
-        if name not in data:
-            if not has_default:
-                raise InvalidRecord(f"{where}{name}: is required")
-            continue
-        kwargs[name] = _coerce(tp, data[name], f"{where}{name}")
-    return cls(**kwargs)
-
-
-# Compute backends a run can record: llama.cpp's ggml backends, MLX's devices.
-BACKENDS = ("", "cpu", "cuda", "metal")
-# Energy counters: NVIDIA's NVML total-energy counter, Linux RAPL (/sys/class/powercap), and
-# macOS IOReport's energy channels.
-ENERGY_SOURCES = ("", "nvml", "rapl", "ioreport")
-
-
-def _problems(r: RunRecord) -> list[str]:
-    """Every field that is out of range, too long, or inconsistent with another."""
+def _rules(r: RunRecord) -> list[str]:
+    """The rules between fields of a record whose fields are each sound (their types and bounds
+    are its annotations): every one broken."""
     problems = []
-
-    def bounded(name, lo, hi):
-        value = getattr(r, name)
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            problems.append(f"{name} = {value!r} is not a finite number")
-        elif not lo <= value <= hi:
-            problems.append(f"{name} = {value!r} is not in [{lo}, {hi}]")
-
-    def text(name, value, lo=0, hi=MAX_TEXT_CHARS):
-        if not isinstance(value, str):
-            problems.append(f"{name} must be a string")
-        elif not lo <= len(value) <= hi:
-            problems.append(f"{name} must be {lo}-{hi} characters, got {len(value)}")
-
-    for name in ("run_id", "job_id", "prompt_id", "prompt_set"):
-        text(name, getattr(r, name), 1, MAX_ID_CHARS)
-    text("engine_version", r.engine_version)
-    if r.power_mode is not None:
-        text("power_mode", r.power_mode, 1, MAX_POWER_MODE_CHARS)
-    text("acceptance_reason", r.acceptance_reason)
     for role in ("target", "draft"):
         m = getattr(r, role)
-        for name, _, _ in _fields(ModelIdentity):
-            v = getattr(m, name)
-            if isinstance(v, str):
-                text(f"{role}.{name}", v, 0, MAX_ID_CHARS * 2)
-            elif isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_BYTES:
-                problems.append(f"{role}.{name} = {v} is not in [0, {MAX_BYTES}]")
-        if m.digest and not SHA256_RE.match(m.digest):
-            problems.append(f"{role}.digest {m.digest[:80]!r} is not 64 lowercase hex digits")
         if "/" in m.reference and m.source != "huggingface":
             problems.append(f"{role}.reference {m.reference[:80]!r} is a path: a model is named by its file name")
     if not r.target.reference:
         problems.append("target.reference is required")
-    if r.backend not in BACKENDS:
-        problems.append(f"backend {r.backend!r} is not one of {', '.join(b for b in BACKENDS if b)}")
-    if r.energy_source not in ENERGY_SOURCES:
-        problems.append(f"energy_source {r.energy_source!r} is not one of {', '.join(e for e in ENERGY_SOURCES if e)}")
     if (r.energy_joules is None) != (r.energy_source == ""):
         problems.append("energy_joules and energy_source go together: both set or neither")
-    bounded("energy_joules", 0.0, 1e9)
-    bounded("joules_per_token", 0.0, 1e9)
-    if r.engine not in ENGINES:
-        problems.append(f"engine {r.engine!r} is not one of {', '.join(ENGINES)}")
     if r.method != VERIFY_COST and not is_method(r.engine, r.method):
         problems.append(f"method {r.method!r} is unknown to engine {r.engine!r}")
     elif is_speculative(r.method):
-        bounded("depth", 1, MAX_DEPTH)
+        if not least_depth(r.engine, r.method) <= r.depth <= MAX_DEPTH:
+            problems.append(f"depth = {r.depth!r} is not in [{least_depth(r.engine, r.method)}, {MAX_DEPTH}]")
     elif r.depth != 0:
         problems.append(f"depth of {r.method} must be 0, got {r.depth!r}")
     if r.prompt_category not in PROMPT_CATEGORIES and r.method != VERIFY_COST:
         problems.append(f"prompt_category {r.prompt_category!r} is not one of {', '.join(PROMPT_CATEGORIES)}")
-    if r.prompt_set_digest and not SHA256_RE.match(r.prompt_set_digest):
-        problems.append("prompt_set_digest is not 64 lowercase hex digits")
-    for name in ("prompt_tokens", "generated_tokens", "context_tokens", "max_new_tokens"):
-        bounded(name, 0, MAX_TOKENS)
-    for name in ("attempt", "repeat", "rounds", "tokens_drafted", "tokens_accepted", "warmup_runs"):
-        bounded(name, 0, MAX_TOKENS)
-    bounded("position", 0, 1000)
-    for name in (
-        "prefill_seconds",
-        "ttft_seconds",
-        "decode_seconds",
-        "wall_seconds",
-        "draft_seconds",
-        "verify_seconds",
-        "load_seconds",
-        "cooldown_seconds",
-        "inter_token_latency_p50_seconds",
-        "inter_token_latency_p90_seconds",
-        "inter_token_latency_p99_seconds",
-        "round_latency_p50_seconds",
-        "round_latency_p90_seconds",
-    ):
-        bounded(name, 0, MAX_SECONDS)
-    for name in ("decode_tokens_per_second", "prefill_tokens_per_second"):
-        bounded(name, 0, MAX_TOKENS_PER_SECOND)
-    bounded("peak_memory_bytes", 0, MAX_BYTES)
-    bounded("started_at_unix_seconds", 0, 2**33)
     s = r.sampler
     if not (0 <= s.temperature <= 10 and 0 < s.top_p <= 1 and 0 <= s.top_k <= 1_000_000 and 0 <= s.seed < 2**32):
         problems.append(f"sampler {s} out of range (temperature 0-10, top_p (0, 1], top_k >= 0, seed 32-bit)")
-    if r.output_sha256 and not SHA256_RE.match(r.output_sha256):
-        problems.append(f"output_sha256 {r.output_sha256[:80]!r} is not 64 lowercase hex digits (or empty)")
     if r.tokens_accepted > r.tokens_drafted:
         problems.append(f"tokens_accepted ({r.tokens_accepted}) exceeds tokens_drafted ({r.tokens_drafted})")
     if r.drafted_by_position and len(r.drafted_by_position) != len(r.acceptance_by_position):
         problems.append("drafted_by_position and acceptance_by_position differ in length")
-    if any(not (math.isfinite(a) and 0 <= a <= 1) for a in r.acceptance_by_position):
+    if any(not 0 <= a <= 1 for a in r.acceptance_by_position):
         problems.append("acceptance_by_position holds a share outside [0, 1]")
-    if any(d < 0 for d in r.drafted_by_position):
-        problems.append("drafted_by_position holds a negative count")
-    if r.lossless_check not in LOSSLESS_CHECKS:
-        problems.append(f"lossless_check {r.lossless_check!r} is not one of {', '.join(map(repr, LOSSLESS_CHECKS))}")
-    bounded("run_seed", 0, 2**32 - 1)
-    if any(not (math.isfinite(t) and 0 <= t <= MAX_SECONDS) for t in r.verify_cost_seconds):
-        problems.append("verify_cost_seconds holds a value that is not a finite number of seconds")
     if r.method == VERIFY_COST and not r.verify_cost_seconds:
         problems.append("a verify-cost run needs verify_cost_seconds")
     if r.method != VERIFY_COST and r.verify_cost_seconds:
         problems.append(f"verify_cost_seconds belongs to verify-cost runs, not {r.method}")
-    for i, reason in enumerate(r.env_reasons):
-        text(f"env_reasons[{i}]", reason)
-    text("system", r.system, 1, MAX_ID_CHARS)
-    text("server_version", r.server_version)
-    text("server_command", r.server_command)
-    if r.divergence is not None and r.divergence not in DIVERGENCES:
-        problems.append(f"divergence {r.divergence!r} is not one of {', '.join(map(repr, DIVERGENCES))} or None")
     if r.divergence == "near-tie" and r.lossless is not None:
         problems.append("a run that diverged at a near-tie has lossless None (neither lossless nor a defect)")
     if r.divergence == "defect" and r.lossless is not False:
         problems.append("a run whose divergence is a defect has lossless false")
-    for name in ("divergence_position", "divergence_token", "divergence_reference_token"):
-        bounded(name, 0, MAX_TOKENS)
-    bounded("divergence_margin", 0.0, 1e9)
-    bounded("divergence_threshold", 0.0, 1e9)
-    if r.drafter_warning is not None:
-        text("drafter_warning", r.drafter_warning)
-    if r.text_sample is not None:
-        text("text_sample", r.text_sample, 0, TEXT_SAMPLE_CHARS)
-    bounded("server_decode_tokens_per_second", 0, MAX_TOKENS_PER_SECOND)
-    bounded("server_prefill_seconds", 0, MAX_SECONDS)
-    if r.interleaving not in INTERLEAVINGS:
-        problems.append(f"interleaving {r.interleaving!r} is not one of {', '.join(map(repr, INTERLEAVINGS))}")
-    problems += [f"settings.{p}" for p in declared.problems(r.settings)]
     if r.engine in IN_PROCESS_ENGINES and r.system != "specfleet":
         problems.append(f"system of an in-process {r.engine} run is 'specfleet', got {r.system!r}")
     if r.engine == "llama-server" and r.system != "llama-server":
@@ -683,83 +524,92 @@ def _problems(r: RunRecord) -> list[str]:
 # ---------------------------------------------------------------- the job spec
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "arm")
 class Arm:
     """One arm of a cell. In-process engines: a method and depth. Server engines: a server
     configuration, the method being llama-server's --spec-type (or a label of what an OpenAI
     server's command does), `flags` the arm's own server flags (the type's parameters), and for
     `openai` the arm's command template ({model}, {depth}, {port})."""
 
-    method: str
-    depth: int = 0
-    flags: tuple[str, ...] = ()
-    command: str = ""
+    method: Str
+    depth: Int = 0
+    flags: tuple[Str, ...] = ()
+    command: Str = ""
+    build: str = ""  # llama-server: the build a sweep pins it to ("b9500"); a job's cell carries it in ServerSpec
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "server")
 class ServerSpec:
     """What every server arm of a cell shares: free flags (`-fa on -c 65536 --parallel 1`), for
     `openai` the system's name and either the baseline's command template or the loopback URL
     of a server that is already running."""
 
-    flags: tuple[str, ...] = ()
-    system: str = ""
-    command: str = ""
-    url: str = ""
+    flags: tuple[Str, ...] = ()
+    system: Str = ""
+    command: Str = ""
+    url: Str = ""
+    build: str = ""  # llama-server: the build every arm runs ("b9500", specfleet/server_arms.py); "": the agent's own
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "prompt")
 class Prompt:
-    id: str
-    text: str
+    id: Str
+    text: Str
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "verify_cost")
 class VerifyCost:
-    context_tokens: tuple[int, ...] = (256,)
-    max_rows: int = 16
-    repeats: int = 5
+    context_tokens: tuple[Int, ...] = (256,)
+    max_rows: Int = 16
+    repeats: Int = 5
 
 
-@dataclass(frozen=True)
+@model(InvalidRecord, "job spec")
 class JobSpec:
     """One cell of a sweep, as the coordinator hands it to an agent: what the worker runs.
 
     `model` maps "target" (and "draft") to the reference the sweep named; the agent replaces
     them with local paths before the worker starts (`with_models`). Defaults live here only."""
 
-    engine: str
-    model: dict[str, str]
-    prompt_set: str
-    prompt_category: str
-    prompt_set_digest: str
+    engine: Str
+    model: dict[Str, Str]
+    prompt_set: Str
+    prompt_category: Str
+    prompt_set_digest: Str
     prompts: tuple[Prompt, ...]
     arms: tuple[Arm, ...]
-    documents: tuple[str, ...] = ()  # context documents, in order, for context_tokens > 0
-    context_tokens: int = 0
+    documents: tuple[Str, ...] = ()  # context documents, in order, for context_tokens > 0
+    context_tokens: Int = 0
     sampler: Sampler = Sampler()
-    memory_gb: float = 0.0  # memory the agent needs for this engine's models; 0: no figure
+    memory_gb: Float = 0.0  # memory the agent needs for this engine's models; 0: no figure
     # The cell's declared settings (specfleet/settings.py) as the sweep chose them; the agent
     # resolves what it must (threads 0: its own default) before the engine gets them.
-    settings: Settings = Settings()
+    settings: SettingsField = Settings()
     verify_cost: VerifyCost | None = None
     server: ServerSpec | None = None  # server engines only
-    max_new_tokens: int = 128
-    warmup_cap: int = 10  # warm-up runs per arm and prompt until two agree within 5%
-    repeats: int = 3
-    deadline_seconds: float = 3600.0
-    cooldown_seconds: float = 0.0
+    max_new_tokens: Int = 128
+    warmup_cap: Int = 10  # warm-up runs per arm and prompt until two agree within 5%
+    repeats: Int = 3
+    deadline_seconds: Float = 3600.0
+    cooldown_seconds: Float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
+        """The spec from its JSON (older specs' top-level drafter parameters read into `settings`);
+        InvalidRecord naming every faulty field."""
         try:
             data = json.loads(text)
         except ValueError as e:
             raise InvalidRecord(f"job spec is not JSON: {e}") from None
-        return _spec_from_dict(data)
+        if not isinstance(data, dict):
+            raise InvalidRecord("job spec: must be a mapping")
+        legacy = {new: data.pop(old) for old, new in _SPEC_KEYS_BEFORE_SETTINGS.items() if old in data}
+        if legacy:
+            data["settings"] = {**legacy, **(data.get("settings") or {})}
+        return cls(**data)
 
     def with_models(self, **paths: str) -> JobSpec:
         return dataclasses.replace(self, model={**self.model, **paths})
@@ -774,42 +624,6 @@ _SPEC_KEYS_BEFORE_SETTINGS = {
     "ngram_map_size_n": "ngram_map_size_n",
     "ngram_map_min_hits": "ngram_map_min_hits",
 }
-
-
-def settings_from_dict(data: dict[str, Any], where: str = "settings") -> Settings:
-    """Settings from their dict, checked against the declaration; InvalidRecord naming every faulty one."""
-    if not isinstance(data, dict):
-        raise InvalidRecord(f"{where}: must be a mapping")
-    unknown = sorted(set(data) - {s.name for s in declared.CARRIED}, key=str)
-    if unknown:
-        raise InvalidRecord(f"{where}.{unknown[0]}: unknown setting")
-    settings = Settings(**data)
-    problems = declared.problems(settings)
-    if problems:
-        raise InvalidRecord(f"{where}: " + "; ".join(problems))
-    return settings
-
-
-def _spec_from_dict(data: dict[str, Any]) -> JobSpec:
-    if not isinstance(data, dict):
-        raise InvalidRecord("job spec: must be a mapping")
-    data = dict(data)
-    legacy = {new: data.pop(old) for old, new in _SPEC_KEYS_BEFORE_SETTINGS.items() if old in data}
-    data["settings"] = settings_from_dict({**legacy, **data.get("settings", {})}, "job spec: settings")
-    try:
-        data["prompts"] = tuple(Prompt(**p) for p in data.get("prompts", ()))
-        data["arms"] = tuple(Arm(**{**a, "flags": tuple(a.get("flags", ()))}) for a in data.get("arms", ()))
-        if data.get("server") is not None:
-            data["server"] = ServerSpec(**{**data["server"], "flags": tuple(data["server"].get("flags", ()))})
-        data["documents"] = tuple(data.get("documents", ()))
-        data["sampler"] = Sampler(**data.get("sampler", {}))
-        if data.get("verify_cost") is not None:
-            vc = dict(data["verify_cost"])
-            vc["context_tokens"] = tuple(vc.get("context_tokens", (256,)))
-            data["verify_cost"] = VerifyCost(**vc)
-        return JobSpec(**data)
-    except TypeError as e:
-        raise InvalidRecord(f"job spec: {e}") from None
 
 
 # ---------------------------------------------------------------- comparability

@@ -1,0 +1,248 @@
+"""Validation by pydantic 2: the types, bounds and choices of the run record, the job spec and the
+sweep file, and the problems they name.
+
+`model(error, what, rules)` makes a frozen pydantic dataclass of a class: its constructor (and so
+`dataclasses.replace`) checks every field against its annotation and raises `error` naming every
+faulty field at once, then, when the fields are sound, the cross-field `rules`. Scalars are strict
+(an int is never a string or a bool; ints may stand for floats, as JSON writes them); lists are read
+into tuples; nested parts may be given as mappings; an unknown field is refused.
+
+Bounds are annotations (`between`, `text`, `one_of`, `sha256`); a declared setting's are generated
+from specfleet/settings.py (`setting_type`, `SettingsField`), so the record, the job spec and the
+sweep file check a setting as its declaration says. `problems` turns pydantic's errors into the
+fleet's wording: `<field>: must be an integer, got '2'`, `<field> = -1.0 is not in [0, 604800.0]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import pydantic
+from pydantic import AfterValidator, ConfigDict, Strict, ValidationError
+from pydantic_core import PydanticCustomError, core_schema
+
+from specfleet import settings as declared
+from specfleet.settings import Settings
+
+CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # an int is accepted and read as a float
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+STRICT = {int: Int, float: Float, str: Str, bool: Bool}
+MAX_SHOWN = 80  # characters of a faulty value quoted in a problem
+
+
+def _refuse(kind: str, message: str):
+    # No context: the message is final, whatever braces the value holds.
+    raise PydanticCustomError(kind, message)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def between(lo: float, hi: float) -> AfterValidator:
+    """A number in [lo, hi]: `<field> = <value> is not in [lo, hi]`."""
+
+    def check(value):
+        if not lo <= value <= hi:
+            _refuse("range", f" = {_shown(value)} is not in [{lo}, {hi}]")
+        return value
+
+    return AfterValidator(check)
+
+
+def text(lo: int, hi: int) -> AfterValidator:
+    """A string of lo..hi characters: `<field> must be lo-hi characters, got n`."""
+
+    def check(value: str):
+        if not lo <= len(value) <= hi:
+            _refuse("text_length", f" must be {lo}-{hi} characters, got {len(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def one_of(choices: tuple[str, ...]) -> AfterValidator:
+    """One of `choices`: `<field> 'x' is not one of 'a', 'b'`."""
+    allowed = frozenset(choices)
+
+    def check(value):
+        if value not in allowed:
+            _refuse("choice", f" {_shown(value)} is not one of {', '.join(map(repr, choices))}")
+        return value
+
+    return AfterValidator(check)
+
+
+def sha256(value: str) -> str:
+    """Empty, or 64 lowercase hex digits."""
+    if value and (len(value) != 64 or value.strip("0123456789abcdef")):
+        _refuse("sha256", f" {_shown(value[:MAX_SHOWN])} is not 64 lowercase hex digits")
+    return value
+
+
+Sha256 = Annotated[str, Strict(), AfterValidator(sha256)]
+
+
+# ---------------------------------------------------------------- the declared settings
+
+
+def setting_type(s: declared.Setting):
+    """The annotation of a declared setting's value (None allowed: unknown or not applicable),
+    worded as the sweep file words it: `<field>: must be between lo and hi, got v`."""
+    checks = []
+    if s.lo is not None or s.hi is not None:
+        lo, hi = s.lo, s.hi
+        if lo is not None and hi is not None:
+            span = f"between {lo:g} and {hi:g}"
+        else:
+            span = f"at least {lo:g}" if lo is not None else f"at most {hi:g}"
+
+        def bounded(value, lo=lo, hi=hi, span=span):
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                _refuse("range", f": must be {span}, got {_shown(value)}")
+            return value
+
+        checks.append(AfterValidator(bounded))
+    if s.choices:
+
+        def chosen(value, choices=s.choices):
+            if value not in choices:
+                _refuse("choice", f": must be one of {', '.join(choices)}, got {_shown(value)}")
+            return value
+
+        checks.append(AfterValidator(chosen))
+    return (Annotated[STRICT[s.type], *checks] if checks else STRICT[s.type]) | None
+
+
+# The settings' fields, generated from the declaration: the carried settings with their defaults.
+_SettingsFields = pydantic.create_model(
+    "Settings",
+    __config__=CONFIG,
+    **{s.name: (setting_type(s), s.default) for s in declared.CARRIED},
+)
+
+
+def _settings_schema(_source, handler) -> core_schema.CoreSchema:
+    """Settings (specfleet/settings.py's dataclass) checked field by field by the generated model:
+    given as a Settings or as a mapping, read back into a Settings."""
+
+    def as_mapping(value):
+        return value.__dict__ if isinstance(value, Settings) else value
+
+    def as_settings(fields) -> Settings:
+        return Settings(**fields.__dict__)
+
+    return core_schema.no_info_before_validator_function(
+        as_mapping,
+        core_schema.no_info_after_validator_function(as_settings, handler.generate_schema(_SettingsFields)),
+    )
+
+
+SettingsField = Annotated[Settings, pydantic.GetPydanticSchema(_settings_schema)]
+_SETTINGS = pydantic.TypeAdapter(SettingsField)
+_SETTING = {s.name: pydantic.TypeAdapter(setting_type(s)) for s in declared.DECLARED}
+
+
+def settings_problems(value, where: str = "settings") -> list[str]:
+    """Every faulty field of declared settings (a Settings or a mapping), named `<where>.<name>`."""
+    try:
+        _SETTINGS.validate_python(value)
+    except ValidationError as e:
+        return problems(e, where + ".")
+    return []
+
+
+def setting_problem(name: str, value) -> str | None:
+    """Why `value` is not a value of the declared setting `name` (`: must be ...`), or None."""
+    try:
+        _SETTING[name].validate_python(value)
+    except ValidationError as e:
+        return problems(e)[0]
+    return None
+
+
+# ---------------------------------------------------------------- problems, in the fleet's words
+
+_MUST_BE = {
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "dataclass_type": "a mapping",
+    "dataclass_exact_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "iterable_type": "a list",
+}
+
+
+def where_of(loc: tuple, prefix: str = "", fields: tuple[str, ...] = ()) -> str:
+    """A pydantic location as the fleet names a field: `env_reasons[1]`, `settings.threads`;
+    a positional argument by its field's name."""
+    out = prefix
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += fields[part] if i == 0 and part < len(fields) else f"[{part}]"
+        else:
+            out += ("." if out and not out.endswith(".") else "") + str(part)
+    return out
+
+
+def problem(error: dict, prefix: str = "", fields: tuple[str, ...] = ()) -> str:
+    """One pydantic error as `<field>: <why>` (a bound's custom wording follows the field)."""
+    where, kind, value, ctx = where_of(error["loc"], prefix, fields), error["type"], error["input"], error.get("ctx")
+    if kind in ("missing", "missing_argument", "missing_keyword_only_argument"):
+        return f"{where}: is required"
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        return f"{where}: unknown field"
+    if kind in _MUST_BE:
+        return f"{where}: must be {_MUST_BE[kind]}, got {_shown(value)}"
+    if kind == "finite_number":
+        return f"{where}: must be finite, got {value!r}"
+    if kind == "too_long":
+        return f"{where}: holds {ctx['actual_length']} items; at most {ctx['max_length']}"
+    if kind in ("range", "text_length", "choice", "sha256"):
+        return f"{where}{error['msg']}"
+    return f"{where}: {error['msg']}"
+
+
+def problems(error: ValidationError, prefix: str = "", fields: tuple[str, ...] = ()) -> list[str]:
+    """Every faulty field of one validation, in the fleet's words."""
+    return [problem(e, prefix, fields) for e in error.errors(include_url=False)]
+
+
+def model(error: type[ValueError], what: str, rules: Callable[[Any], list[str]] | None = None):
+    """A class decorator: the class as a frozen pydantic dataclass (CONFIG) whose constructor
+    raises `error("<what>: <problem>; <problem>")` naming every faulty field, then every broken
+    cross-field rule (`rules(instance)`: problems, [] when none)."""
+
+    def decorate(cls):
+        cls = pydantic.dataclasses.dataclass(cls, frozen=True, config=CONFIG)
+        init = cls.__init__
+        names = tuple(f.name for f in dataclasses.fields(cls))
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            try:
+                init(self, *args, **kwargs)
+            except ValidationError as e:
+                raise error(f"{what}: " + "; ".join(problems(e, "", names))) from None
+            broken = rules(self) if rules else []
+            if broken:
+                raise error(f"{what}: " + "; ".join(broken))
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
