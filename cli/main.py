@@ -564,6 +564,7 @@ def cmd_demo(args) -> int:
         dashboard_port=args.dashboard_port,
         real=args.real,
         models_dir=Path(args.models_dir),
+        small=args.small,
     )
 
 
@@ -763,6 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--dashboard-port", env="DASHBOARD_PORT", type=int, default=8501)
     flag(p, "--real", env="DEMO_REAL", action="store_true", help="the real models of scripts/setup.sh --real-models")
     flag(p, "--models-dir", env="MODELS_DIR", default=".data/models", help="where --real finds them")
+    flag(p, "--small", env="DEMO_SMALL", action="store_true", help="every sweep and arm, one prompt and repeat")
     p.set_defaults(fn=cmd_demo)
     return parser
 

@@ -497,11 +497,11 @@ def _group_keys(db, comparable: str) -> tuple[str, dict]:
 def speedups(db, f: Filters, named: pd.DataFrame | None = None) -> pd.DataFrame:
     """specfleet.speedup's speedup per comparable group, chip and arm, with its 95% interval,
     machines, prompts, pairs and the pairs left out for a run that was not nominal; outlier runs
-    (specfleet.speedup.flagged_sql) are left out first and counted in `outlier_runs`, runs that
-    diverged at a near-tie kept and counted in `near_tie_runs`. `named`: groups(db, f) when the
-    caller has it already."""
+    (specfleet.speedup.flagged_sql) are left out by the definition itself and counted in
+    `outlier_runs`, runs that diverged at a near-tie kept and counted in `near_tie_runs`. `named`:
+    groups(db, f) when the caller has it already."""
     source, params = selected(f)
-    out = stats.speedups(db.query, speedup.inliers_sql(source), params)
+    out = stats.speedups(db.query, source, params)
     if out.empty:
         return out
     keys = ["comparable", "chip", "method", "depth"]

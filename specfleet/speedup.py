@@ -15,9 +15,10 @@ words:
    nominal (env_nominal false), when the arm's output differed from its reference with a clear
    margin (lossless false: a defect, shown as such), or when either speed is 0. A run that
    diverged at a near-tie (divergence "near-tie", lossless None: agent/divergence.py) stays in,
-   labelled. The dashboard's figures first leave out outlier runs (`inliers_sql`): beyond
-   OUTLIER_MADS median absolute deviations of their arm's repeats on the prompt, in one attempt,
-   and further than OUTLIER_MIN_DEVIATION of the median; the count of those is shown beside.
+   labelled. Outlier runs are left out before pairing (`flagged_sql`): beyond OUTLIER_MADS
+   median absolute deviations of their arm's repeats on the prompt, in one attempt, and further
+   than OUTLIER_MIN_DEVIATION of the median; every surface shows their count beside the figure
+   (`outlier_counts_sql`).
 3. Combine on the log scale, in the order of replication: the mean log ratio over a prompt's
    repeats, then over a machine's prompts, then over machines; the speedup is its exponential
    (a geometric mean of geometric means). Every figure carries the machines, the fewest
@@ -67,15 +68,18 @@ _REPEATS_OF_ARM = "PARTITION BY job_id, lease_id, method, depth, prompt_id"
 
 
 def flagged_sql(source: str) -> str:
-    """The runs of `source` with a boolean column `outlier` (verify-cost runs never are)."""
+    """The runs of `source` with a boolean column `outlier`, judged among the runs of their arm's
+    repeats on the prompt in one attempt that have a positive speed (verify-cost runs and runs at
+    zero speed never are: no figure counts them anyway)."""
     tps, part = "decode_tokens_per_second", _REPEATS_OF_ARM
+    positive = f"CASE WHEN {tps} > 0 THEN {tps} END"
     return f"""(
     SELECT * EXCLUDE (_median, _repeats, _deviation),
-           (method != '{VERIFY_COST}' AND _repeats >= {OUTLIER_MIN_REPEATS}
+           coalesce(method != '{VERIFY_COST}' AND _repeats >= {OUTLIER_MIN_REPEATS}
             AND _deviation > {OUTLIER_MIN_DEVIATION} * _median
-            AND _deviation > {OUTLIER_MADS} * median(_deviation) OVER ({part})) AS outlier
-    FROM (SELECT *, abs({tps} - _median) AS _deviation
-          FROM (SELECT *, median({tps}) OVER ({part}) AS _median, count(*) OVER ({part}) AS _repeats
+            AND _deviation > {OUTLIER_MADS} * median(_deviation) OVER ({part}), false) AS outlier
+    FROM (SELECT *, abs({positive} - _median) AS _deviation
+          FROM (SELECT *, median({positive}) OVER ({part}) AS _median, count({positive}) OVER ({part}) AS _repeats
                 FROM {source})))"""
 
 
@@ -96,12 +100,17 @@ def outlier_counts_sql(source: str, comparable: str = COMPARABLE_ID) -> str:
     """
 
 
-def _pairs_sql(source: str, jobs: str) -> str:
-    valid = valid_sql(source, jobs)
+def pairs_sql(source: str, jobs: str | None = "jobs") -> str:
+    """One row per pair (step 2) of the runs of `source`: its comparable group, checked keys,
+    names, chip, machine, arm, prompt, repeat, job and attempt, and its log ratio. Outlier runs
+    are judged among every run of `source` and left out first; with `jobs`, only runs that count
+    (counts_sql) pair; without, every attempt's (coordinator/figures.py applies counts_sql later)."""
+    runs = inliers_sql(source)
+    valid = valid_sql(runs, jobs) if jobs else runs
     return f"""
     SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
            a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.agent_id,
-           a.method, a.depth, a.prompt_id, a.repeat,
+           a.method, a.depth, a.prompt_id, a.repeat, a.job_id, a.attempt,
            ln(a.decode_tokens_per_second / b.decode_tokens_per_second) AS log_ratio
     FROM {valid} a JOIN {valid} b
       ON b.job_id = a.job_id AND b.lease_id = a.lease_id AND b.prompt_id = a.prompt_id
@@ -121,7 +130,7 @@ def per_prompt_sql(source: str, jobs: str = "jobs") -> str:
            any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
            any_value(engine) AS engine, chip, agent_id, method, depth, prompt_id,
            avg(log_ratio) AS log_ratio, count(*) AS repeats
-    FROM ({_pairs_sql(source, jobs)}) GROUP BY comparable, chip, agent_id, method, depth, prompt_id
+    FROM ({pairs_sql(source, jobs)}) GROUP BY comparable, chip, agent_id, method, depth, prompt_id
     """
 
 

@@ -44,3 +44,39 @@ def test_a_nominal_pair_decides_alone_and_is_not_marked():
     row, text = draft_row(stored([False, True, False], draft_tps=10.0))
     assert row[5] == "0.11", text  # prompt 2 alone: 11 / 100
     assert NOT_NOMINAL not in text, text
+
+
+def repeats(draft_tps: list[float], **draft_fields) -> pd.DataFrame:
+    """One prompt, a repeat per draft speed: the baseline at 80 tok/s each time."""
+    rows = []
+    for r, tps in enumerate(draft_tps):
+        for method, depth, speed, fields in (("baseline", 0, 80.0, {}), ("draft", 2, tps, draft_fields)):
+            record = run_record("job-1", method, depth, speed, repeat=r, env_nominal=True, **fields)
+            rows.append({**record.row(), "lease_id": "lease-1", "agent_id": "a", "chip": "c", "sweep_id": "s"})
+    return pd.DataFrame(rows)
+
+
+def test_an_outlier_run_is_out_of_the_row_and_its_speedup_and_counted():
+    """Issue 26's run (11.7 tok/s among repeats of about 93): the row's median, acceptance and
+    speedup are the other three's, and the row counts it."""
+    row, text = draft_row(repeats([63 / 0.68, 63 / 0.70, 63 / 5.4, 63 / 0.66]))
+    assert row[5] == "1.16" and row[-2:] == ["4", "1"], text  # speedup; runs, outliers
+    assert row[3] == f"{63 / 0.68:.1f}", text  # the median of the three kept
+    assert "outliers: runs beyond 3 MADs" in text
+
+
+def test_a_near_tie_is_labelled_and_kept():
+    near_tie = {"lossless": None, "divergence": "near-tie", "divergence_position": 51, "divergence_margin": 0.07}
+    row, text = draft_row(repeats([100.0, 100.0], **near_tie))
+    assert row[5] == "1.25" and row[7] == "near-tie", text
+    assert "near-tie: a run's output left the baseline's" in text
+
+
+def test_the_greedy_baselines_of_two_systems_are_compared_token_for_token():
+    runs = repeats([100.0, 100.0])
+    server = runs[runs.method == "baseline"].assign(system="llama-server", threads=1)
+    server.loc[server.index[0], "output_sha256"] = "cd" * 32  # one run gave other tokens
+    text = summary_table(
+        pa.Table.from_pandas(pd.concat([runs.assign(threads=1), server])), pa.Table.from_pandas(jobs_of(runs))
+    )
+    assert "greedy baselines, llama-server and mlx at 1 thread(s): the same tokens on 0 of 1 prompt(s)" in text, text

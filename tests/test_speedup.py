@@ -69,3 +69,32 @@ def test_only_nominal_lossless_pairs_of_one_group_combine_as_geometric_means():
     assert (main.machines, main.prompts, main.pairs) == (2, 1, 4)
     other = out[out.comparable != main.comparable]
     assert other.empty  # the max_new_tokens=64 arm has no baseline in its own group: never paired across
+
+
+def test_an_outlier_run_is_out_of_the_speedup_and_counted():
+    """Issue 26's run: a 5.4 s decode among repeats of about 0.68 s (11.7 tok/s among about 93) is
+    left out by the definition itself (its pair with it), and counted beside the figure."""
+    tokens = 63  # decode tok/s = the tokens after the first / decode seconds
+    decode_seconds = [0.68, 0.70, 5.4, 0.66]
+    runs = [stored("j1", 1, "a", "baseline", "p1", r, 80.0) for r in range(4)]
+    runs += [stored("j1", 1, "a", "draft", "p1", r, tokens / s) for r, s in enumerate(decode_seconds)]
+    out = figures(runs, [("j1", 1, "done")])
+    expected = tokens / 80.0 / (0.68 * 0.70 * 0.66) ** (1 / 3)  # the geometric mean of the other three
+    assert out.speedup[0] == pytest.approx(expected) and out.pairs[0] == 3
+    assert 1.15 < expected < 1.16  # with the outlier in, the figure would be 0.69: a slowdown
+    con = duckdb.connect()
+    con.register("runs", pd.DataFrame(runs))
+    counts = con.execute(speedup.outlier_counts_sql("runs")).df()
+    assert counts[["method", "depth", "outlier_runs"]].values.tolist() == [["draft", 2, 1]]
+
+
+def test_runs_at_zero_speed_are_never_judged_nor_judge():
+    """A run with no decode speed (0 tok/s) enters no figure; it is no outlier, and two of them do
+    not make the one measured repeat an outlier."""
+    runs = [stored("j1", 1, "a", "baseline", "p1", r, tps) for r, tps in enumerate([100.0, 0.0, 0.0])]
+    runs += [stored("j1", 1, "a", "draft", "p1", r, 150.0) for r in range(3)]
+    out = figures(runs, [("j1", 1, "done")])
+    assert out.speedup[0] == pytest.approx(1.5) and out.pairs[0] == 1
+    con = duckdb.connect()
+    con.register("runs", pd.DataFrame(runs))
+    assert con.execute(f"SELECT count(*) FROM {speedup.flagged_sql('runs')} WHERE outlier").fetchone()[0] == 0
