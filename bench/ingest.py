@@ -1,18 +1,23 @@
-"""Does storing a batch of results get slower as the runs table grows?
+"""How fast are records validated, and does storing a batch of results get slower as the runs table grows?
 
-Stores batches of 60 runs (what the coordinator's ingest batches hold at 600 results/s) into a
+First, run records validated per second (`RunRecord.from_json`, what ingest and the spool do per
+upload), by this checkout's record module and, side by side in the same process, by the record
+module as it was before pydantic (`git show BEFORE:specfleet/record.py`, its hand-written checks),
+with their ratio. Then it stores batches of 60 runs (what the coordinator's ingest batches hold at 600 results/s) into a
 real DuckDB file holding N runs already, for N = 10,000 and 1,000,000, and prints the median
 time of `ingest_many` beside the retry lookup written the two ways it can be: `IN (?, ?, ...)`
 (what ingest uses: answered from the primary-key index) and `IN (SELECT unnest(?))` (a join,
 which scans the whole table).
 
-    .venv/bin/python bench/ingest.py
+    .venv/bin/python bench/ingest.py [--validation-only]
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,11 +30,49 @@ from coordinator import agents, auth  # noqa: E402
 from coordinator.ingest import Report, ingest_many  # noqa: E402
 from coordinator.scheduler import Scheduler  # noqa: E402
 from coordinator.store import Store, placeholders  # noqa: E402
+from specfleet import record  # noqa: E402
 from specfleet.sweeps import parse_sweep  # noqa: E402
 from tests.support.fleet import make_run, run_id  # noqa: E402
 
 BATCH = 60
 REPEATS = 15
+# The last commit whose record module validated by hand (before specfleet/schemas.py).
+BEFORE = "8978ce0"
+VALIDATED = 2000  # records per timing
+
+
+def record_module_before():
+    """specfleet/record.py as of BEFORE, imported under another name."""
+    text = subprocess.run(
+        ["git", "show", f"{BEFORE}:specfleet/record.py"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "record_before.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("record_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["record_before"] = module  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def validated_per_second(module, texts: list[str]) -> float:
+    """Median records per second that `module.RunRecord.from_json` reads and validates."""
+    return len(texts) / (median_ms(lambda: [module.RunRecord.from_json(t) for t in texts]) / 1000)
+
+
+def validation() -> None:
+    texts = [
+        make_run(f"job-{i}", method="draft", depth=3, tokens_drafted=30, tokens_accepted=20) for i in range(VALIDATED)
+    ]
+    before, after = record_module_before(), record
+    rates = {}
+    for _ in range(3):  # alternated, so that a busy moment falls on both
+        for name, module in (("before", before), ("after", after)):
+            rates.setdefault(name, []).append(validated_per_second(module, texts))
+    b, a = statistics.median(rates["before"]), statistics.median(rates["after"])
+    print(f"run records validated per second (RunRecord.from_json, {VALIDATED} records, median of 3 alternated)")
+    print(f"{'hand-written (' + BEFORE + ')':28}{'pydantic (this checkout)':>26}{'ratio':>8}")
+    print(f"{b:28,.0f}{a:26,.0f}{a / b:8.2f}")
 
 
 def median_ms(fn) -> float:
@@ -78,6 +121,10 @@ def measure(stored: int) -> dict[str, float]:
 
 
 def main() -> int:
+    validation()
+    if "--validation-only" in sys.argv[1:]:
+        return 0
+    print()
     sizes = (10_000, 1_000_000)
     results = {n: measure(n) for n in sizes}
     print(f"median ms per batch of {BATCH} runs, by runs already stored")
