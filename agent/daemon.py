@@ -17,8 +17,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import doctor, environment, heartbeat, poll, retry, runner
+from agent import doctor, environment, heartbeat, poll, retry, runner, settings
 from agent.credentials import AgentIdentity
+from agent.engines.llama_server import build_versions, find_binary, find_builds
 from agent.fingerprint import available_engines, fingerprint
 from agent.metrics import AgentMetrics
 from agent.models import HashCache
@@ -75,6 +76,10 @@ class Agent:
         self.fingerprint = fingerprint()  # taken at start: sent once, and the memory that models must fit
         self.llama_server = llama_server
         self.engines = available_engines(llama_server)
+        # Its llama-server binaries by build (sweeps pin arms to one): reported in the fingerprint.
+        default = find_binary(str(llama_server) if llama_server else None)
+        self.llama_builds = find_builds(default, settings.llama_server_builds(config_dir))
+        self.fingerprint.engine_versions.update(build_versions(self.llama_builds))
         self.hashes = HashCache(config_dir / "model-hashes.json")
         self.metrics = AgentMetrics(self.spool.depth)
         self.metrics_port = metrics_port

@@ -15,7 +15,7 @@ that batching changes it by at that very position (the same prefix with its last
 forward pass, for every r from 2 to the arm's verify batch of depth + 1: the engine's own
 batch-vs-single test, run where it matters). A near-tie run keeps `lossless` None and stays in the
 figures labelled "diverged at a near-tie"; any other divergence is a defect (`lossless` false), as
-is one whose margin cannot be read (server engines, which have no logit_margin).
+is one whose margin cannot be read (the openai engine has no logit_margin; llama-server's is its n_probs).
 
 NEAR_TIE_LOGITS comes from that test on the tiny models (tests/test_divergence.py, which fails if
 it no longer holds): the largest single-row-vs-batch logit difference is 1.7e-3 on the float32

@@ -53,6 +53,10 @@ def check(agent: Agent, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity
         raise ModelRefused(
             f"engine {spec.engine!r} is not one this agent runs (it runs: {', '.join(agent.engines) or 'none'})"
         )
+    build = spec.server.build if spec.server is not None else ""
+    if build and build not in agent.llama_builds:
+        have = ", ".join(f"{b.tag} ({b.binary})" for b in agent.llama_builds.values()) or "none"
+        raise ModelRefused(f"the job pins llama-server build {build}, which this agent does not have (it has: {have})")
     unknown = sorted({a.method for a in spec.arms if not is_method(spec.engine, a.method)}, key=str)
     if unknown:
         raise ModelRefused(

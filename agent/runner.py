@@ -111,6 +111,14 @@ def _fail(agent: Agent, job, reason: str, *, refused: bool = False) -> None:
         agent.metrics.job_ended("failed")
 
 
+def llama_server_for(agent: Agent, spec: JobSpec) -> str | None:
+    """The llama-server binary a job runs: its pinned build's (preflight refused a build the agent
+    lacks), else the agent's own (None: the engine's own search)."""
+    if spec.server is not None and spec.server.build:
+        return str(agent.llama_builds[spec.server.build].binary)
+    return str(agent.llama_server) if agent.llama_server else None
+
+
 def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
     workdir = agent.config_dir / "jobs" / job.job_id
     workdir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +132,7 @@ def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
                 "spec": spec.to_json(),
                 "models": {role: dataclasses.asdict(m) for role, m in models.items()},
                 "memory_bytes": agent.fingerprint.memory_bytes,
-                "llama_server": str(agent.llama_server) if agent.llama_server else None,
+                "llama_server": llama_server_for(agent, spec),
             }
         )
     )

@@ -78,7 +78,8 @@ def engine_options(spec: JobSpec, job: dict, workdir: Path) -> dict:
     options = {"memory_bytes": job.get("memory_bytes") or None, "log_dir": str(workdir)}
     if spec.engine == "llama-server":
         flags = spec.server.flags if spec.server else ()
-        return {**options, "binary": job.get("llama_server"), "flags": flags, "settings": spec.settings}
+        build = spec.server.build if spec.server else ""
+        return {**options, "binary": job.get("llama_server"), "flags": flags, "settings": spec.settings, "build": build}
     return {**options, "server": spec.server}
 
 

@@ -29,6 +29,7 @@ from coordinator.states import (
     transition,
 )
 from coordinator.store import Store, next_seq, placeholders
+from specfleet.server_arms import fingerprint_builds
 from specfleet.sweeps import Sweep, agent_can_run, agent_matches
 
 LEASE_SECONDS = 60.0
@@ -55,6 +56,29 @@ def lease_problem(agent_id: str, job_id: str, lease_id: str, row) -> SchedulerEr
 
 class NoMatchingAgents(SchedulerError):
     pass
+
+
+def llama_server_builds(fingerprint: str | None) -> set[str]:
+    """The llama-server builds an agent's stored fingerprint reports (server_arms.fingerprint_builds)."""
+    versions = json.loads(fingerprint or "{}").get("engineVersions") or {}
+    return set(fingerprint_builds(versions))
+
+
+def missing_builds(sweep: Sweep, cells: list, jobs: list, fleet_builds: dict[str, set[str]]) -> None:
+    """NoMatchingAgents naming every llama-server build the sweep's arms pin that no agent it
+    targets can run (none has it, or none that has it has the engine and the memory), as an
+    unknown engine is refused: nothing is stored."""
+    pinned = list(dict.fromkeys(c.server.build for c in cells if c.server is not None and c.server.build))
+    given = {cell.server.build for _, cell in jobs if cell.server is not None}
+    missing = [b for b in pinned if b not in given]
+    if not missing:
+        return
+    have = "; ".join(f"{b} on {', '.join(sorted(names))}" for b, names in sorted(fleet_builds.items())) or "none"
+    raise NoMatchingAgents(
+        f"sweep {sweep.name!r}: no enrolled agent matching its target can run llama-server build(s) "
+        f"{', '.join(missing)} that its arms pin (arms[].server_build); the builds its agents report: {have} "
+        "(an agent lists its binaries in settings.json's llama_server_builds); nothing was stored"
+    )
 
 
 @dataclass(frozen=True)
@@ -147,22 +171,27 @@ class Scheduler:
         sweep_id = "sw-" + uuid.uuid4().hex[:12]
         with self.store.tx() as con:
             agents = con.execute(
-                "SELECT agent_id, name, chip, memory_bytes, labels, engines FROM agents"
+                "SELECT agent_id, name, chip, memory_bytes, labels, engines, fingerprint FROM agents"
                 " WHERE state IN ('enrolled', 'idle', 'busy')"
             ).fetchall()
             jobs = []
             cells = sweep.cells()
-            for agent_id, name, chip, memory_bytes, labels, engines in agents:
+            fleet_builds: dict[str, set[str]] = {}  # llama-server build -> the matching agents that have it
+            for agent_id, name, chip, memory_bytes, labels, engines, fingerprint in agents:
                 info = {
                     "name": name,
                     "chip": chip,
                     "memory_bytes": memory_bytes,
                     "labels": json.loads(labels),
                     "engines": json.loads(engines),
+                    "llama_server_builds": llama_server_builds(fingerprint),
                 }
                 if not agent_matches(sweep.target, info):
                     continue
+                for build in info["llama_server_builds"]:
+                    fleet_builds.setdefault(build, set()).add(name)
                 jobs.extend((agent_id, cell) for cell in cells if agent_can_run(cell, info))
+            missing_builds(sweep, cells, jobs, fleet_builds)
             if not jobs:
                 needs = [
                     f"{e} with {m['memory_gb']} GB of memory" if "memory_gb" in m else e

@@ -24,20 +24,35 @@ openai arms are command templates of an OpenAI-compatible server ({model}, {dept
       - {method: mtp, depths: [1, 2, 3], command: "mtplx serve --model {model} --mtp --depth {depth} --port {port}"}
 
 or, with `server.url`, the one configuration of a server that is already running on loopback.
+
+A llama-server arm may pin the build it runs (`server_build: b9500`, llama.cpp's release tag; a
+command-line arm takes it beside its `command`), where agents have several llama-server binaries
+side by side (agent/settings.py `llama_server_builds`). Arms are grouped by build
+(`by_build`): each build is a cell of its own, its baseline run on that build too, so a speedup is
+always within one build and the Versions page compares the builds (specfleet/versions.py). The
+scheduler gives a pinned cell only to agents that report the build (`fingerprint_builds`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shlex
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
 from specfleet import settings as declared
-from specfleet.record import MAX_DEPTH, OPENAI_METHODS, SERVER_SPEC_TYPES, Arm, ServerSpec, is_method
+from specfleet.record import MAX_DEPTH, OPENAI_METHODS, SERVER_SPEC_TYPES, Arm, ServerSpec, is_method, least_depth
 
 SERVER_KEYS = {"flags", "system", "command", "url"}
-LLAMA_SERVER_ARM_KEYS = {"spec_type", "depths", "params", "flags", "command"}
+LLAMA_SERVER_ARM_KEYS = {"spec_type", "depths", "params", "flags", "command", "server_build"}
+BUILD_FIELD = "server_build"
+BUILD_RE = re.compile(r"^b?(\d{1,9})$")  # llama.cpp's release tags: b9500 (a bare 9500 is taken too)
+# An agent's llama-server builds in its fingerprint's engine_versions: "llama-server@b9500" -> its
+# version label ("b9500-328874d"), one entry per binary (agent/engines/llama_server.py find_builds).
+BUILD_KEY_PREFIX = "llama-server@"
+MAX_BUILDS = 16  # per agent: the fingerprint holds at most 32 engine versions
 OPENAI_ARM_KEYS = {"method", "depths", "command"}
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 MAX_FLAGS = 64
@@ -190,22 +205,45 @@ def parse_arms(c, doc: dict[str, Any], engine: str, models: dict[str, str], serv
     return arms
 
 
-def _depths(c, where: str, entry: dict, default: int) -> list[int]:
+def _depths(c, where: str, entry: dict, default: int, least: int = 1) -> list[int]:
     depths = entry.get("depths", [default])
     if not isinstance(depths, list) or not depths:
         c.fail(f"{where}.depths", "must be a non-empty list of draft depths")
         return []
     return [
-        d for j, d in enumerate(depths) if c.number(f"{where}.depths[{j}]", d, 1, MAX_DEPTH, integer=True) is not None
+        d
+        for j, d in enumerate(depths)
+        if c.number(f"{where}.depths[{j}]", d, least, MAX_DEPTH, integer=True) is not None
     ]
+
+
+def build_tag(value) -> str | None:
+    """A build as llama.cpp tags its releases ("b9500") from a sweep's value ("b9500", 9500); None
+    when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    m = BUILD_RE.match(str(value).strip())
+    return f"b{int(m[1])}" if m else None
+
+
+def _build(c, where: str, entry: dict) -> str:
+    if BUILD_FIELD not in entry:
+        return ""
+    tag = build_tag(entry[BUILD_FIELD])
+    if tag is None:
+        c.fail(f"{where}.{BUILD_FIELD}", f"must be a llama.cpp build tag such as b9500, got {entry[BUILD_FIELD]!r}")
+        return ""
+    return tag
 
 
 def _llama_server_arm(c, where: str, entry: dict, models: dict[str, str]) -> list[Arm]:
     c.unknown_keys(f"{where}.", entry, LLAMA_SERVER_ARM_KEYS)
+    build = _build(c, where, entry)
     if "command" in entry:
-        if set(entry) != {"command"}:
+        if set(entry) - {BUILD_FIELD} != {"command"}:
             c.fail(where, "a command line stands alone: no spec_type, depths, params or flags beside it")
-        return [a for a in [command_line_arm(c, f"{where}.command", entry["command"], models)] if a]
+        arm = command_line_arm(c, f"{where}.command", entry["command"], models)
+        return [dataclasses.replace(arm, build=build)] if arm else []
     method = entry.get("spec_type")
     if not isinstance(method, str) or not is_method("llama-server", method) or method == "baseline":
         c.fail(
@@ -225,7 +263,8 @@ def _llama_server_arm(c, where: str, entry: dict, models: dict[str, str]) -> lis
             flags += [allowed[key], str(value)]
     if "draft-simple" in method.split(",") and not models.get("draft"):
         c.fail(f"{where}.spec_type", "draft-simple needs models.llama-server.draft")
-    return [Arm(method, d, tuple(flags)) for d in _depths(c, where, entry, depth_flag(method)[1])]
+    least = least_depth("llama-server", method)  # draft types: n_max 0 loads the drafter, an arm of its own
+    return [Arm(method, d, tuple(flags), build=build) for d in _depths(c, where, entry, depth_flag(method)[1], least)]
 
 
 def command_line_arm(c, where: str, line, models: dict[str, str]) -> Arm | None:
@@ -260,8 +299,9 @@ def command_line_arm(c, where: str, line, models: dict[str, str]) -> Arm | None:
             elif word == SPEC_TYPE_FLAG:
                 method = value
             elif word in _depth_flag_names():
-                if not value.isdigit() or not 1 <= int(value) <= MAX_DEPTH:
-                    c.fail(where, f"{word} {value}: must be a depth from 1 to {MAX_DEPTH}")
+                least = 0 if word == "--spec-draft-n-max" else 1
+                if not value.isdigit() or not least <= int(value) <= MAX_DEPTH:
+                    c.fail(where, f"{word} {value}: must be a depth from {least} to {MAX_DEPTH}")
                     return None
                 depth = int(value)
         else:
@@ -273,6 +313,9 @@ def command_line_arm(c, where: str, line, models: dict[str, str]) -> Arm | None:
         if depth is not None:
             c.fail(where, "a depth flag without --spec-type")
         return Arm("baseline", 0, tuple(flags))
+    if depth is not None and depth < least_depth("llama-server", method):
+        c.fail(where, f"--spec-type {method} drafts at depth 1 to {MAX_DEPTH}, got {depth}")
+        return None
     return Arm(method, depth if depth is not None else depth_flag(method)[1], tuple(flags))
 
 
@@ -301,6 +344,26 @@ def _openai_arm(c, where: str, entry: dict, running: bool) -> list[Arm]:
     return [
         Arm(method, d, (), command.strip() if isinstance(command, str) else "") for d in _depths(c, where, entry, 1)
     ]
+
+
+def by_build(arms: list[Arm]) -> list[tuple[str, list[Arm]]]:
+    """A server engine's arms as cells by pinned build, in the order the builds first appear:
+    (build, its arms with the build taken off: the cell's ServerSpec carries it). Baselines pinned
+    to no build join every cell; arms pinned to none make the cell of build "" (the agent's own
+    llama-server). Without a pin, one cell of every arm, as before builds could be pinned."""
+    shared = [a for a in arms if a.method == "baseline" and not a.build]
+    builds = list(dict.fromkeys(a.build for a in arms if a not in shared)) or [""]
+    cells = []
+    for build in builds:
+        own = [dataclasses.replace(a, build="") for a in arms if a.build == build and a not in shared]
+        cells.append((build, list(dict.fromkeys(shared + own))))
+    return cells
+
+
+def fingerprint_builds(engine_versions: dict[str, str]) -> dict[str, str]:
+    """The llama-server builds an agent reports in its fingerprint's engine versions: tag ->
+    version label."""
+    return {k[len(BUILD_KEY_PREFIX) :]: v for k, v in engine_versions.items() if k.startswith(BUILD_KEY_PREFIX)}
 
 
 def notes(engine: str, arms: list[Arm]) -> list[str]:

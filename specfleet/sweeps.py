@@ -5,18 +5,27 @@ x depths give the arms inside a cell, always with the autoregressive baseline. A
 `JobSpec` (specfleet/record.py). One job is one cell on one
 agent, so every speedup is a ratio measured on one machine with the arms interleaved.
 
-Validation collects every problem, each naming its field, before anything is stored.
+Validation collects every problem, each naming its line of the file and its field
+(`line 12: arms[2].depth: must be ...`), before anything is stored. Types and bounds are checked
+by pydantic (strict: specfleet/schemas.py): the file's parts (`SamplerFields`, `VerifyCostFields`,
+`TargetFields`, `ModelFields`), its numbers (`_Checker.number`) and the declared settings (their
+types generated from specfleet/settings.py); what relates one field to another (an engine's
+methods, a model per engine) is checked here by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
-import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from specfleet import prompt_library, server_arms, yaml_limits
+import pydantic
+from pydantic import BaseModel, Field
+
+from specfleet import prompt_library, schemas, server_arms, yaml_limits
 from specfleet import settings as declared
 from specfleet.design import rounded_repeats
 from specfleet.record import (
@@ -58,12 +67,6 @@ TOP_KEYS = {
     "deadline_seconds",
     "cooldown_seconds",
 }
-VERIFY_COST_KEYS = {"context_tokens", "max_rows", "repeats"}
-TARGET_KEYS = {"chips", "chip_families", "min_memory_gb", "labels", "agents"}
-# memory_gb: unified memory an agent needs to run this engine's target and draft together
-# (weights, KV cache, activations); agents with less get no job for that engine.
-MODEL_KEYS = {"target", "draft", "memory_gb"}
-SAMPLER_KEYS = {"temperature", "top_p", "top_k", "seed"}
 MAX_YAML_BYTES = 256 * 1024
 MAX_CONTEXT_TOKENS = 131072
 MAX_PROBLEM_CHARS = 300  # one problem, as reported
@@ -140,7 +143,12 @@ class Sweep:
         """One job spec per cell: what a worker needs to run it."""
         sets = prompt_library.prompt_sets()
         cells = []
-        for engine, model in ((e, m) for e in self.engines for m in self.models[e]):
+        for engine, model, (build, arms) in (
+            (e, m, group) for e in self.engines for m in self.models[e] for group in self.arm_groups(e)
+        ):
+            server = None if engine in IN_PROCESS_ENGINES else self.server
+            if build:  # a llama-server build pinned by the sweep's arms: a cell of its own
+                server = dataclasses.replace(server, build=build)
             for sampler in self.samplers:
                 for name in self.prompt_sets:
                     prompts = sets[name].prompts[: self.prompts]
@@ -157,11 +165,11 @@ class Sweep:
                                 prompts=prompts,
                                 documents=docs,
                                 context_tokens=context,
-                                arms=tuple(self.arms_of(engine)),
+                                arms=tuple(arms),
                                 sampler=sampler,
                                 settings=settings,
                                 verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES else None,
-                                server=None if engine in IN_PROCESS_ENGINES else self.server,
+                                server=server,
                                 max_new_tokens=self.max_new_tokens,
                                 warmup_cap=self.warmup,
                                 repeats=self.repeats,
@@ -170,6 +178,12 @@ class Sweep:
                             )
                         )
         return cells
+
+    def arm_groups(self, engine: str) -> list[tuple[str, list[Arm]]]:
+        """The engine's arms as cells: (pinned llama-server build or "", arms), server_arms.by_build."""
+        if engine in IN_PROCESS_ENGINES:
+            return [("", self.arms_of(engine))]
+        return server_arms.by_build(self.arms_of(engine))
 
     def settings_of(self, engine: str) -> list[Settings]:
         """The engine's cells' settings: one per combination of the values of the settings that
@@ -207,26 +221,115 @@ class Sweep:
         return out
 
 
+# ---------------------------------------------------------------- the file's parts, as pydantic models
+
+
+@functools.cache
+def _bounded(integer: bool, lo, hi):
+    """A number's annotation, made once per bounds (pydantic's adapters are cached by it)."""
+    return Annotated[schemas.Int if integer else schemas.Float, schemas.within(lo, hi)]
+
+
+class _Part(BaseModel):
+    model_config = schemas.CONFIG
+
+
+class SamplerFields(_Part):
+    """One entry of `samplers`."""
+
+    temperature: _bounded(False, 0, 10) = 0.0
+    top_p: _bounded(False, 0.0001, 1) = 1.0
+    top_k: _bounded(True, 0, 1_000_000) = 0
+    seed: _bounded(True, 0, 2**31 - 1) = 0
+
+
+class VerifyCostFields(_Part):
+    """`verify_cost`: the target's forward-pass times of 1..max_rows rows at each context depth."""
+
+    context_tokens: Annotated[list[_bounded(True, 0, MAX_CONTEXT_TOKENS)], Field(min_length=1)] = list(
+        VerifyCost.context_tokens
+    )
+    max_rows: _bounded(True, 1, 64) = VerifyCost.max_rows
+    repeats: _bounded(True, 1, 1000) = VerifyCost.repeats
+
+
+Names = list[Annotated[schemas.Str, schemas.text(1, 200)]] | None
+
+
+class TargetFields(_Part):
+    """`target`: which agents a sweep's jobs go to."""
+
+    chips: Names = None
+    chip_families: Names = None
+    agents: Names = None
+    min_memory_gb: _bounded(False, 0, 16384) = 0.0
+    labels: dict[schemas.Str, schemas.Str] = {}
+
+
+class ModelFields(_Part):
+    """One model pair of `models.<engine>`. memory_gb: unified memory an agent needs to run this
+    engine's target and draft together (weights, KV cache, activations); agents with less get no
+    job for that engine."""
+
+    target: Annotated[schemas.Str, schemas.text(1, 4096)]
+    draft: schemas.Str | None = None
+    memory_gb: _bounded(False, 0, 16384) | None = None
+
+
+@functools.cache
+def _adapter(annotation) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(annotation)
+
+
+def _given(mapping: dict) -> dict:
+    """A mapping's fields that are given: a null is a field left out (its default)."""
+    return {k: v for k, v in mapping.items() if v is not None}
+
+
 class _Checker:
-    def __init__(self):
+    """Collects a sweep's problems, each as `line N: <field>: <why>` (the line from the YAML
+    loader, `source:N:` when the file is named)."""
+
+    def __init__(self, located: yaml_limits.Located | None = None, source: str = ""):
         self.problems: list[str] = []
+        self.located = located
+        self.source = source
+
+    def _add(self, where: str, why: str) -> None:
+        line = self.located.line(where) if self.located else None
+        at = "" if line is None else f"{self.source}:{line}: " if self.source else f"line {line}: "
+        self.problems.append(f"{at}{where}{why}")
 
     def fail(self, where: str, why: str) -> None:
-        self.problems.append(f"{where}: {why}")
+        self._add(where, f": {why}")
+
+    def valid(self, where: str, annotation, value, default=None):
+        """`value` as pydantic reads it against `annotation`; every problem named under `where`
+        and `default` when it has any."""
+        try:
+            return _adapter(annotation).validate_python(value)
+        except pydantic.ValidationError as e:
+            for error in e.errors(include_url=False):
+                why = schemas.why(error)
+                if why == ": unknown field" and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                    why += f" (allowed: {', '.join(sorted(annotation.model_fields))})"
+                self._add(schemas.where_of(error["loc"], where), why)
+            return default
+
+    def part(self, where: str, fields: type[BaseModel], value) -> BaseModel | None:
+        """A mapping of the file read into its part's model (nulls left out); None when faulty."""
+        if not isinstance(value, dict):
+            self.fail(where, "must be a mapping")
+            return None
+        return self.valid(where, fields, _given(value))
 
     def number(self, where, value, lo, hi, integer=False, default=None):
+        """A number of the file in [lo, hi]; `default` when it is absent (None: it is required) or faulty."""
         if value is None:
             if default is None:
                 self.fail(where, "is required")
             return default
-        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok_type:
-            self.fail(where, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
-            return default
-        if not math.isfinite(value) or not (lo <= value <= hi):
-            self.fail(where, f"must be between {lo} and {hi}, got {value!r}")
-            return default
-        return value
+        return self.valid(where, _bounded(integer, lo, hi), value, default)
 
     def unknown_keys(self, where, mapping, allowed):
         for key in sorted(set(mapping) - allowed, key=str):
@@ -241,35 +344,26 @@ class _Checker:
         return value
 
 
-def parse_sweep(text: str) -> Sweep:
-    """Parse and validate a sweep file; raise SweepError listing every problem."""
+def parse_sweep(text: str, source: str = "") -> Sweep:
+    """Parse and validate a sweep file; raise SweepError listing every problem, each naming its
+    line (`source:N:` when `source`, the file's name, is given; else `line N:`) and its field."""
     if len(text.encode()) > MAX_YAML_BYTES:
         raise SweepError([f"file: larger than {MAX_YAML_BYTES} bytes"])
     try:
-        doc = yaml_limits.load(text)
+        located = yaml_limits.load_located(text)
     except yaml_limits.YamlLimitError as e:
         raise SweepError([f"file: {e}"]) from None
+    doc = located.doc
     if not isinstance(doc, dict):
         raise SweepError(["file: must be a mapping of sweep fields"])
-    c = _Checker()
+    c = _Checker(located, source)
     c.unknown_keys("", doc, TOP_KEYS)
 
     name = doc.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         c.fail("name", "is required: 1-100 characters of letters, digits, '_', '.', '-'")
 
-    target = doc.get("target") or {}
-    if not isinstance(target, dict):
-        c.fail("target", "must be a mapping")
-        target = {}
-    c.unknown_keys("target.", target, TARGET_KEYS)
-    for key in ("chips", "chip_families", "agents"):
-        c.str_list(f"target.{key}", target.get(key))
-    if "min_memory_gb" in target:
-        c.number("target.min_memory_gb", target["min_memory_gb"], 0, 16384)
-    labels = target.get("labels", {})
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        c.fail("target.labels", "must be a mapping of strings to strings")
+    target = c.part("target", TargetFields, doc.get("target") or {})
 
     engines = c.str_list("engines", doc.get("engines"))
     if not engines:
@@ -334,24 +428,15 @@ def parse_sweep(text: str) -> Sweep:
         if len({(p["target"], p.get("draft")) for p in clean_models[e]}) != len(clean_models[e]):
             c.fail(f"models.{e}", "lists a target and draft pair twice")
 
-    samplers = doc.get("samplers") or [{"temperature": 0.0}]
-    clean_samplers = []
+    samplers = doc.get("samplers") or [{}]
     if not isinstance(samplers, list):
         c.fail("samplers", "must be a list of {temperature, top_p, top_k, seed}")
         samplers = []
-    for i, s in enumerate(samplers):
-        if not isinstance(s, dict):
-            c.fail(f"samplers[{i}]", "must be a mapping")
-            continue
-        c.unknown_keys(f"samplers[{i}].", s, SAMPLER_KEYS)
-        clean_samplers.append(
-            Sampler(
-                temperature=float(c.number(f"samplers[{i}].temperature", s.get("temperature"), 0, 10, default=0.0)),
-                top_p=float(c.number(f"samplers[{i}].top_p", s.get("top_p"), 0.0001, 1, default=1.0)),
-                top_k=c.number(f"samplers[{i}].top_k", s.get("top_k"), 0, 1_000_000, integer=True, default=0),
-                seed=c.number(f"samplers[{i}].seed", s.get("seed"), 0, 2**31 - 1, integer=True, default=0),
-            )
-        )
+    clean_samplers = [
+        Sampler(**fields.model_dump())
+        for i, s in enumerate(samplers)
+        if (fields := c.part(f"samplers[{i}]", SamplerFields, s)) is not None
+    ]
 
     known_sets = prompt_library.prompt_sets()
     sets = c.str_list("prompt_sets", doc.get("prompt_sets"))
@@ -383,26 +468,8 @@ def parse_sweep(text: str) -> Sweep:
 
     verify_cost = doc.get("verify_cost")
     if verify_cost is not None:
-        if not isinstance(verify_cost, dict):
-            c.fail("verify_cost", "must be a mapping {context_tokens, max_rows, repeats}")
-            verify_cost = {}
-        c.unknown_keys("verify_cost.", verify_cost, VERIFY_COST_KEYS)
-        depths = verify_cost.get("context_tokens", list(VerifyCost.context_tokens))
-        if not isinstance(depths, list) or not depths:
-            c.fail("verify_cost.context_tokens", "must be a non-empty list of context depths")
-            depths = []
-        verify_cost = VerifyCost(
-            context_tokens=tuple(
-                c.number(f"verify_cost.context_tokens[{i}]", d, 0, MAX_CONTEXT_TOKENS, integer=True, default=0)
-                for i, d in enumerate(depths)
-            ),
-            max_rows=c.number(
-                "verify_cost.max_rows", verify_cost.get("max_rows"), 1, 64, integer=True, default=VerifyCost.max_rows
-            ),
-            repeats=c.number(
-                "verify_cost.repeats", verify_cost.get("repeats"), 1, 1000, integer=True, default=VerifyCost.repeats
-            ),
-        )
+        fields = c.part("verify_cost", VerifyCostFields, verify_cost)
+        verify_cost = VerifyCost(**fields.model_dump()) if fields is not None else None
 
     server = server_arms.parse_server(c, doc, known_engines)
     serving = {}
@@ -411,7 +478,7 @@ def parse_sweep(text: str) -> Sweep:
             pairs = clean_models.get(e) or [{}]
             serving[e] = server_arms.parse_arms(c, doc, e, pairs[0], server)
             for pair in pairs[1:]:  # command-line arms that name a model must name every pair's
-                scratch = _Checker()
+                scratch = _Checker(located, source)
                 server_arms.parse_arms(scratch, doc, e, pair, server)
                 c.problems += [p for p in scratch.problems if p not in c.problems]
     if "arms" in doc and not serving:
@@ -419,7 +486,7 @@ def parse_sweep(text: str) -> Sweep:
 
     sweep = Sweep(
         name=name if isinstance(name, str) else "",
-        target={k: v for k, v in target.items() if k in TARGET_KEYS},
+        target=target.model_dump(exclude_unset=True) if target is not None else {},
         models=clean_models,
         engines=engines,
         samplers=clean_samplers,
@@ -450,19 +517,14 @@ def parse_sweep(text: str) -> Sweep:
 
 
 def _model_pair(c: _Checker, where: str, m, engine: str, methods: dict) -> dict[str, Any] | None:
-    """One {target, draft, memory_gb} of models.<engine>: a cell of its own."""
+    """One {target, draft, memory_gb} of models.<engine> (ModelFields): a cell of its own."""
     if not isinstance(m, dict) or not isinstance(m.get("target"), str) or not m["target"]:
         c.fail(f"{where}.target", "is required for every engine in engines")
         return None
-    c.unknown_keys(f"{where}.", m, MODEL_KEYS)
     if engine in IN_PROCESS_ENGINES and {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
         c.fail(f"{where}.draft", "is required when methods include draft")
-    pair: dict[str, Any] = {k: m[k] for k in ("target", "draft") if isinstance(m.get(k), str)}
-    if "memory_gb" in m:
-        memory_gb = c.number(f"{where}.memory_gb", m["memory_gb"], 0, 16384)
-        if memory_gb is not None:
-            pair["memory_gb"] = memory_gb
-    return pair
+    fields = c.part(where, ModelFields, m)
+    return fields.model_dump(exclude_none=True) if fields is not None else None
 
 
 def parse_settings(c: _Checker, doc: dict[str, Any]) -> dict[str, list]:
@@ -492,10 +554,7 @@ def parse_settings(c: _Checker, doc: dict[str, Any]) -> dict[str, list]:
         good = []
         for i, value in enumerate(values):
             where = s.sweep if len(values) == 1 and not isinstance(given, list) else f"{s.sweep}[{i}]"
-            why = s.check(value)
-            if why:
-                c.fail(where, why)
-            good.append(s.default if value is None or why else value)
+            good.append(s.default if value is None else c.valid(where, schemas.SETTING_TYPES[s.name], value, s.default))
         out[s.name] = good or [s.default]
     return out
 
@@ -504,6 +563,8 @@ def agent_can_run(cell: JobSpec, agent: dict[str, Any]) -> bool:
     """Whether an agent (engines, memory_bytes) has the cell's engine and the memory its models need."""
     if cell.engine not in agent["engines"]:
         return False
+    if cell.server is not None and cell.server.build and cell.server.build not in agent.get("llama_server_builds", ()):
+        return False  # a llama-server build the sweep pins that the agent does not have
     return agent["memory_bytes"] >= cell.memory_gb * 2**30
 
 

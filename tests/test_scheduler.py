@@ -1,5 +1,7 @@
 """The job state machine against a real DuckDB file, with a fake clock."""
 
+import json
+
 import pytest
 
 from coordinator import agents, auth
@@ -406,3 +408,47 @@ def test_a_failed_write_of_heartbeats_keeps_them_for_the_next(scheduler_two_agen
         db.close()
     with scheduler.store.tx() as con:
         assert dict(con.execute("SELECT agent_id, status FROM agents").fetchall()) == {a1: "first", a2: "newer"}
+
+
+PINNED_YAML = """
+name: pinned
+engines: [llama-server]
+models: {llama-server: {target: t.gguf}}
+prompt_sets: [code]
+arms:
+  - {spec_type: ngram-mod, depths: [8], server_build: b9330}
+  - {spec_type: ngram-mod, depths: [8], server_build: b9500}
+"""
+
+
+def test_a_pinned_build_goes_only_to_agents_that_report_it_and_an_unknown_build_is_refused(tmp_path):
+    store = Store(tmp_path)
+    clock = FakeClock()
+    scheduler = Scheduler(store, clock=clock)
+    token, _ = auth.create_token(store, 60, 5, now=clock.now)
+    fp = {"chip": "Apple M1 Max", "memoryBytes": str(32 * 2**30)}
+    both = {**fp, "engineVersions": {"llama-server@b9330": "b9330-328874d", "llama-server@b9500": "b9500-0c1e570"}}
+    older = {**fp, "engineVersions": {"llama-server@b9330": "b9330-328874d", "llama-server.build": "9330"}}
+    a_both, _ = agents.enrol(store, token, "mac-both", both, {}, ["llama-server"], now=clock.now)
+    a_old, _ = agents.enrol(store, token, "mac-old", older, {}, ["llama-server"], now=clock.now)
+    agents.enrol(store, token, "mac-none", fp, {}, ["llama-server"], now=clock.now)
+    _, jobs = scheduler.submit(parse_sweep(PINNED_YAML), PINNED_YAML)
+    assert jobs == 3  # b9330 on both agents that have it, b9500 on the one
+    with store.tx() as con:
+        rows = con.execute("SELECT a.name, j.spec FROM jobs j JOIN agents a USING (agent_id)").fetchall()
+    pinned = sorted((name, json.loads(spec)["server"]["build"]) for name, spec in rows)
+    assert pinned == [("mac-both", "b9330"), ("mac-both", "b9500"), ("mac-old", "b9330")]
+    for _, spec in rows:  # each cell: its own baseline and the arm, the build on the cell
+        assert [(a["method"], a["build"]) for a in json.loads(spec)["arms"]] == [("baseline", ""), ("ngram-mod", "")]
+    assert scheduler.acquire(a_old).spec["server"]["build"] == "b9330"
+    assert scheduler.acquire(a_both) is not None
+
+    text = PINNED_YAML.replace("b9500", "b9999")
+    with pytest.raises(NoMatchingAgents) as refused:
+        scheduler.submit(parse_sweep(text), text)
+    message = str(refused.value)
+    assert "can run llama-server build(s) b9999 that its arms pin" in message, message
+    assert "b9330 on mac-both, mac-old; b9500 on mac-both" in message and "nothing was stored" in message
+    with store.tx() as con:
+        assert con.execute("SELECT count(*) FROM sweeps").fetchone()[0] == 1
+    store.close()

@@ -117,7 +117,7 @@ def test_a_running_openai_server_is_one_arm():
         ({"server": {"flags": "-m other.gguf"}}, r"server\.flags: must not hold -m"),
         ({"arms": [{"command": "vllm serve x"}]}, r"must begin with llama-server"),
         ({"arms": [{"command": f"llama-server -m {MODEL} --spec-type eagle"}]}, r"--spec-type 'eagle' is not one of"),
-        ({"arms": [{"command": f"llama-server -m {MODEL} --spec-draft-n-max 99"}]}, r"must be a depth from 1 to 64"),
+        ({"arms": [{"command": f"llama-server -m {MODEL} --spec-draft-n-max 99"}]}, r"must be a depth from 0 to 64"),
         ({"arms": [{"command": "llama-server -m 'unclosed"}]}, r"is not a valid command line"),
         ({"arms": [{"command": SEED_MTP, "depths": [2]}]}, r"a command line stands alone"),
         ({"methods": {"mtp": [2]}}, r"methods\.mtp: applies to the in-process engines"),
@@ -154,3 +154,54 @@ def test_bad_llama_server_arms_are_refused_by_name(fields, message):
 def test_bad_openai_servers_are_refused_by_name(fields, message):
     with pytest.raises(SweepError, match=message):
         parse_sweep(sweep("openai", **fields))
+
+
+def test_arms_pinned_to_builds_are_cells_of_their_own_each_with_its_baseline():
+    text = sweep(
+        arms=[
+            {"spec_type": "draft-mtp", "depths": [2], "server_build": "b9330"},
+            {"spec_type": "draft-mtp", "depths": [2], "server_build": 9500},  # a bare build number is its tag
+            {"spec_type": "ngram-mod", "depths": [64]},
+            {"command": f"{SEED_BASELINE} -c 4096", "server_build": "b9500"},
+        ]
+    )
+    cells = parse_sweep(text).cells()
+    assert [c.server.build for c in cells] == ["b9330", "b9500", ""]
+    assert [[(a.method, a.depth, a.flags) for a in c.arms] for c in cells] == [
+        [("baseline", 0, ()), ("draft-mtp", 2, ())],
+        [("baseline", 0, ()), ("draft-mtp", 2, ()), ("baseline", 0, ("-ngl", "99", "-c", "4096"))],
+        [("baseline", 0, ()), ("ngram-mod", 64, ())],
+    ]
+    assert all(a.build == "" for c in cells for a in c.arms)  # the cell's ServerSpec carries it
+    unpinned = parse_sweep(sweep(arms=[{"spec_type": "draft-mtp", "depths": [2]}])).cells()
+    assert len(unpinned) == 1 and unpinned[0].server.build == ""
+
+
+@pytest.mark.parametrize(
+    "arm, message",
+    [
+        (
+            {"spec_type": "draft-mtp", "server_build": "latest"},
+            r"arms\[0\]\.server_build: must be a llama.cpp build tag",
+        ),
+        ({"spec_type": "draft-mtp", "server_build": True}, r"arms\[0\]\.server_build: must be a llama.cpp build tag"),
+        ({"command": SEED_MTP, "server_build": "b1", "depths": [2]}, r"a command line stands alone"),
+    ],
+)
+def test_a_bad_pinned_build_is_refused_by_name(arm, message):
+    with pytest.raises(SweepError, match=message):
+        parse_sweep(sweep(arms=[arm]))
+    with pytest.raises(SweepError, match=r"arms\[0\]\.server_build: unknown field"):
+        parse_sweep(sweep("openai", server={"system": "M", "command": "m {port}"}, arms=[
+            {"method": "mtp", "command": "m {port}", "server_build": "b1"}
+        ]))  # fmt: skip
+
+
+def test_an_agents_builds_are_read_from_its_fingerprints_engine_versions():
+    from specfleet.server_arms import build_tag, fingerprint_builds
+
+    versions = {"llama-cpp-python": "0.3.36", "llama-server@b9330": "b9330-328874d", "llama-server@b1": "0.5 b1-0c1"}
+    assert fingerprint_builds(versions) == {"b9330": "b9330-328874d", "b1": "0.5 b1-0c1"}
+    assert [build_tag(v) for v in ("b9500", 9500, " b0009500 ", "9500", "b95x", "", None)] == [
+        "b9500", "b9500", "b9500", "b9500", None, None, None,
+    ]  # fmt: skip

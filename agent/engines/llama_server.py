@@ -31,10 +31,22 @@ whether their server had served a request before the run (`drafter_warm`); other
 
 `interleaving(arms)` decides whether all arms' servers stay up together ("rotated": runs rotate
 through the arms) or only the current arm's ("blocks"), from agent/engines/server_memory.py.
+
+What a run leaves besides its figures, as the in-process engines do: its text sample
+(`detokenize`: the server's /detokenize, or the text it streamed where ids were held back) and, at a
+greedy divergence, the target's logit margin there (`logit_margin`: the server's own
+probabilities, /completion with n_probs, on the baseline's server), so that agent/divergence.py
+labels a near-tie on a server run as on ours.
+
+The binary is the agent's (`find_binary`) or, for a job whose arms pin a build (`server_build`,
+specfleet/server_arms.py), that build's among the agent's (`find_builds`); the engine refuses to
+start a binary that is not the build the job pins.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 import shlex
 import shutil
@@ -42,15 +54,19 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from specfleet import settings as declared
-from specfleet.record import ENGINE_METHODS, MAX_DEPTH, Settings
+from specfleet.record import ENGINE_METHODS, MAX_DEPTH, Settings, least_depth
+from specfleet.server_arms import BUILD_KEY_PREFIX, MAX_BUILDS
 
 from .. import prompts
 from . import loopback, server_memory
-from .base import EngineError, Generation, Request, ServerRun, make_generation
+from .base import EngineError, Generation, Margin, Request, ServerRun, make_generation, margin_problem, top_two
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
+
+log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_BUILD = ROOT / ".data" / "llama.cpp" / "bin" / "llama-server"
@@ -76,6 +92,8 @@ NGRAM_CACHE_DRAFT = 8
 STATEFUL_TYPES = ("ngram-mod", "ngram-cache", "ngram-map-k", "ngram-map-k4v")
 METRIC_PREFIX = "llamacpp:spec_decode_"
 UNKNOWN_ID = -1  # a token the stream counted without sending its id
+TEXTS_KEPT = 64  # runs whose streamed text is kept for their text samples (one prompt's repeat of every arm)
+MARGIN_PROBS = 20  # tokens whose probabilities are asked for at a divergence (n_probs)
 
 # "version: 9330 (328874d)" (Homebrew, b9330) or "version: 0.5.0-dev (build 1, commit 0c1e570)".
 _VERSION_RE = re.compile(
@@ -111,6 +129,55 @@ def version_label(version: dict[str, str]) -> str:
     release where there is one."""
     label = f"b{version['build']}-{version['commit']}"
     return f"{version['release']} {label}" if "release" in version else label
+
+
+def read_version(binary: str | Path) -> dict[str, str]:
+    """A llama-server's own `--version`, parsed (parse_version); EngineError when it cannot be read."""
+    try:
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"{binary} --version failed: {e}") from None
+    return parse_version(out.stdout + out.stderr)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One llama-server binary of the agent's, by the build its --version reports."""
+
+    tag: str  # llama.cpp's release tag of its build number: "b9500" (what a sweep's server_build names)
+    label: str  # version_label: what its runs record as server_version
+    binary: Path
+
+
+def find_builds(default: Path | None, configured: Sequence[Path] = ()) -> dict[str, Build]:
+    """The agent's llama-server builds by tag: its default binary (find_binary's; left out when
+    its --version fails, which `agent doctor` reports) and the configured ones (agent/settings.py
+    llama_server_builds; a failing --version is a ValueError, as any wrong setting). Of two
+    binaries of one build the first is kept and the other named in a warning."""
+    builds: dict[str, Build] = {}
+    candidates = [(default, False)] if default is not None else []
+    for binary, required in [*candidates, *((b, True) for b in configured)]:
+        try:
+            version = read_version(binary)
+        except EngineError as e:
+            if required:
+                raise ValueError(f"llama-server build {binary}: {e}") from None
+            log.warning("llama-server %s: %s", binary, e)
+            continue
+        build = Build(f"b{version['build']}", version_label(version), Path(binary).resolve())
+        kept = builds.setdefault(build.tag, build)
+        if kept.binary != build.binary:
+            log.warning("llama-server %s is build %s as %s is: keeping %s", binary, build.tag, kept.binary, kept.binary)
+    if len(builds) > MAX_BUILDS:
+        raise ValueError(f"{len(builds)} llama-server builds configured; at most {MAX_BUILDS}")
+    return builds
+
+
+def build_versions(builds: dict[str, Build]) -> dict[str, str]:
+    """The builds as the fingerprint's engine versions report them (server_arms.fingerprint_builds)."""
+    return {BUILD_KEY_PREFIX + tag: b.label for tag, b in builds.items()}
 
 
 def spec_types(method: str) -> list[str]:
@@ -185,6 +252,7 @@ class LlamaServerEngine:
         log_dir: str | None = None,
         health_timeout_seconds: float = HEALTH_TIMEOUT_SECONDS,
         settings: Settings | None = None,
+        build: str = "",
     ):
         found = find_binary(binary)
         if found is None:
@@ -194,6 +262,7 @@ class LlamaServerEngine:
                 "scripts/build-llama-cpp.sh)"
             )
         self.binary = str(found)
+        self.build = build  # the build the job pins ("b9500"); "" for whichever the binary is
         # The cell's free flags, then the flags of its declared settings (specfleet/settings.py: -t/-tb, ...).
         self.flags = tuple(flags) + tuple(declared.server_argv(settings) if settings is not None else ())
         self.memory_bytes = memory_bytes
@@ -206,6 +275,7 @@ class LlamaServerEngine:
         self._served: dict[tuple, int] = {}  # arm key -> requests its current server has served
         self._version: dict[str, str] | None = None
         self._started = 0
+        self._texts: dict[tuple[int, ...], str] = {}  # the last TEXTS_KEPT runs' streamed text, by their tokens
 
     # ------------------------------------------------------------------ servers
 
@@ -256,6 +326,11 @@ class LlamaServerEngine:
     def load(self, target: str, draft: str | None = None) -> float:
         """Start the baseline server on the target; the seconds until it answered /health."""
         self.target, self.draft = target, draft
+        if self.build and f"b{self._versions()['build']}" != self.build:
+            raise EngineError(
+                f"the job pins llama-server build {self.build}, but {self.binary} is "
+                f"{version_label(self._versions())} (has it been replaced since the agent started?)"
+            )
         started = time.perf_counter()
         self._server_for(("baseline", 0, ()))
         return time.perf_counter() - started
@@ -317,8 +392,9 @@ class LlamaServerEngine:
         method, depth = request.method, request.depth
         if method == "baseline" and depth != 0:
             raise EngineError(f"baseline takes depth 0, got {depth}")
-        if method != "baseline" and not 1 <= depth <= MAX_DEPTH:
-            raise EngineError(f"--spec-type {method} needs a depth from 1 to {MAX_DEPTH}, got {depth}")
+        least = least_depth(SYSTEM, method)  # --spec-draft-n-max 0: the drafter loaded, its own arm
+        if method != "baseline" and not least <= depth <= MAX_DEPTH:
+            raise EngineError(f"--spec-type {method} needs a depth from {least} to {MAX_DEPTH}, got {depth}")
         if not request.prompt_tokens:
             raise EngineError("the prompt is empty")
         if request.max_new_tokens < 1:
@@ -349,7 +425,7 @@ class LlamaServerEngine:
         warm = (self._served[key] > 0) if self._stateful(key) else None
         try:
             before = spec_counters(self._metrics(server))
-            tokens, times, final = [], [], None
+            tokens, times, text, final = [], [], [], None
             started = time.perf_counter()
             for arrived, event in loopback.stream_events(
                 server.port, "/completion", self._body(request), REQUEST_TIMEOUT_SECONDS
@@ -361,6 +437,7 @@ class LlamaServerEngine:
                 # counted but without their ids.
                 tokens += [UNKNOWN_ID] * (count - len(tokens) - len(ids)) + ids
                 times += [arrived - started] * (len(tokens) - len(times))
+                text.append(str(event.get("content") or ""))
                 if event.get("stop"):
                     final = event
             self._served[key] += 1
@@ -381,6 +458,7 @@ class LlamaServerEngine:
                 f"{server.name} streamed {len(tokens)} tokens for n_predict {request.max_new_tokens} "
                 f"(stop_type {final.get('stop_type')!r}){full}"
             )
+        self._keep_text(tokens, "".join(text))
         gen = make_generation(request, tokens, times)
         speculative = request.method != "baseline"
         drafts = int(after.get("num_drafts_total", 0) - before.get("num_drafts_total", 0))
@@ -403,6 +481,78 @@ class LlamaServerEngine:
         )
         return gen
 
+    # ------------------------------------------------------------------ text and margins
+
+    def _keep_text(self, tokens: list[int], text: str) -> None:
+        self._texts[tuple(tokens)] = text
+        while len(self._texts) > TEXTS_KEPT:
+            del self._texts[next(iter(self._texts))]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """A run's text, for its text sample (agent/summary.py): llama-server's own POST /detokenize
+        on a server that is up (special tokens rendered, as the in-process engines render them);
+        where the stream held some ids back (UNKNOWN_ID) or no server is up, the text the run
+        streamed (special tokens not rendered: llama-server's content)."""
+        server = next((s for s in self._servers.values() if s.alive()), None)
+        if server is not None and UNKNOWN_ID not in tokens:
+            try:
+                content = loopback.post_json(server.port, "/detokenize", {"tokens": list(tokens)}).get("content")
+            except OSError as e:
+                raise server.died(e) from None
+            if isinstance(content, str):
+                return content
+        if tuple(tokens) in self._texts:
+            return self._texts[tuple(tokens)]
+        raise EngineError("no text kept for these tokens and no server up to detokenize them")
+
+    def logit_margin(
+        self, tokens: Sequence[int], position: int, rows: int = 1, pair: tuple[int, int] | None = None
+    ) -> Margin:
+        """base.Engine.logit_margin from llama-server's own probabilities (/completion with
+        n_probs: the softmax of the raw logits, whose log differences are the logits' own), on the
+        baseline's server and its slot 0: a first request caches tokens[:position - rows] (its one
+        generated token is never decoded), a second sends tokens[:position] with cache_prompt, so
+        that its last `rows` tokens are one batch on top of the cache (rows 1: one-token
+        decoding, as the baseline runs), and the first generated token's probabilities are those
+        of `position`. Both requests count as served (`served`). EngineError when a token of the
+        pair (or, without one, the second best) is not among the top MARGIN_PROBS."""
+        problem = margin_problem(tokens, position, rows)
+        if problem:
+            raise EngineError(problem)
+        key = ("baseline", 0, ())
+        server = self._server_for(key)
+        body = {"n_predict": 1, "n_probs": MARGIN_PROBS, "id_slot": 0, "cache_prompt": True, "ignore_eos": True}
+        body.update(temperature=0.0, top_k=1, samplers=["top_k"], return_tokens=True)
+        try:
+            if position > rows:
+                loopback.post_json(server.port, "/completion", {**body, "prompt": list(tokens[: position - rows])})
+                self._served[key] += 1
+            answer = loopback.post_json(server.port, "/completion", {**body, "prompt": list(tokens[:position])})
+            self._served[key] += 1
+        except OSError as e:
+            raise server.died(e) from None
+        cached = (answer.get("timings") or {}).get("cache_n")
+        if cached != max(position - rows, 0):
+            raise EngineError(
+                f"llama-server reused {cached} cached tokens of {position - rows} for a {rows}-row batch: no margin"
+            )
+        probs = answer.get("completion_probabilities") or [{}]
+        top = {p.get("id"): p.get("logprob") for p in probs[0].get("top_logprobs") or [] if isinstance(p, dict)}
+        if not top or not all(isinstance(v, (int, float)) for v in top.values()):
+            raise loopback.BadAnswer(f"{server.name}: /completion with n_probs answered no top_logprobs: {probs[:1]}")
+        logits = [top.get(i, -math.inf) for i in range(max(max(top), *(pair or ())) + 1)]
+        if pair is not None:
+            missing = [t for t in pair if t not in top]
+            if missing:
+                raise EngineError(
+                    f"llama-server: token(s) {missing} not among the top {MARGIN_PROBS} at position {position}: "
+                    "no margin"
+                )
+            return top_two(logits, pair=pair)
+        if len(top) < 2:
+            raise EngineError(f"llama-server: fewer than two tokens with a probability at position {position}")
+        return top_two(logits)
+
     def _metrics(self, server: ServerProcess) -> str:
         status, body = loopback.request(server.port, "GET", "/metrics")
         if status != 200:
@@ -411,13 +561,7 @@ class LlamaServerEngine:
 
     def _versions(self) -> dict[str, str]:
         if self._version is None:
-            try:
-                out = subprocess.run(
-                    [self.binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS
-                )
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise EngineError(f"{self.binary} --version failed: {e}") from None
-            self._version = parse_version(out.stdout + out.stderr)
+            self._version = read_version(self.binary)
         return self._version
 
     def versions(self) -> dict[str, str]:

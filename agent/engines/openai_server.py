@@ -23,7 +23,8 @@ the first and last arrival, inter-token gaps the distinct arrivals).
 
 An OpenAI stream carries text, not token ids, so `Generation.tokens` are not ids: all -1 (not
 known) but the last, a 31-bit digest of the streamed text, so that two runs compare equal
-exactly when they streamed the same text in as many tokens (the protocol's lossless check).
+exactly when they streamed the same text in as many tokens (the protocol's lossless check). The
+streamed text itself is what `detokenize` gives back for those tokens (the run's text sample).
 
 Prompts: the protocol hands token ids (context and prompt tokens joined). Each server is probed
 once when it starts: if it completes a prompt given as token ids (llama-server and vLLM do) it
@@ -66,6 +67,7 @@ HEALTH_PATHS = ("/health", "/v1/models")
 REQUEST_TIMEOUT_SECONDS = 600.0
 PROBE_TEXT = "Hello"
 UNKNOWN_ID = -1
+TEXTS_KEPT = 64  # runs whose streamed text is kept for their text samples (one prompt's repeat of every arm)
 
 
 def loopback_address(url: str) -> tuple[str, int]:
@@ -192,6 +194,7 @@ class OpenAIServerEngine:
         self._server_tokenizes: bool | None = None
         self._probe_ids: tuple[int, ...] = ()
         self._chats: dict[tuple[int, ...], tuple[list, dict]] = {}  # chat prompt tokens -> (messages, kwargs)
+        self._texts: dict[tuple[int, ...], str] = {}  # a run's tokens -> the text it streamed (text samples)
         self._started = 0
 
     # ------------------------------------------------------------------ servers
@@ -473,6 +476,9 @@ class OpenAIServerEngine:
             )
         times = token_times(arrivals, count)
         tokens = [UNKNOWN_ID] * (count - 1) + [text_digest("".join(pieces))]
+        self._texts[tuple(tokens)] = "".join(pieces)
+        while len(self._texts) > TEXTS_KEPT:
+            del self._texts[next(iter(self._texts))]
         gen = make_generation(request, tokens, times)
         gen.server = self._server_run(endpoint, request, timings if isinstance(timings, dict) else {})
         return gen
@@ -493,6 +499,13 @@ class OpenAIServerEngine:
             accepted=int(timings.get("draft_n_accepted", 0)) if speculative and timings else None,
             interleaving=self.plan,
         )
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text a run streamed, for its text sample (agent/summary.py): its tokens are no ids
+        (module docstring), so the text is kept by them for the last TEXTS_KEPT runs."""
+        if tuple(tokens) not in self._texts:
+            raise EngineError("no streamed text kept for these tokens")
+        return self._texts[tuple(tokens)]
 
     def versions(self) -> dict[str, str]:
         endpoint = self._endpoints.get(self._key("baseline", 0, ""))
