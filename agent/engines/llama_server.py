@@ -540,7 +540,7 @@ class LlamaServerEngine:
         top = {p.get("id"): p.get("logprob") for p in probs[0].get("top_logprobs") or [] if isinstance(p, dict)}
         if not top or not all(isinstance(v, (int, float)) for v in top.values()):
             raise loopback.BadAnswer(f"{server.name}: /completion with n_probs answered no top_logprobs: {probs[:1]}")
-        logits = [top.get(i, -math.inf) for i in range(max(max(top), *(pair or ())) + 1)]
+        logits = [top.get(i, -math.inf) for i in range(max([*top, *(pair or ())]) + 1)]
         if pair is not None:
             missing = [t for t in pair if t not in top]
             if missing:
