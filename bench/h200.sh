@@ -17,8 +17,8 @@
 #   bench/h200.sh lossless  bench/h200/lossless.py: our greedy arms against the baseline, in place and through the chain
 #   bench/h200.sh tiny      the tiny models alone
 #   bench/h200.sh models    the tiny models (deterministic: the same digests as anywhere) and bench/shaped.py's
-#   bench/h200.sh tests     the project's engine tests on the GPU (tests/test_engines.py, its MTP ones, the
-#                           energy, fingerprint and build-check tests)
+#   bench/h200.sh tests     the project's engine tests on the GPU (tests/test_engines.py, its MTP, n-gram
+#                           and server-parity ones, the energy, fingerprint and build-check tests)
 #   bench/h200.sh overhead  bench/overhead.py (SmolLM2-135M's layers for the 49k and 151k models)
 #   bench/h200.sh sweep     the demo's sweeps through a coordinator and an agent (bench/gpu_sweep.py) into $OUT/sweep
 #                           (SWEEP_NAMES: some of them; SWEEP_SECONDS: its deadline; OVERHEAD_ARGS: overhead's flags)
@@ -98,6 +98,7 @@ PY
     tests)
         timeout $(( $(left) > 300 ? 240 : $(left) - 60 )) python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider \
             -o addopts="" tests/test_engines.py tests/test_llamacpp_mtp.py tests/test_mtp_agreement.py \
+            tests/test_ngram_drafters.py tests/test_server_parity.py \
             tests/test_energy.py tests/test_fingerprint.py tests/test_build_check.py 2>&1 | tail -40
         echo "pytest status ${PIPESTATUS[0]}" ;;
     overhead)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agent.engines import make_engine
+from agent.engines import llamacpp, make_engine
 from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler, Settings
 from agent.engines.ngram import ngram_propose
 from cli import tinymodels
@@ -442,3 +442,44 @@ def test_llamacpp_refuses_to_continue_when_rollback_fails(tiny_models, monkeypat
     monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *args: False)
     with pytest.raises(EngineError, match="cannot roll back"):
         engine.generate(Request(prompt, NEW_TOKENS, method="draft", depth=4))
+
+
+def test_greedy_sampling_modes_agree(tiny_models, monkeypatch):
+    """llama.cpp's greedy sampler in the forward pass's graph (the engine's way on CUDA, forced
+    here on the CPU), the in-place argmax and llama.cpp's CPU sampler chain give the same
+    tokens for the baseline and the speculative methods, the EOS ban included (on EOS_PROMPT
+    the graph's argmax picks the banned EOS and the engine falls back to its logits row); a
+    sampled request between greedy ones takes the sampler out of the graph and gives the
+    tokens it gives without it."""
+    monkeypatch.setattr(llamacpp, "DEVICE_GREEDY_BACKENDS", frozenset({"cpu", "cuda", "metal"}))
+    engine = make_engine("llama.cpp")
+    engine.load(str(tiny_models.gguf_target), str(tiny_models.gguf_draft))
+    prompts = [engine.tokenize(text) for text in (*PROMPTS, EOS_PROMPT)]
+    runs = {}
+    for mode in llamacpp.GREEDY_MODES:
+        monkeypatch.setattr(llamacpp, "GREEDY", mode)
+        out = []
+        for prompt in prompts:
+            for method, depth in (("baseline", 0), ("draft", 3), ("ngram", 3)):
+                out.append(engine.generate(Request(prompt, NEW_TOKENS, method=method, depth=depth)).tokens)
+                on_device = engine._target.device_sampler is not None
+                assert on_device == (mode == "device") and (engine._draft.device_sampler is not None) == on_device
+            out.append(engine.generate(Request(prompt, NEW_TOKENS, sampler=SAMPLED)).tokens)
+            assert engine._target.device_sampler is None
+        runs[mode] = out
+    assert EOS not in runs["device"][12] and runs["device"] == runs["in-place"] == runs["chain"]
+    engine.close()
+    # The hybrid (recurrent layers rolled back from snapshots) with its MTP head and its draft.
+    engine.load(str(tiny_models.gguf_mtp_hybrid), str(tiny_models.gguf_mtp_hybrid_draft))
+    prompt, hybrid = engine.tokenize(PROMPTS[1]), {}
+    for mode in llamacpp.GREEDY_MODES:
+        monkeypatch.setattr(llamacpp, "GREEDY", mode)
+        hybrid[mode] = [
+            engine.generate(Request(prompt, NEW_TOKENS, method=method, depth=depth)).tokens
+            for method, depth in (("baseline", 0), ("mtp", 2), ("draft", 2))
+        ]
+    assert hybrid["device"] == hybrid["in-place"] == hybrid["chain"]
+    monkeypatch.setattr(llamacpp, "GREEDY", "argmax")
+    with pytest.raises(EngineError, match="llamacpp.GREEDY is 'argmax'"):
+        engine.generate(Request(prompts[0], 4))
+    engine.close()

@@ -64,9 +64,15 @@ GGML_LOG_LEVEL_ERROR = 3
 # that a verify batch of up to MAX_DEPTH proposals can be rolled back to any accepted prefix.
 ROLLBACK_SNAPSHOTS = MAX_DEPTH
 STATE_RECURRENT_ONLY = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a hybrid's recurrent state, not its KV cache
-# Greedy sampling as an in-place argmax over llama.cpp's logits instead of its sampler chain
-# (_Chain); False gives the chain back, for bench/overhead.py's comparison.
-GREEDY_IN_PLACE = True
+# How greedy requests sample (_Chain): "device" runs llama.cpp's greedy sampler inside the forward
+# pass's graph (backend sampling, llama_set_sampler) on the backends in DEVICE_GREEDY_BACKENDS and
+# takes the argmax in place elsewhere; "in-place" takes the argmax of the logits row on the host;
+# "chain" uses llama.cpp's CPU sampler chain (the way before issue 28). bench/overhead.py compares them.
+GREEDY = "device"
+GREEDY_MODES = ("device", "in-place", "chain")
+# On the CPU backend the graph's argmax made a forward pass slower (49k vocabulary: 0.98 -> 1.33 ms,
+# 151k: 2.8 -> 4.2 ms, 1 thread) than the in-place argmax it saves (4-35 us): CPU contexts keep that.
+DEVICE_GREEDY_BACKENDS = frozenset({"cuda"})
 MAX_ROW_VIEWS = 4 * (MAX_DEPTH + 1)  # numpy views of logits rows a chain keeps (a verify batch has up to MAX_DEPTH + 1)
 
 _log = logging.getLogger(__name__)
@@ -145,6 +151,7 @@ class _Context:
         cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
         cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_rs_seq = snapshots
+        cparams.n_outputs_max_per_seq = MAX_DEPTH + 1  # a verify batch's rows, for a sampler in the graph
         cparams.no_perf = True
         for name, (value, constant) in (declared_cparams or {}).items():  # specfleet/settings.py
             setattr(cparams, name, getattr(ll, constant + str(value).upper()) if constant else value)
@@ -167,6 +174,7 @@ class _Context:
         self.saved: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) of checkpoint()
         self.keep_hidden = False
         self.hidden: np.ndarray | None = None  # h of every token of the last decode(), if keep_hidden
+        self.device_sampler = None  # llama.cpp's greedy chain in this context's graph (sample_on_device)
 
     def decode(self, tokens: list[int], all_logits: bool = False) -> None:
         """Append `tokens` to the cache; logits for every row, or for the last one only."""
@@ -197,6 +205,28 @@ class _Context:
         if on != self.keep_hidden:
             mtp.set_hidden_output(self.ctx, on)
             self.keep_hidden, self.hidden = on, None
+
+    def sample_on_device(self, on: bool) -> None:
+        """Put llama.cpp's greedy sampler into the graph of this context's forward passes (on), so
+        that every output row's argmax is taken where the logits are and read back as one token
+        (llama_get_sampled_token_ith), or take it out (off: raw logits rows again). llama.cpp
+        keeps the logits rows too (llama_get_sampled_logits_ith). Changing it rebuilds the
+        context's graph reservation at the next decode."""
+        if on == (self.device_sampler is not None):
+            return
+        if on:
+            params = ll.llama_sampler_chain_default_params()
+            params.no_perf = True
+            chain = ll.llama_sampler_chain_init(params)
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+            if ll.llama_set_sampler(self.ctx, 0, chain):
+                self.device_sampler = chain
+            else:  # this backend cannot run it: logits rows as before
+                ll.llama_sampler_free(chain)
+            return
+        ll.llama_set_sampler(self.ctx, 0, None)
+        ll.llama_sampler_free(self.device_sampler)
+        self.device_sampler = None
 
     def checkpoint(self) -> None:
         """Save the recurrent state at the current position, for truncate() to return to.
@@ -258,6 +288,9 @@ class _Context:
     def close(self) -> None:
         ll.llama_batch_free(self.batch)
         ll.llama_free(self.ctx)
+        if self.device_sampler is not None:  # the context only borrowed it
+            ll.llama_sampler_free(self.device_sampler)
+            self.device_sampler = None
         ll.llama_model_free(self.model)
 
 
@@ -266,16 +299,20 @@ class _Chain:
     llama.cpp's usual order. Draft and verify each get one with the same settings; with
     `banned` (token ids of a vocabulary of n_vocab), a logit bias of -inf on them comes first.
 
-    Greedy sampling skips the chain (GREEDY_IN_PLACE): llama_sampler_sample fills a candidate
-    array of the whole vocabulary (12 bytes a token), biases it and scans it, every token
-    (about 150 us a token at a 49k vocabulary on the H200 machine's CPU, issue 28). The argmax
-    of the logits row, read in place through a numpy view of llama.cpp's own buffer (no copy),
-    is the same token: the first maximum, as llama.cpp's greedy sampler picks it. Only where
-    that token is banned is the row copied, the banned ids set to -inf, and the argmax taken
-    again, as the logit-bias sampler would have it."""
+    Greedy sampling skips the chain (GREEDY, unless "chain"): llama_sampler_sample fills a
+    candidate array of the whole vocabulary (12 bytes a token), biases it and scans it, every
+    token (about 150 us a token at a 49k vocabulary on the H200 machine's CPU, issue 28). Where
+    the context runs llama.cpp's greedy sampler in its graph (_Context.sample_on_device) the
+    token is read back as it chose it; elsewhere the argmax of the logits row, read in place
+    through a numpy view of llama.cpp's own buffer (no copy), is the same token: the first
+    maximum, as llama.cpp's greedy sampler picks it. Only where that token is banned is the row
+    copied, the banned ids set to -inf, and the argmax taken again, as the logit-bias sampler
+    would have it."""
 
     def __init__(self, sampler: Sampler, banned: list[int] | None = None, n_vocab: int = 0):
-        self.in_place = sampler.greedy and GREEDY_IN_PLACE
+        if GREEDY not in GREEDY_MODES:
+            raise EngineError(f"llamacpp.GREEDY is {GREEDY!r}; it must be one of {', '.join(GREEDY_MODES)}")
+        self.in_place = sampler.greedy and GREEDY != "chain"
         self.banned = frozenset(banned or ())
         self._banned_ids = np.array(sorted(self.banned), dtype=np.intp)
         self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, n_vocab) -> a view of that row
@@ -299,7 +336,13 @@ class _Chain:
     def sample(self, context: _Context, row: int = -1) -> int:
         if not self.in_place:
             return ll.llama_sampler_sample(self.chain, context.ctx, row)
-        logits = self.logits(context, row)
+        if getattr(context, "device_sampler", None) is not None:
+            token = ll.llama_get_sampled_token_ith(context.ctx, row)
+            if token >= 0 and token not in self.banned:
+                return token
+            logits = self.logits(context, row, ll.llama_get_sampled_logits_ith)
+        else:
+            logits = self.logits(context, row)
         token = int(logits.argmax())
         if token in self.banned:
             masked = logits.copy()
@@ -307,11 +350,12 @@ class _Chain:
             token = int(masked.argmax())
         return token
 
-    def logits(self, context, row: int = -1) -> np.ndarray:
-        """Output row `row` of the context's last decode as a float32 view of llama.cpp's buffer:
-        valid until the context decodes again. Views are kept per address, so a row costs one
-        llama_get_logits_ith call and a dictionary lookup."""
-        pointer = ll.llama_get_logits_ith(context.ctx, row)
+    def logits(self, context, row: int = -1, getter=ll.llama_get_logits_ith) -> np.ndarray:
+        """Output row `row` of the context's last decode as a float32 view of llama.cpp's buffer
+        (`getter`: the raw logits, or llama_get_sampled_logits_ith's where a sampler runs in the
+        graph): valid until the context decodes again. Views are kept per address, so a row
+        costs one call and a dictionary lookup."""
+        pointer = getter(context.ctx, row)
         if not pointer:
             raise EngineError(f"llama.cpp holds no logits for output row {row}")
         key = (ctypes.addressof(pointer.contents), getattr(context, "n_vocab", 0) or self._vocab_size(context))
@@ -403,6 +447,7 @@ class LlamaCppEngine:
         self._mtp_problem = ""  # why the target cannot serve method mtp
         self._target_path = ""
         self._references: dict[str, object] = {}
+        self._device_backend: bool | None = None  # whether GREEDY "device" applies here, read once
 
     def _open(self, path: str, snapshots: int = 0, load_mtp: bool = False) -> _Context:
         return _Context(
@@ -523,6 +568,7 @@ class LlamaCppEngine:
             if self._mtp_problem:
                 raise EngineError(self._mtp_problem)
             self._mtp = mtp.MtpContext(target)
+        self._sample_on_device(request.sampler.greedy and request.method not in REFERENCE_METHODS)
         if request.method == "baseline":
             gen = self._baseline(request)
         elif request.method in REFERENCE_METHODS:
@@ -531,6 +577,16 @@ class LlamaCppEngine:
             gen = self._speculative(request)
         gen.peak_memory_bytes = _peak_rss_bytes()
         return gen
+
+    def _sample_on_device(self, greedy: bool) -> None:
+        """Greedy sampling in the target's and draft's graphs where GREEDY and the backend call
+        for it (module header), raw logits rows otherwise. (The MTP head samples in place.)"""
+        if self._device_backend is None:
+            self._device_backend = _backend() in DEVICE_GREEDY_BACKENDS
+        on = greedy and GREEDY == "device" and self._device_backend
+        for context in (self._target, self._draft):
+            if context is not None:
+                context.sample_on_device(on)
 
     def _verify_chain(self, sampler: Sampler) -> _Chain:
         """The target's sampler chain, end-of-generation tokens banned."""
@@ -675,6 +731,7 @@ class LlamaCppEngine:
         if context_tokens + max_rows > self.n_ctx:
             raise EngineError(f"{context_tokens} + {max_rows} positions do not fit the context of {self.n_ctx}")
         ids = [i % target.n_vocab for i in range(context_tokens + max_rows)]
+        self._sample_on_device(False)  # the forward passes alone
         target.clear()
         target.decode(ids[:context_tokens])
         target.checkpoint()  # a recurrent state rolls back from here
@@ -701,6 +758,7 @@ class LlamaCppEngine:
             problem = f"logit_margin: {position} positions do not fit the context of {self.n_ctx}"
         if problem:
             raise EngineError(problem)
+        self._sample_on_device(False)  # raw logits rows
         try:
             target.clear()
             if position > rows:

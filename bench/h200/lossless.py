@@ -1,11 +1,13 @@
-"""Are our greedy speculative arms lossless on this machine, with greedy sampling in place and
-through llama.cpp's sampler chain alike? (The H200 sweep found llama.cpp's ngram K=3 on the tiny
+"""Are our greedy speculative arms lossless on this machine, in every greedy sampling mode
+(agent/engines/llamacpp.py GREEDY: in the graph on the device, in place, through llama.cpp's
+sampler chain)? (The H200 sweep found llama.cpp's ngram K=3 on the tiny
 hybrid not lossless on CUDA; this tells an engine fault from the in-place argmax of issue 28.)
 
     python3 bench/h200/lossless.py TINY_DIR
 
 For each of the qa prompt set's first prompts, the baseline's tokens against each arm's, with
-GREEDY_IN_PLACE on and off: the first position where they differ, or "same"."""
+each greedy mode, and each mode's baseline against the chain's: the first position where they
+differ, or "same"."""
 
 from __future__ import annotations
 
@@ -39,20 +41,18 @@ def main() -> int:
         for n in (32, 128):
             for i, text in enumerate(texts):
                 prompt = engine.tokenize(text)
-                cells = []
-                for in_place in (True, False):
-                    llamacpp.GREEDY_IN_PLACE = in_place
-                    base = engine.generate(Request(prompt, n)).tokens
+                cells, bases = [], {}
+                for mode in llamacpp.GREEDY_MODES:
+                    llamacpp.GREEDY = mode
+                    base = bases[mode] = engine.generate(Request(prompt, n)).tokens
                     for method, k in arms:
                         tokens = engine.generate(Request(prompt, n, method, k)).tokens
-                        cells.append(f"{method}{k} {'np' if in_place else 'chain'}: {first_difference(base, tokens)}")
-                    if in_place:
-                        llamacpp.GREEDY_IN_PLACE = False
-                        chain_base = engine.generate(Request(prompt, n)).tokens
-                        cells.append(f"baseline np vs chain: {first_difference(base, chain_base)}")
+                        cells.append(f"{method}{k} {mode}: {first_difference(base, tokens)}")
+                for mode in llamacpp.GREEDY_MODES[:-1]:
+                    cells.append(f"baseline {mode} vs chain: {first_difference(bases[mode], bases['chain'])}")
                 print(f"{target.name} {n} tokens, prompt {i}: " + "; ".join(cells), flush=True)
         engine.close()
-    llamacpp.GREEDY_IN_PLACE = True
+    llamacpp.GREEDY = "device"
     return 0
 
 
