@@ -2,7 +2,12 @@
 from /proc and nvidia-smi (each NVIDIA GPU's model, memory, driver, CUDA version, maximum
 clocks and power limit). Every reading that cannot be taken is listed as unavailable,
 never guessed. Parsers are pure functions of command output so they can be tested on
-captured text."""
+captured text.
+
+The chip is what the machine's runs are compared by: the Apple chip on a Mac, the CPU model on
+Linux, and on a Linux machine with an NVIDIA GPU whose llama.cpp is a CUDA build (the engines'
+forward passes run on the GPU there) the first GPU's model, "NVIDIA H200"; the host CPU's model
+is then kept as the model_identifier."""
 
 from __future__ import annotations
 
@@ -123,6 +128,11 @@ def parse_nvidia_smi_cuda(text: str) -> str:
     return m.group(1) if m else ""
 
 
+def gpu_model(gpu: str) -> str:
+    """The model name of a parse_nvidia_smi entry: "NVIDIA H200, 143771 MiB, ..." -> "NVIDIA H200"."""
+    return gpu.split(",", 1)[0].strip()
+
+
 def _watts(text: str) -> str:
     try:
         return f"{float(text):g}"
@@ -157,6 +167,14 @@ def llama_cpp_commit() -> str | None:
     return None
 
 
+def cuda_build() -> bool:
+    """Whether the llama.cpp that llama-cpp-python loads (its own, or the build LLAMA_CPP_LIB_PATH
+    names) has ggml's CUDA backend library, read without importing llama_cpp."""
+    spec = importlib.util.find_spec("llama_cpp")
+    locations = spec.submodule_search_locations if spec is not None else None
+    return any(any(library_dir(Path(where)).glob("libggml-cuda*")) for where in locations or ())
+
+
 def engine_versions() -> dict[str, str]:
     out = {}
     for dist in ("mlx", "mlx-lm", "llama-cpp-python"):
@@ -188,14 +206,15 @@ def available_engines(llama_server: Path | None = None) -> list[str]:
     return engines + ["openai"]
 
 
-def fingerprint(platform: str = sys.platform, run=None, root: Path = Path("/")) -> pb.Fingerprint:
-    """This machine's fingerprint; `run` (a command runner) and `root` let tests feed captured output."""
+def fingerprint(platform: str = sys.platform, run=None, root: Path = Path("/"), cuda=cuda_build) -> pb.Fingerprint:
+    """This machine's fingerprint; `run` (a command runner), `root` and `cuda` (whether llama.cpp
+    is a CUDA build) let tests feed captured output."""
     run = run or run_command
     fp = pb.Fingerprint(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, engine_versions=engine_versions())
     if platform == "darwin":
         _macos(fp, run)
     else:
-        _linux(fp, run, root)
+        _linux(fp, run, root, cuda)
     return fp
 
 
@@ -240,7 +259,7 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/")) -> None:
+def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/"), cuda=cuda_build) -> None:
     fp.os = platform.system().lower() or "linux"
     fp.os_version = platform.release()
     cpuinfo = (root / "proc/cpuinfo").read_text() if (root / "proc/cpuinfo").exists() else ""
@@ -250,10 +269,12 @@ def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/")) -> None:
     smi = run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"])
     if smi:
         fp.gpus.extend(parse_nvidia_smi(smi, parse_nvidia_smi_cuda(run(["nvidia-smi"]) or "")))
+    if fp.gpus and cuda():  # the runs are the GPU's: it names the chip (module docstring)
+        fp.model_identifier, fp.chip = fp.chip, gpu_model(fp.gpus[0])
     # Apple-only readings do not exist here: say so instead of reporting zeros as facts.
-    fp.unavailable.extend(
-        ["gpu_cores", "performance_cores", "efficiency_cores", "model_identifier", "memory_bandwidth"]
-    )
+    fp.unavailable.extend(["gpu_cores", "performance_cores", "efficiency_cores", "memory_bandwidth"])
+    if not fp.model_identifier:
+        fp.unavailable.append("model_identifier")
     if not fp.chip:
         fp.unavailable.append("chip")
     if not fp.memory_bytes:

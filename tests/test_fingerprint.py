@@ -11,6 +11,7 @@ from agent import fingerprint as fpmod
 from agent.fingerprint import (
     BANDWIDTH_GBPS,
     fingerprint,
+    gpu_model,
     parse_cpuinfo_model,
     parse_ioreg_gpu_cores,
     parse_meminfo_bytes,
@@ -103,12 +104,18 @@ def test_macos_fingerprint_from_captured_output_marks_what_is_missing():
 def test_linux_fingerprint_of_this_machine_for_real():
     fp = fingerprint()
     cpuinfo, meminfo = Path("/proc/cpuinfo").read_text(), Path("/proc/meminfo").read_text()
-    assert fp.os == "linux" and fp.chip == parse_cpuinfo_model(cpuinfo) and fp.chip
+    cpu = parse_cpuinfo_model(cpuinfo)
+    assert fp.os == "linux" and cpu
+    if fp.gpus and fpmod.cuda_build():  # a GPU machine with a CUDA llama.cpp (the lent H200) is named by its GPU
+        assert (fp.chip, fp.model_identifier) == (gpu_model(fp.gpus[0]), cpu)
+    else:
+        assert fp.chip == cpu
+        assert "model_identifier" in fp.unavailable
     assert fp.memory_bytes == parse_meminfo_bytes(meminfo) > 0
     assert fp.cpu_cores == os.cpu_count()
     assert "llama-cpp-python" in fp.engine_versions and "mlx" in fp.engine_versions
     assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", fp.engine_versions["llama.cpp.commit"])
-    assert {"gpu_cores", "model_identifier", "memory_bandwidth"} <= set(fp.unavailable)
+    assert {"gpu_cores", "memory_bandwidth"} <= set(fp.unavailable)
 
 
 @pytest.mark.process  # platform.processor() runs uname -p
@@ -140,3 +147,36 @@ def test_linux_without_nvidia_smi_has_no_gpus_and_does_not_crash(tmp_path):
     empty.mkdir()
     fp = fingerprint(platform="linux", run=lambda cmd: None, root=empty)
     assert "memory" in fp.unavailable and fp.memory_bytes == 0
+
+
+@pytest.mark.process  # platform.processor() runs uname -p
+def test_a_cuda_machine_is_named_by_its_gpu(tmp_path):
+    """The H200 machine (its captured nvidia-smi output) with a CUDA build of llama.cpp: its runs
+    carry the GPU's model as their chip and the host CPU's model is kept; the same machine with a
+    CPU-only llama.cpp, or a CUDA build on a machine without a GPU, stays named by its CPU."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    query, plain = captured("linux-h200-nvidia-smi-query-gpu.txt"), captured("linux-h200-nvidia-smi.txt")
+
+    def smi(cmd):
+        return None if cmd[0] != "nvidia-smi" else query if len(cmd) > 1 else plain
+
+    fp = fingerprint(platform="linux", run=smi, root=tmp_path, cuda=lambda: True)
+    assert (fp.chip, fp.model_identifier) == ("NVIDIA H200", "Intel(R) Xeon(R) Processor")
+    assert "model_identifier" not in fp.unavailable and fp.gpus[0].startswith("NVIDIA H200, 143771 MiB")
+    fp = fingerprint(platform="linux", run=smi, root=tmp_path, cuda=lambda: False)
+    assert (fp.chip, fp.model_identifier) == ("Intel(R) Xeon(R) Processor", "") and "model_identifier" in fp.unavailable
+    fp = fingerprint(platform="linux", run=lambda cmd: None, root=tmp_path, cuda=lambda: True)
+    assert fp.chip == "Intel(R) Xeon(R) Processor" and list(fp.gpus) == []
+    assert gpu_model("NVIDIA GeForce RTX 4090, 24564 MiB, driver 550.54") == "NVIDIA GeForce RTX 4090"
+
+
+def test_cuda_build_reads_the_library_directory(tmp_path, monkeypatch):
+    """A directory LLAMA_CPP_LIB_PATH names is a CUDA build when it holds libggml-cuda; this
+    machine's own llama-cpp-python (a CPU build) is not."""
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    assert fpmod.cuda_build() is False
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+    assert fpmod.cuda_build() is False
+    (tmp_path / "libggml-cuda.so").write_bytes(b"")
+    assert fpmod.cuda_build() is True
