@@ -4,24 +4,24 @@ Derived tables in the coordinator's file, each a function of `runs` alone:
 
 - figure_groups: one row per comparable group of generation runs (specfleet/speedup.py
   groups_sql): its id, checked keys, what it names and its run count.
-- figure_arms: per comparable group, chip, engine, method and depth: the nominal-or-unknown
-  generation runs with a positive decode speed and the sum of their log decode tok/s, for the
-  geometric mean.
-- figure_runs: per run that may enter a pair (usable below), its pairing key (job, lease,
-  prompt, repeat and comparable group, hashed), arm and log decode tok/s: where an arriving run
-  finds the partners stored before it. Six narrow columns: its scan costs about what a scan of
-  one column of runs does.
+- figure_arms: per comparable group, chip, engine, arm, prompt, job and attempt: the
+  nominal-or-unknown generation runs with a positive decode speed that are no outliers
+  (speedup.flagged_sql) and the sum of their log decode tok/s, for the geometric mean.
 - figure_pairs: per comparable group, chip, machine, arm, prompt, job and attempt: the sum of
-  the pairs' log ratios and their number (no names: figure_groups names the group).
-  specfleet/speedup.py's combination (the mean over a prompt's repeats, then prompts, then
-  machines) is exact on these sums; the jobs table says at scrape time which job and attempt
-  still count (speedup.counts_sql).
+  the pairs' log ratios and their number (speedup.pairs_sql: outliers left out; no names:
+  figure_groups names the group). specfleet/speedup.py's combination (the mean over a prompt's
+  repeats, then prompts, then machines) is exact on these sums; the jobs table says at scrape
+  time which job and attempt still count (speedup.counts_sql).
+- figure_outliers: per comparable group, chip, arm, prompt, job and attempt: the outlier runs,
+  the count /metrics shows beside the speedup.
 
-`update` adds one ingest batch (a range of sequence numbers), in one transaction after the
-runs' own; `ensure` rebuilds everything from runs when the tables are missing, their definition changed (a
-checked key added: every comparable id changes) or runs holds rows they have not seen.
-`speedups`, `groups` and `arms` read them: tests/test_figures.py checks that they equal
-specfleet/speedup.py's figures computed from runs, ingest by ingest.
+Whether a run is an outlier depends on its arm's other repeats on the prompt, which may arrive
+later: so `update` recomputes the rows of every prompt of an attempt (job, attempt, prompt) that
+the batch touched, from that prompt's runs, in one transaction after the runs' own. `ensure`
+rebuilds everything from runs when the tables are missing, their definition changed (a checked key
+added: every comparable id changes) or runs holds rows they have not seen. `speedups`, `groups`,
+`arms` and `outliers` read them: tests/test_figures.py checks that they equal specfleet/speedup.py's
+figures computed from runs, ingest by ingest.
 """
 
 from __future__ import annotations
@@ -42,27 +42,23 @@ CREATE TABLE figure_groups (
     prompt_set VARCHAR, runs BIGINT);
 CREATE TABLE figure_arms (
     comparable VARCHAR, chip VARCHAR, engine VARCHAR, method VARCHAR, depth INTEGER,
-    target_reference VARCHAR, runs BIGINT, log_tps_sum DOUBLE,
-    PRIMARY KEY (comparable, chip, engine, method, depth));
-CREATE TABLE figure_runs (
-    pair_key UBIGINT, seq BIGINT, baseline BOOLEAN, method VARCHAR, depth INTEGER, log_tps DOUBLE);
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, target_reference VARCHAR, runs BIGINT, log_tps_sum DOUBLE);
 CREATE TABLE figure_pairs (
     comparable VARCHAR, chip VARCHAR, agent_id VARCHAR, method VARCHAR, depth INTEGER,
-    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, log_ratio_sum DOUBLE, pairs BIGINT,
-    PRIMARY KEY (comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt));
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, log_ratio_sum DOUBLE, pairs BIGINT);
+CREATE TABLE figure_outliers (
+    comparable VARCHAR, chip VARCHAR, method VARCHAR, depth INTEGER,
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, runs BIGINT);
 CREATE TABLE figure_state (definition VARCHAR, last_seq BIGINT);
 """
-TABLES = ("figure_groups", "figure_arms", "figure_runs", "figure_pairs", "figure_state")
+TABLES = ("figure_groups", "figure_arms", "figure_pairs", "figure_outliers", "figure_state")
+_PER_PROMPT = ("figure_arms", "figure_pairs", "figure_outliers")  # recomputed per touched prompt
 
 _BATCH = "runs WHERE seq BETWEEN $lo AND $hi"
 _GENERATION = f"method != '{VERIFY_COST}'"
-# A run that may be one side of a pair (speedup._pairs_sql): a positive speed, not degraded,
-# and for an arm an output equal to its reference.
-_USABLE = (
-    f"{_GENERATION} AND decode_tokens_per_second > 0 AND env_nominal IS DISTINCT FROM false"
-    " AND (method = 'baseline' OR lossless IS DISTINCT FROM false)"
-)
-_PAIR_KEY = f"hash(job_id, lease_id, prompt_id, repeat, {speedup.COMPARABLE_ID})"
+# The prompts of an attempt that the batch touched, and every run stored of them.
+_TOUCHED = f"(SELECT DISTINCT job_id, attempt, prompt_id FROM {_BATCH} AND {_GENERATION})"
+_PROMPT_RUNS = f"(SELECT r.* FROM runs r SEMI JOIN {_TOUCHED} t USING (job_id, attempt, prompt_id))"
 
 _GROUPS = f"""
 INSERT INTO figure_groups
@@ -71,42 +67,35 @@ SELECT {speedup.COMPARABLE_ID} AS comparable, {_KEY_COLUMNS}, any_value(target_r
 FROM {_BATCH} AND {_GENERATION} GROUP BY ALL
 ON CONFLICT DO UPDATE SET runs = runs + excluded.runs
 """
+_FORGET = "DELETE FROM {table} f USING " + _TOUCHED + " t"
+_FORGET += " WHERE f.job_id = t.job_id AND f.attempt = t.attempt AND f.prompt_id = t.prompt_id"
 _ARMS = f"""
 INSERT INTO figure_arms
-SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, method, depth, any_value(target_reference),
-       count(*), sum(ln(decode_tokens_per_second))
-FROM {_BATCH} AND {_GENERATION} AND env_nominal IS DISTINCT FROM false AND decode_tokens_per_second > 0
-GROUP BY comparable, chip, engine, method, depth
-ON CONFLICT DO UPDATE SET runs = runs + excluded.runs, log_tps_sum = log_tps_sum + excluded.log_tps_sum
+SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, method, depth, prompt_id, job_id, attempt,
+       any_value(target_reference), count(*), sum(ln(decode_tokens_per_second))
+FROM {speedup.inliers_sql(_PROMPT_RUNS)}
+WHERE {_GENERATION} AND env_nominal IS DISTINCT FROM false AND decode_tokens_per_second > 0
+GROUP BY comparable, chip, engine, method, depth, prompt_id, job_id, attempt
 """
-# The pairs the batch completes: its arms with any baseline of their key (stored before or in
-# the batch), and its baselines with the arms stored before it. Each pair is counted once, when
-# its second run arrives.
 _PAIRS = f"""
 INSERT INTO figure_pairs
-WITH new AS (
-    SELECT {_PAIR_KEY} AS pair_key, method = 'baseline' AS baseline, method, depth,
-           ln(decode_tokens_per_second) AS log_tps, {speedup.COMPARABLE_ID} AS comparable, chip, agent_id,
-           prompt_id, job_id, attempt
-    FROM {_BATCH} AND {_USABLE}),
-old AS (SELECT * FROM figure_runs WHERE seq < $lo AND pair_key IN (SELECT pair_key FROM new)),
-baselines AS (
-    SELECT pair_key, log_tps FROM new WHERE baseline UNION ALL SELECT pair_key, log_tps FROM old WHERE baseline),
-pairs AS (
-    SELECT n.* EXCLUDE (log_tps), n.log_tps - b.log_tps AS log_ratio
-    FROM new n JOIN baselines b USING (pair_key) WHERE NOT n.baseline
-    UNION ALL BY NAME
-    SELECT n.* EXCLUDE (log_tps, method, depth), o.method, o.depth, o.log_tps - n.log_tps AS log_ratio
-    FROM new n JOIN old o USING (pair_key) WHERE n.baseline AND NOT o.baseline)
 SELECT comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt, sum(log_ratio), count(*)
-FROM pairs GROUP BY comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt
-ON CONFLICT DO UPDATE SET log_ratio_sum = log_ratio_sum + excluded.log_ratio_sum, pairs = pairs + excluded.pairs
+FROM ({speedup.pairs_sql(_PROMPT_RUNS, jobs=None)})
+GROUP BY comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt
 """
-_RUNS = f"""
-INSERT INTO figure_runs
-SELECT {_PAIR_KEY}, seq, method = 'baseline', method, depth, ln(decode_tokens_per_second) FROM {_BATCH} AND {_USABLE}
+_OUTLIERS = f"""
+INSERT INTO figure_outliers
+SELECT {speedup.COMPARABLE_ID} AS comparable, chip, method, depth, prompt_id, job_id, attempt, count(*)
+FROM {speedup.flagged_sql(_PROMPT_RUNS)} WHERE outlier
+GROUP BY comparable, chip, method, depth, prompt_id, job_id, attempt
 """
-_STEPS = (_GROUPS, _ARMS, _PAIRS, _RUNS)  # _PAIRS before _RUNS: `old` is what came before the batch
+_STEPS = (
+    _GROUPS,
+    *(_FORGET.format(table=t) for t in _PER_PROMPT),
+    _ARMS,
+    _PAIRS,
+    _OUTLIERS,
+)
 DEFINITION = hashlib.sha256("".join((SCHEMA, *_STEPS)).encode()).hexdigest()[:16]
 
 
@@ -181,8 +170,23 @@ def groups(con) -> pd.DataFrame:
 
 def arms(con) -> list[tuple]:
     """(comparable, chip, engine, target reference, method, depth, geometric-mean decode tok/s)
-    per arm: over its nominal-or-unknown generation runs with a positive speed."""
+    per arm: over its nominal-or-unknown generation runs with a positive speed, outliers left out."""
     return con.execute(
-        "SELECT comparable, chip, engine, target_reference, method, depth, exp(log_tps_sum / runs)"
-        " FROM figure_arms ORDER BY ALL"
+        "SELECT comparable, chip, engine, any_value(target_reference), method, depth,"
+        " exp(sum(log_tps_sum) / sum(runs)) FROM figure_arms GROUP BY comparable, chip, engine, method, depth"
+        " ORDER BY ALL"
     ).fetchall()
+
+
+# Outlier runs per arm, of the attempts that count: what /metrics shows beside the speedup.
+OUTLIERS_SQL = f"""
+SELECT o.comparable, o.chip, g.engine, g.target_reference, o.method, o.depth, sum(o.runs) AS runs
+FROM figure_outliers o JOIN figure_groups g USING (comparable) WHERE {speedup.counts_sql("o")}
+GROUP BY ALL ORDER BY ALL
+"""
+
+
+def outliers(con) -> list[tuple]:
+    """(comparable, chip, engine, target reference, method, depth, outlier runs) per arm with
+    outlier runs in an attempt that counts (speedup.outlier_counts_sql over those runs)."""
+    return con.execute(OUTLIERS_SQL).fetchall()

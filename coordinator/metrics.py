@@ -31,6 +31,7 @@ from coordinator import figures, version_figures
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 from coordinator.states import JobState
+from specfleet import speedup
 from specfleet.record import CHECKED_KEYS
 
 RESULTS_EVERY_SECONDS = 5.0  # the result figures are recomputed at most this often (ResultFigures)
@@ -100,7 +101,11 @@ class ResultFigures:
                 if at != self._at:
                     families = list(
                         _result_families(
-                            figures.arms(con), figures.speedups(con), figures.groups(con), version_figures.changes(con)
+                            figures.arms(con),
+                            figures.speedups(con),
+                            figures.groups(con),
+                            version_figures.changes(con),
+                            figures.outliers(con),
                         )
                     )
                     self._text, self._at = generate_latest(_Families(families)), at
@@ -117,13 +122,14 @@ class _Families:
         return self.families
 
 
-def _result_families(arm_speeds, speedups, groups, version_changes=None):
+def _result_families(arm_speeds, speedups, groups, version_changes=None, outlier_runs=()):
     if version_changes is not None:  # per change between versions (coordinator/version_figures.py)
         yield from version_figures.families(version_changes)
     arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
     tps = GaugeMetricFamily(
         "specfleet_decode_tokens_per_second",
-        "Geometric mean decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0)",
+        "Geometric mean decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0,"
+        " outliers left out)",
         labels=arm_labels,
     )
     for comparable, chip, engine, model, method, depth, median_tps in arm_speeds:
@@ -137,6 +143,15 @@ def _result_families(arm_speeds, speedups, groups, version_changes=None):
     for r in speedups.itertuples():
         ratio.add_metric([r.comparable, r.chip, r.engine, r.target_reference, r.method, str(r.depth)], r.speedup)
     yield ratio
+    outliers = GaugeMetricFamily(
+        "specfleet_outlier_runs",
+        f"Runs left out of the figures per comparable group, chip and arm: beyond {speedup.OUTLIER_MADS:g} MADs"
+        " of their arm's repeats on the prompt (docs/speedup.md), in attempts that count",
+        labels=arm_labels,
+    )
+    for comparable, chip, engine, model, method, depth, runs in outlier_runs:
+        outliers.add_metric([comparable, chip, engine, model, method, str(depth)], runs)
+    yield outliers
     info = GaugeMetricFamily(
         "specfleet_comparable_group_info",
         "What each comparable group of runs holds: only runs equal on all of these are pooled",

@@ -58,18 +58,19 @@ def valid_sql(source: str, jobs: str = "jobs") -> str:
 
 # Outlier runs (issue 26: one repeat at 11.6 tok/s among others near 95): a run whose decode speed
 # is more than OUTLIER_MADS MADs from the median of its arm's repeats on the same prompt in the same
-# attempt (at least OUTLIER_MIN_REPEATS of them), and more than OUTLIER_MIN_DEVIATION of that
-# median away: the MAD of three repeats is one gap, so without the floor normal noise (2% s.d.)
-# would flag about one run in seven; with it, none (tests/test_outliers.py).
+# attempt and comparable group (at least OUTLIER_MIN_REPEATS of them), and more than
+# OUTLIER_MIN_DEVIATION of that median away: the MAD of three repeats is one gap, so without the
+# floor normal noise (2% s.d.) would flag about one run in seven; with it, none
+# (tests/test_honest_failures.py).
 OUTLIER_MADS = 3.0
 OUTLIER_MIN_DEVIATION = 0.25
 OUTLIER_MIN_REPEATS = 3
-_REPEATS_OF_ARM = "PARTITION BY job_id, lease_id, method, depth, prompt_id"
+_REPEATS_OF_ARM = f"PARTITION BY job_id, lease_id, method, depth, prompt_id, {_KEYS}"
 
 
 def flagged_sql(source: str) -> str:
     """The runs of `source` with a boolean column `outlier`, judged among the runs of their arm's
-    repeats on the prompt in one attempt that have a positive speed (verify-cost runs and runs at
+    repeats on the prompt in one attempt and comparable group that have a positive speed (verify-cost runs and runs at
     zero speed never are: no figure counts them anyway)."""
     tps, part = "decode_tokens_per_second", _REPEATS_OF_ARM
     positive = f"CASE WHEN {tps} > 0 THEN {tps} END"

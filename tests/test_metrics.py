@@ -26,6 +26,7 @@ ALLOWED_LABELS = {
     "specfleet_rpc_duration_seconds": {"method", "code", "le"},
     "specfleet_decode_tokens_per_second": {"comparable", "chip", "engine", "model", "method", "depth"},
     "specfleet_speedup_ratio": {"comparable", "chip", "engine", "model", "method", "depth"},
+    "specfleet_outlier_runs": {"comparable", "chip", "engine", "model", "method", "depth"},
     "specfleet_comparable_group_info": {
         "comparable", "engine", "engine_version", "system", "model", "model_digest", "draft", "draft_digest",
         "sampler", "prompt_set", "prompt_set_digest", "context_tokens", "max_new_tokens",
@@ -70,11 +71,16 @@ def test_metrics_after_a_scripted_fleet_run(short_lease_coordinator):
         make_run(job.job_id, "baseline", 0, tps=100.0),
         make_run(job.job_id, "draft", 2, tps=150.0),
         # Runs that differ in a checked key (max_new_tokens) form their own comparable group.
-        make_run(job.job_id, "baseline", 0, tps=200.0, max_new_tokens=64),
-        make_run(job.job_id, "draft", 2, tps=100.0, max_new_tokens=64),
+        # Four repeats of it, the draft's last at 13 tok/s among three at 100: an outlier, left out and counted.
+        *(make_run(job.job_id, "baseline", 0, tps=200.0, max_new_tokens=64, repeat=r) for r in range(4)),
+        *(
+            make_run(job.job_id, "draft", 2, tps=t, max_new_tokens=64, repeat=r)
+            for r, t in enumerate([100.0] * 3 + [13.0])
+        ),
         make_run(job.job_id, "verify-cost", 0, tps=0.0, verify_cost_seconds=[0.01, 0.012]),  # never a speedup
     ]
     for run in runs:
+        fast.heartbeat(job.job_id, job.lease_id)  # the lease lasts 3 s: a loaded machine may take longer to report all
         fast.report_result(job.job_id, job.lease_id, run)
     fast.report_result(job.job_id, job.lease_id, runs[0])  # a retry: acknowledged, counted as duplicate
     fast.complete_job(job.job_id, job.lease_id, len(runs))
@@ -128,7 +134,11 @@ def test_metrics_after_a_scripted_fleet_run(short_lease_coordinator):
     assert value(families, tps, comparable=groups["32"], method="draft", depth="2", **chip) == pytest.approx(150.0)
     speedup = "specfleet_speedup_ratio"
     assert value(families, speedup, comparable=groups["32"], method="draft", depth="2", **chip) == pytest.approx(1.5)
-    # The other group's runs are not pooled with these.
+    # The other group's runs are not pooled with these; its outlier is in no figure, and counted.
     assert value(families, speedup, comparable=groups["64"], method="draft", depth="2", **chip) == pytest.approx(0.5)
+    assert value(families, tps, comparable=groups["64"], method="draft", depth="2", **chip) == pytest.approx(100.0)
+    outliers = "specfleet_outlier_runs"
+    assert value(families, outliers, comparable=groups["64"], method="draft", depth="2", **chip) == 1
+    assert len(families[outliers].samples) == 1
     assert not [s for s in families[speedup].samples if s.labels["method"] in ("baseline", "verify-cost")]
     assert not [s for s in families[tps].samples if s.labels["method"] == "verify-cost"]
