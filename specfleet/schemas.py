@@ -7,7 +7,7 @@ faulty field at once, then, when the fields are sound, the cross-field `rules`. 
 (an int is never a string or a bool; ints may stand for floats, as JSON writes them); lists are read
 into tuples; nested parts may be given as mappings; an unknown field is refused.
 
-Bounds are annotations (`between`, `text`, `one_of`, `sha256`); a declared setting's are generated
+Bounds are annotations (`between`, `within`, `text`, `one_of`, `sha256`); a declared setting's are generated
 from specfleet/settings.py (`setting_type`, `SettingsField`), so the record, the job spec and the
 sweep file check a setting as its declaration says. `problems` turns pydantic's errors into the
 fleet's wording: `<field>: must be an integer, got '2'`, `<field> = -1.0 is not in [0, 604800.0]`.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import pydantic
-from pydantic import AfterValidator, ConfigDict, Strict, ValidationError
+from pydantic import AfterValidator, ConfigDict, Strict, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError, core_schema
 
 from specfleet import settings as declared
@@ -55,6 +55,27 @@ def between(lo: float, hi: float) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+def _number(x) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else str(x)
+
+
+def within(lo: float | None, hi: float | None) -> WrapValidator:
+    """A number in [lo, hi] (either end may be open), worded as the sweep file words it:
+    `<field>: must be between lo and hi, got v`."""
+    if lo is not None and hi is not None:
+        span = f"between {_number(lo)} and {_number(hi)}"
+    else:
+        span = f"at least {_number(lo)}" if lo is not None else f"at most {_number(hi)}"
+
+    def check(given, read):
+        value = read(given)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            _refuse("range", f": must be {span}, got {_shown(given)}")  # as the file wrote it: -1, not -1.0
+        return value
+
+    return WrapValidator(check)
 
 
 def text(lo: int, hi: int) -> AfterValidator:
@@ -98,18 +119,7 @@ def setting_type(s: declared.Setting):
     worded as the sweep file words it: `<field>: must be between lo and hi, got v`."""
     checks = []
     if s.lo is not None or s.hi is not None:
-        lo, hi = s.lo, s.hi
-        if lo is not None and hi is not None:
-            span = f"between {lo:g} and {hi:g}"
-        else:
-            span = f"at least {lo:g}" if lo is not None else f"at most {hi:g}"
-
-        def bounded(value, lo=lo, hi=hi, span=span):
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
-                _refuse("range", f": must be {span}, got {_shown(value)}")
-            return value
-
-        checks.append(AfterValidator(bounded))
+        checks.append(within(s.lo, s.hi))
     if s.choices:
 
         def chosen(value, choices=s.choices):
@@ -147,7 +157,8 @@ def _settings_schema(_source, handler) -> core_schema.CoreSchema:
 
 SettingsField = Annotated[Settings, pydantic.GetPydanticSchema(_settings_schema)]
 _SETTINGS = pydantic.TypeAdapter(SettingsField)
-_SETTING = {s.name: pydantic.TypeAdapter(setting_type(s)) for s in declared.DECLARED}
+# Each declared setting's annotation, made once (the sweep file checks every value against it).
+SETTING_TYPES = {s.name: setting_type(s) for s in declared.DECLARED}
 
 
 def settings_problems(value, where: str = "settings") -> list[str]:
@@ -157,15 +168,6 @@ def settings_problems(value, where: str = "settings") -> list[str]:
     except ValidationError as e:
         return problems(e, where + ".")
     return []
-
-
-def setting_problem(name: str, value) -> str | None:
-    """Why `value` is not a value of the declared setting `name` (`: must be ...`), or None."""
-    try:
-        _SETTING[name].validate_python(value)
-    except ValidationError as e:
-        return problems(e)[0]
-    return None
 
 
 # ---------------------------------------------------------------- problems, in the fleet's words
@@ -199,22 +201,30 @@ def where_of(loc: tuple, prefix: str = "", fields: tuple[str, ...] = ()) -> str:
     return out
 
 
-def problem(error: dict, prefix: str = "", fields: tuple[str, ...] = ()) -> str:
-    """One pydantic error as `<field>: <why>` (a bound's custom wording follows the field)."""
-    where, kind, value, ctx = where_of(error["loc"], prefix, fields), error["type"], error["input"], error.get("ctx")
+def why(error: dict) -> str:
+    """What is wrong in one pydantic error, as it follows the field's name: `: must be an integer,
+    got '2'`, or a bound's own wording (` = -1.0 is not in [0, 10]`)."""
+    kind, value, ctx = error["type"], error["input"], error.get("ctx")
     if kind in ("missing", "missing_argument", "missing_keyword_only_argument"):
-        return f"{where}: is required"
+        return ": is required"
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        return f"{where}: unknown field"
+        return ": unknown field"
     if kind in _MUST_BE:
-        return f"{where}: must be {_MUST_BE[kind]}, got {_shown(value)}"
+        return f": must be {_MUST_BE[kind]}, got {_shown(value)}"
     if kind == "finite_number":
-        return f"{where}: must be finite, got {value!r}"
+        return f": must be finite, got {value!r}"
     if kind == "too_long":
-        return f"{where}: holds {ctx['actual_length']} items; at most {ctx['max_length']}"
+        return f": holds {ctx['actual_length']} items; at most {ctx['max_length']}"
+    if kind == "too_short":
+        return f": must hold at least {ctx['min_length']} item(s)"
     if kind in ("range", "text_length", "choice", "sha256"):
-        return f"{where}{error['msg']}"
-    return f"{where}: {error['msg']}"
+        return error["msg"]
+    return f": {error['msg']}"
+
+
+def problem(error: dict, prefix: str = "", fields: tuple[str, ...] = ()) -> str:
+    """One pydantic error as `<field>: <why>`."""
+    return where_of(error["loc"], prefix, fields) + why(error)
 
 
 def problems(error: ValidationError, prefix: str = "", fields: tuple[str, ...] = ()) -> list[str]:

@@ -6,10 +6,14 @@ nesting deeper than MAX_DEPTH, more than MAX_NODES values once every alias is ex
 one mapping (YAML would keep the later value silently). Only a stream that passes is built
 into Python objects, so building and validating it is bounded in time and memory by the
 limits, not by the file.
+
+`load_located` also returns where each value starts (`Located.line("arms[2].depth")`), so that a
+problem found in the built objects can name its line.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -93,3 +97,81 @@ def load(text: str):
         return yaml.load(text, Loader=yaml.CSafeLoader)
     except yaml.YAMLError as e:
         raise YamlLimitError(f"not valid YAML ({' '.join(str(e).split())[:300]})") from None
+
+
+class _LineLoader(yaml.CSafeLoader):
+    """The safe loader that also notes, for every mapping and sequence it builds, the line each
+    of its keys (or items) starts on: `lines[id(container), key or index]`, and the container's
+    own first line under `lines[id(container), None]`."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.lines: dict[tuple[int, object], int] = {}
+
+    def construct_located_map(self, node):
+        data: dict = {}
+        self.lines[id(data), None] = node.start_mark.line + 1
+        yield data
+        data.update(self.construct_mapping(node))
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node)  # built already: the loader's cache returns it
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                self.lines[id(data), key] = key_node.start_mark.line + 1
+
+    def construct_located_seq(self, node):
+        data: list = []
+        self.lines[id(data), None] = node.start_mark.line + 1
+        yield data
+        data.extend(self.construct_sequence(node))
+        for i, item in enumerate(node.value):
+            self.lines[id(data), i] = item.start_mark.line + 1
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _LineLoader.construct_located_map)
+_LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_located_seq)
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class Located:
+    """A loaded document and the lines its values start on."""
+
+    doc: object
+    lines: dict[tuple[int, object], int]
+
+    def line(self, where: str) -> int | None:
+        """The line of the value a field path names (`models.llama.cpp.target`, `arms[2].depth`):
+        of its key or item, or, for a part that is not there, of the nearest enclosing one that is;
+        None where the document has no lines (a scalar document)."""
+        node, rest = self.doc, where
+        line = self.lines.get((id(node), None))
+        while rest:
+            index = _INDEX.match(rest)
+            if index and isinstance(node, list) and int(index[1]) < len(node):
+                i = int(index[1])
+                line, node, rest = self.lines.get((id(node), i), line), node[i], rest[index.end() :]
+                continue
+            if not isinstance(node, dict):
+                break
+            rest = rest.removeprefix(".")
+            # The longest key the path starts with ("llama.cpp" before "llama"), followed by a part or the end.
+            keys = [
+                k for k in node if (t := str(k)) and rest.startswith(t) and rest[len(t) : len(t) + 1] in ("", ".", "[")
+            ]
+            if not keys:
+                break
+            key = max(keys, key=lambda k: len(str(k)))
+            line, node, rest = self.lines.get((id(node), key), line), node[key], rest[len(str(key)) :]
+        return line
+
+
+def load_located(text: str) -> Located:
+    """The text's one document, as `load` reads it, with the line each of its values starts on."""
+    check(text)
+    loader = _LineLoader(text)
+    try:
+        return Located(loader.get_single_data(), loader.lines)
+    except yaml.YAMLError as e:
+        raise YamlLimitError(f"not valid YAML ({' '.join(str(e).split())[:300]})") from None
+    finally:
+        loader.dispose()

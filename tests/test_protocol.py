@@ -107,7 +107,7 @@ def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
     try:
         parse_sweep(base + "cooldown_seconds: -1\n")
     except SweepError as e:
-        assert any(p.startswith("cooldown_seconds: must be between 0 and 3600") for p in e.problems), e.problems
+        assert "line 5: cooldown_seconds: must be between 0 and 3600, got -1" in e.problems, e.problems
     else:
         raise AssertionError("a negative cool-down was accepted")
 

@@ -1,10 +1,12 @@
-"""Sweep files: every malformed one is refused with the field and the reason."""
+"""Sweep files: every malformed one is refused with its line, the field and the reason."""
+
+import re
 
 import pytest
 
 from specfleet import prompt_library
 from specfleet.record import Arm, JobSpec, Sampler, VerifyCost
-from specfleet.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, SweepError, agent_matches, parse_sweep
+from specfleet.sweeps import MAX_MESSAGE_CHARS, MAX_PROBLEM_CHARS, TOP_KEYS, SweepError, agent_matches, parse_sweep
 from specfleet.yaml_limits import MAX_NODES
 from tests.support.fleet import SWEEP_YAML
 from tests.support.sweeps import alias_bomb, yaml_of
@@ -57,6 +59,83 @@ def test_malformed_sweeps_name_the_field(text, message):
     with pytest.raises(SweepError) as e:
         parse_sweep(text)
     assert message in str(e.value)
+    problem = next(p for p in e.value.problems if message in p)
+    if not message.startswith("file:"):  # the file as a whole: no line of its own
+        line = re.match(r"line (\d+): ", problem)  # which line: test_every_kind_of_mistake_names_its_line
+        assert line and 1 <= int(line[1]) <= len(text.splitlines()), problem
+
+
+# Every kind of mistake, each on a line of its own: the problem names that line.
+MISTAKES = """\
+name: lines
+engines: [mlx, llama-server, vllm]
+prompt_sets: [code, poetry]
+models:
+  mlx: {target: /m/t}
+  llama-server:
+    target: /m/t.gguf
+    memory_gb: lots
+    weights: x
+samplers:
+  - {temperature: 0.5}
+  - temperature: -1
+    top_k: 2.5
+methods:
+  ngram:
+    - 3
+    - 99
+  medusa: [2]
+ngram_mod:
+  n_match: [8, 0]
+kv_cache_type: q9
+verify_cost:
+  max_rows: 100
+arms:
+  - spec_type: ngram-mod
+    depths: [2,
+      0]
+repeats: 0
+target: {gpu: big, min_memory_gb: -1}
+colour: blue
+"""
+
+
+def test_every_kind_of_mistake_names_its_line():
+    with pytest.raises(SweepError) as e:
+        parse_sweep(MISTAKES, "sweep.yaml")
+    problems = sorted(e.value.problems, key=lambda p: (int(p.split(":")[1]), p))
+    assert problems[:-1] == [
+        "sweep.yaml:2: engines: unknown engine 'vllm' (known: mlx, llama.cpp, llama-server, openai)",
+        "sweep.yaml:3: prompt_sets: unknown prompt set 'poetry' (known: "
+        + ", ".join(prompt_library.prompt_sets())
+        + ")",
+        "sweep.yaml:8: models.llama-server.memory_gb: must be a number, got 'lots'",
+        "sweep.yaml:9: models.llama-server.weights: unknown field (allowed: draft, memory_gb, target)",
+        "sweep.yaml:12: samplers[1].temperature: must be between 0 and 10, got -1",
+        "sweep.yaml:13: samplers[1].top_k: must be an integer, got 2.5",
+        "sweep.yaml:17: methods.ngram[1]: must be between 1 and 64, got 99",
+        "sweep.yaml:18: methods.medusa: unknown method (known: baseline, "
+        + ", ".join(
+            m for m in ("draft", "ngram", "mtp", "ngram-mod", "ngram-map-k4v", "ref-baseline", "ref-draft", "ref-ngram")
+        )
+        + ")",
+        "sweep.yaml:20: ngram_mod.n_match[1]: must be between 1 and 1024, got 0",
+        "sweep.yaml:21: kv_cache_type: must be one of f32, f16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, got 'q9'",
+        "sweep.yaml:23: verify_cost.max_rows: must be between 1 and 64, got 100",
+        "sweep.yaml:27: arms[0].depths[1]: must be between 1 and 64, got 0",
+        "sweep.yaml:28: repeats: must be between 1 and 1000, got 0",
+        "sweep.yaml:29: target.gpu: unknown field (allowed: agents, chip_families, chips, labels, min_memory_gb)",
+        "sweep.yaml:29: target.min_memory_gb: must be between 0 and 16384, got -1",
+    ]
+    assert (
+        problems[-1]
+        == ("sweep.yaml:30: colour: unknown field (allowed: " + ", ".join(sorted(TOP_KEYS)))[: MAX_PROBLEM_CHARS - 3]
+        + "..."
+    )  # cut to MAX_PROBLEM_CHARS
+    with pytest.raises(SweepError) as e:
+        parse_sweep(MISTAKES)  # no file name: the line alone
+    assert any(p.startswith("line 2: engines: unknown engine 'vllm'") for p in e.value.problems)
+    assert "sweep.yaml" not in str(e.value)
 
 
 def test_every_problem_is_reported_at_once():
@@ -184,5 +263,5 @@ def test_an_error_message_stays_small_enough_for_grpc_metadata():
         parse_sweep(huge)
     assert len(str(e.value)) <= MAX_MESSAGE_CHARS
     assert "prompt_sets: unknown prompt set 's0'" in str(e.value) and "more problem(s)" in str(e.value)
-    assert any(p.startswith("repeats: must be an integer, got [0, 1, 2") for p in e.value.problems)
+    assert any(re.match(r"line \d+: repeats: must be an integer, got \[0, 1, 2", p) for p in e.value.problems)
     assert all(len(p) <= MAX_PROBLEM_CHARS for p in e.value.problems)
