@@ -162,11 +162,12 @@ SETTING_TYPES = {s.name: setting_type(s) for s in declared.DECLARED}
 
 
 def settings_problems(value, where: str = "settings") -> list[str]:
-    """Every faulty field of declared settings (a Settings or a mapping), named `<where>.<name>`."""
+    """Every faulty field of declared settings (a Settings or a mapping), named `<where>.<name>`
+    (`<name>` when `where` is "")."""
     try:
         _SETTINGS.validate_python(value)
     except ValidationError as e:
-        return problems(e, where + ".")
+        return problems(e, f"{where}." if where else "")
     return []
 
 

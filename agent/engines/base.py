@@ -22,7 +22,7 @@ from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exporte
     Sampler,
     Settings,
 )
-from specfleet.settings import problems as setting_problems
+from specfleet.schemas import settings_problems
 
 
 class EngineError(ValueError):
@@ -233,7 +233,7 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
         raise EngineError(f"method {method!r} takes depth 0, got {depth}")
     if method in ("draft", "ref-draft") and not has_draft:
         raise EngineError(f"method {method!r} needs a draft model: load(target, draft=...)")
-    problems = setting_problems(request.settings)  # the declaration's bounds (llama.cpp's limits)
+    problems = settings_problems(request.settings, "")  # the declaration's bounds (llama.cpp's limits)
     if problems:
         raise EngineError("bad settings: " + "; ".join(problems))
     lo, hi = request.settings.ngram_n_min, request.settings.ngram_n_max
