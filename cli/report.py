@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specfleet.speedup import OUTLIER_MADS
+
 FORMATS = ("md", "html")
 PNG_SCALE = 2  # pixels per CSS pixel: sharp in an issue, about 100 KB a plot
 FLAGGED_SHOWN = 200  # rows of the flagged-runs table; the count above it is of every run
 SPEEDUP_COLUMNS = ["chip", "engine", "method", "depth", "speedup", "ci_low", "ci_high", "machines", "prompts"]
-SPEEDUP_COLUMNS += ["pairs", "excluded_pairs"]
+SPEEDUP_COLUMNS += ["pairs", "excluded_pairs", "outlier_runs", "near_tie_runs"]
 MACHINE_COLUMNS = ["name", "chip", "gpu_cores", "memory_gib", "model_identifier", "os_version", "bandwidth_gb_per_s"]
 VERDICT_COLUMNS = ["claim", "chip", "group", "adjusted_verdict", "verdict", "figure", "ci_low", "ci_high"]
 VERDICT_COLUMNS += ["machines", "prompts", "runs", "why"]
@@ -205,6 +207,13 @@ def _group(q, db, group, chips: list[str]) -> list[Block]:
             _plot(group.comparable, "speedup", "Speedup over the baseline", chart),
             Table(speedups[SPEEDUP_COLUMNS]),
         ]
+        if speedups["outlier_runs"].any():
+            out.append(
+                Text(
+                    f"outlier_runs: {speedups['outlier_runs'].sum()} run(s) beyond {OUTLIER_MADS:g} MADs of their"
+                    " arm's repeats on the prompt (docs/speedup.md), left out of every figure."
+                )
+            )
     for name, title, empty in SECTIONS:
         out.append(Heading(title, 3))
         if name == "acceptance_by_position":
