@@ -138,12 +138,11 @@ SMOLLM2_MLX = "SmolLM2-135M-Instruct-Q4_1-mlx"  # specfleet models gguf-to-mlx
 GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_DRAFT = "gemma-3-270m-q2_k.gguf"
 # A first look, a few minutes on a 2-core machine: one prompt per set, one warm-up, one repeat
-# (rounded up to complete the arms' Williams design: 4 arms, 4 repeats), one llama.cpp thread in
-# our loop and in llama-server alike (steady on a busy machine; the same greedy tokens from both).
-# More prompts and repeats: a sweep of your own (the figures of one prompt are noisy).
+# (rounded up to complete the arms' Williams design: 2 arms, 2 repeats; 4 arms, 4), one llama.cpp
+# thread in our loop and in llama-server alike (steady on a busy machine; the same greedy tokens
+# from both). More prompts and repeats: a sweep of your own (the figures of one prompt are noisy).
 REAL_COMMON = {
     **DEMO_COMMON,
-    "prompt_sets": ["qa", "rag", "code"],  # prompt lookup pays on rag and code, not on qa
     "prompts": 1,
     "max_new_tokens": 48,
     "warmup": 1,
@@ -160,31 +159,44 @@ GEMMA_NEAR_TIE = {
     "methods": {"ngram": [3]},
     "ngram": {"n_min": 1, "n_max": 4},
 }
-REAL_DESCRIPTION = (
-    "specfleet demo --real: a first look at real models, a few minutes here: SmolLM2-135M-Instruct Q4_1 "
-    "(its Q2_K as the draft) through its chat template on one qa, rag and code prompt each, 48 new tokens, "
-    "in our llama.cpp loop and llama-server at one thread; Gemma 3 270M on one summarisation prompt as raw "
-    "text (its near-tie); SmolLM2 on MLX (CPU here). One warm-up and 4 repeats per arm: noisy figures, a "
-    "sweep of your own for more"
-)
+REAL_DESCRIPTION = """specfleet demo --real: a first look at real models, a few minutes on a quiet 2-core machine.
+  real-smollm2: SmolLM2-135M-Instruct Q4_1 through its chat template, one qa, rag and code prompt each,
+    48 new tokens: prompt lookup (ngram K=3) in our llama.cpp loop, llama-server's ngram-simple beside it,
+    both at one thread (do their greedy baselines give the same tokens?)
+  real-smollm2-drafts: the code prompt: its Q2_K requantisation as a draft (K=3), ngram-mod, prompt lookup,
+    in our loop and in llama-server (draft-simple, ngram-mod, ngram-simple)
+  real-gemma3: Gemma 3 270M Q4_K_M on summarisation-01 as raw text, 64 tokens: prompt lookup's 4-row verify
+    batch flips a near-tie at token 51 (lossless says near-tie: kept in the figures)
+  real-smollm2-mlx: SmolLM2 on MLX from its converted directory (on Linux MLX runs on the CPU: slow)
+One warm-up and the fewest repeats a balanced order allows: noisy figures; write a sweep for more."""
 
 
 def real_sweeps(models_dir: Path) -> list[dict]:
     """REAL_DESCRIPTION's sweeps: SmolLM2 (target, its Q2_K draft) through its chat template
-    (prompt_format auto: chat): prompt lookup, a quantised draft, ngram-mod in our llama.cpp loop
-    and llama-server's own types beside it; Gemma 3 270M's near-tie (GEMMA_NEAR_TIE) in our
-    llama.cpp loop, whose greedy check records the margin; SmolLM2 on MLX from its converted
-    directory (MLX on Linux runs on the CPU, far slower than llama.cpp: one short cell)."""
+    (prompt_format auto: chat) in our llama.cpp loop with llama-server's own types beside it;
+    Gemma 3 270M's near-tie (GEMMA_NEAR_TIE) in our llama.cpp loop, whose greedy check records
+    the margin; SmolLM2 on MLX from its converted directory (MLX on Linux runs on the CPU, far
+    slower than llama.cpp: one short cell)."""
     d = models_dir.resolve()
     missing = [n for n in (SMOLLM2, SMOLLM2_DRAFT, SMOLLM2_MLX, GEMMA3, GEMMA3_DRAFT) if not (d / n).exists()]
     if missing:
         raise FileNotFoundError(f"{', '.join(missing)} not in {d}: run scripts/setup.sh --real-models first")
     pair = {"target": str(d / SMOLLM2), "draft": str(d / SMOLLM2_DRAFT)}
-    smollm2 = {
+    both = {"models": {"llama.cpp": pair, "llama-server": pair}, "engines": ["llama.cpp", "llama-server"]}
+    lookup = {
         **REAL_COMMON,
+        **both,
         "name": "real-smollm2",
-        "models": {"llama.cpp": pair, "llama-server": pair},
-        "engines": ["llama.cpp", "llama-server"],
+        "prompt_sets": ["qa", "rag", "code"],  # prompt lookup pays on rag and code, not on qa
+        "methods": {"ngram": [3]},
+        "server": {"flags": SERVER_FLAGS},
+        "arms": [{"spec_type": "ngram-simple", "depths": [3]}],
+    }
+    drafts = {
+        **REAL_COMMON,
+        **both,
+        "name": "real-smollm2-drafts",
+        "prompt_sets": ["code"],
         "methods": {"draft": [3], "ngram": [3], "ngram-mod": [8]},
         "ngram_mod": REAL_NGRAM_MOD,
         "server": {"flags": SERVER_FLAGS},
@@ -202,7 +214,7 @@ def real_sweeps(models_dir: Path) -> list[dict]:
         **GEMMA_NEAR_TIE,
     }
     mlx = {
-        **REAL_COMMON,
+        **{k: v for k, v in REAL_COMMON.items() if k != "threads"},  # threads: a llama.cpp setting
         "name": "real-smollm2-mlx",
         "models": {"mlx": {"target": str(d / SMOLLM2_MLX)}},
         "engines": ["mlx"],
@@ -210,8 +222,7 @@ def real_sweeps(models_dir: Path) -> list[dict]:
         "max_new_tokens": 16,
         "methods": {"ngram": [3]},
     }
-    del mlx["threads"]  # a llama.cpp setting
-    return [smollm2, gemma, mlx]
+    return [lookup, drafts, gemma, mlx]
 
 
 def _specfleet(*args: str) -> list[str]:
