@@ -517,11 +517,12 @@ def speedups(db, f: Filters, named: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def decode_speed(db, f: Filters) -> pd.DataFrame:
-    """Median decode tok/s per chip, engine and arm, with its interval, machines, prompts, runs."""
+    """Median decode tok/s per chip, engine and arm, with its interval, machines, prompts, runs;
+    outlier runs (specfleet.speedup.flagged_sql) left out."""
     source, params = selected(f)
     values = db.query(
         "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
-        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {source}",
+        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {speedup.inliers_sql(source)}",
         params,
     )
     return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
@@ -531,12 +532,12 @@ def energy(db, f: Filters) -> pd.DataFrame:
     """Median tokens per joule (1 / joules_per_token) per chip, engine and arm, with its
     interval, machines, prompts and runs, beside the median decode tok/s of the same runs and
     the counters they read (energy_source: nvml, rapl, ioreport). Only runs that recorded their
-    energy: a machine with no readable counter records none, never an estimate."""
+    energy: a machine with no readable counter records none, never an estimate; outliers left out."""
     source, params = selected(f)
     values = db.query(
         "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
         " prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,"
-        f" nominal = 'degraded' AS degraded FROM {source} WHERE joules_per_token > 0",
+        f" nominal = 'degraded' AS degraded FROM {speedup.inliers_sql(source)} WHERE joules_per_token > 0",
         params,
     )
     if values.empty:

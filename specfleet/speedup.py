@@ -52,8 +52,9 @@ def counts_sql(run: str, jobs: str = "jobs") -> str:
 
 
 def valid_sql(source: str, jobs: str = "jobs") -> str:
-    """The runs of `source` that may enter a figure (counts_sql)."""
-    return f"(SELECT r.* FROM {source} r WHERE {counts_sql('r', jobs)})"
+    """The runs of `source` that may enter a figure: of an attempt that counts (counts_sql), and
+    no outlier (inliers_sql, judged among every run of `source`)."""
+    return f"(SELECT r.* FROM {inliers_sql(source)} r WHERE {counts_sql('r', jobs)})"
 
 
 # Outlier runs (issue 26: one repeat at 11.6 tok/s among others near 95): a run whose decode speed
@@ -106,8 +107,7 @@ def pairs_sql(source: str, jobs: str | None = "jobs") -> str:
     names, chip, machine, arm, prompt, repeat, job and attempt, and its log ratio. Outlier runs
     are judged among every run of `source` and left out first; with `jobs`, only runs that count
     (counts_sql) pair; without, every attempt's (coordinator/figures.py applies counts_sql later)."""
-    runs = inliers_sql(source)
-    valid = valid_sql(runs, jobs) if jobs else runs
+    valid = valid_sql(source, jobs) if jobs else inliers_sql(source)
     return f"""
     SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
            a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.agent_id,
