@@ -94,6 +94,57 @@ def test_every_bad_field_is_refused_by_name(change, message):
     assert message in str(e.value)
 
 
+def test_every_mistyped_field_is_named_in_one_refusal():
+    """Types, bounds, nested parts, settings, unknown and missing fields: all in one message."""
+    data = full_record().to_dict()
+    data.update(
+        depth="2",
+        lossless="yes",
+        wall_seconds=float("nan"),
+        env_reasons=["ok", 3],
+        colour=1,
+        run_id="",
+        settings={"threads": -1, "kv_cache_type": "q9"},
+        sampler={"top_k": 1.5},
+        target={**data["target"], "parameters": True},
+    )
+    del data["job_id"]
+    with pytest.raises(InvalidRecord) as e:
+        RunRecord.from_dict(data)
+    for message in (
+        "run_id must be 1-128 characters, got 0",
+        "job_id: is required",
+        "depth: must be an integer, got '2'",
+        "lossless: must be true or false, got 'yes'",
+        "wall_seconds: must be finite, got nan",
+        "env_reasons[1]: must be a string, got 3",
+        "colour: unknown field",
+        "settings.threads: must be between 0 and 1024, got -1",
+        "settings.kv_cache_type: must be one of f32, f16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, got 'q9'",
+        "sampler.top_k: must be an integer, got 1.5",
+        "target.parameters: must be an integer, got True",
+    ):
+        assert message in str(e.value), message
+    with pytest.raises(InvalidRecord, match="depth: must be an integer, got '3'; .*lossless: must be true or false"):
+        dataclasses.replace(full_record(), depth="3", lossless=1)  # the constructor, not only from_dict
+    with pytest.raises(InvalidRecord, match="model identity: digest 'XY' is not 64 lowercase hex digits"):
+        ModelIdentity(reference="x", digest="XY")
+
+
+def test_a_job_spec_names_every_faulty_field():
+    with pytest.raises(InvalidRecord) as e:
+        JobSpec.from_json(json.dumps({"engine": 3, "model": {"target": 1}, "arms": [{"method": "x", "depth": "1"}]}))
+    for message in (
+        "job spec: engine: must be a string, got 3",
+        "model.target: must be a string, got 1",
+        "prompt_set: is required",
+        "arms[0].depth: must be an integer, got '1'",
+    ):
+        assert message in str(e.value), message
+    with pytest.raises(InvalidRecord, match="settings.ngram_mod_n_match: must be between 1 and 1024, got 0"):
+        JobSpec.from_json(json.dumps({"ngram_mod_n_match": 0}))  # a spec of schema 2: its drafter parameters on top
+
+
 def test_a_missing_field_and_non_json_are_named():
     data = full_record().to_dict()
     del data["job_id"]
