@@ -79,6 +79,17 @@ def test_a_figure_whose_every_pair_ran_hot_is_there_with_no_machines():
     assert np.isnan(out["speedup"]) and (out["machines"], out["pairs"], out["excluded_pairs"]) == (0, 0, 1)
 
 
+def test_an_outlier_is_out_of_the_dashboards_figure_and_not_counted_as_not_nominal():
+    """Issue 26's run (a 5.4 s decode among repeats of about 0.68 s): out of the speedup and its
+    interval, not among the pairs left out as not nominal (the dashboard counts it as an outlier)."""
+    decode_seconds = [0.68, 0.70, 5.4, 0.66]
+    runs = [stored("j1", "a", "baseline", 0, "p1", r, 80.0) for r in range(4)]
+    runs += [stored("j1", "a", "draft", 2, "p1", r, 63 / s) for r, s in enumerate(decode_seconds)]
+    out = stats.speedups(query_on(pd.DataFrame(runs))[1], "runs").iloc[0]
+    assert out["speedup"] == pytest.approx(63 / 80 / (0.68 * 0.70 * 0.66) ** (1 / 3))
+    assert (out["pairs"], out["excluded_pairs"]) == (3, 0)
+
+
 def test_a_baseline_never_pairs_across_jobs():
     runs = pd.DataFrame([stored("j1", "a", "baseline", 0, "p1", 0, 10.0), stored("j2", "a", "ngram", 3, "p1", 0, 9.0)])
     assert stats.speedups(query_on(runs)[1], "runs").empty
