@@ -198,7 +198,6 @@ class Sweep:
         """What the sweep will do differently from what the file says, for the submitter."""
         out = []
         for engine in self.engines:
-            arms = len(self.arms_of(engine))
             if engine not in IN_PROCESS_ENGINES:
                 out += server_arms.notes(engine, self.arms_of(engine))
                 if self.verify_cost is not None:
@@ -212,12 +211,13 @@ class Sweep:
                         if (warning := drafter_warning(arm.method, arm.depth, settings, self.max_new_tokens))
                     }
                 )
-            rounded = rounded_repeats(self.repeats, arms)
-            if rounded != self.repeats:
-                out.append(
-                    f"{engine}: repeats rounded up from {self.repeats} to {rounded} to complete the Williams "
-                    f"design of {arms} arms (each arm follows every other equally often)"
-                )
+            for arms in sorted({len(group) for _, group in self.arm_groups(engine)}):  # a cell's arms
+                rounded = rounded_repeats(self.repeats, arms)
+                if rounded != self.repeats:
+                    out.append(
+                        f"{engine}: repeats rounded up from {self.repeats} to {rounded} to complete the Williams "
+                        f"design of {arms} arms (each arm follows every other equally often)"
+                    )
         return out
 
 

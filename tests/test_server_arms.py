@@ -205,3 +205,9 @@ def test_an_agents_builds_are_read_from_its_fingerprints_engine_versions():
     assert [build_tag(v) for v in ("b9500", 9500, " b0009500 ", "9500", "b95x", "", None)] == [
         "b9500", "b9500", "b9500", "b9500", None, None, None,
     ]  # fmt: skip
+
+
+def test_the_williams_note_counts_a_pinned_cells_arms():
+    pinned = [{"spec_type": "draft-mtp", "depths": [2], "server_build": b} for b in ("b9330", "b9500")]
+    notes = parse_sweep(sweep(arms=pinned, repeats=3)).notes()
+    assert any("rounded up from 3 to 4 to complete the Williams design of 2 arms" in n for n in notes), notes
