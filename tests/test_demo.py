@@ -89,8 +89,10 @@ def test_demo_measures_every_arm_on_both_engines(small_demo):
     for engine, method, k, tps, _server_tps, speedup, acceptance, lossless, runs, _ in _rows(stdout):
         assert float(tps) > 0 and float(speedup.rstrip("*")) > 0 and int(runs) > 0
         assert lossless == "yes", f"{engine} {method} K={k} changed the greedy output"
-        if method in ("draft", "ngram", "mtp", "draft-mtp", "ngram-mod"):
-            assert 0 < float(acceptance) <= 1, (engine, method, k, acceptance)  # it drafted
+        if method in ("draft", "mtp", "draft-mtp", "ngram-mod"):
+            assert 0 < float(acceptance) <= 1, (engine, method, k, acceptance)  # it drafted, and hit
+        elif method == "ngram":  # it drafted (16 tokens of real text may repeat nothing of the prompt)
+            assert 0 <= float(acceptance) <= 1, (engine, method, k, acceptance)
     assert re.search(r"verify cost, mlx, 128 tokens of context: T\(M\)/T\(1\) for M = 1\.\.4: 1\.00 ", stdout)
     assert "verify cost, llama.cpp" in stdout
 
@@ -113,8 +115,9 @@ def test_demo_measures_every_arm_on_both_engines(small_demo):
     assert {(e, "ngram-mod", 8) for e in ("mlx", "llama.cpp", "llama-server")} <= {
         (e, m, int(k)) for e, m, k, *_ in _rows(ngram_mod)
     }, ngram_mod
-    same = re.findall(r"greedy baselines, llama-server and llama\.cpp.*: the same tokens on (\d+) of (\d+)", stdout)
-    assert same and all(n == of for n, of in same), stdout
+    printed_same = re.findall(
+        r"greedy baselines, llama-server and llama\.cpp at 1 thread\(s\): the same tokens on (\d+)", stdout
+    )
 
     # The summary prints the one definition of speedup (specfleet/speedup.py, as /metrics and the
     # dashboard compute it), one comparable group at a time: the same runs give the same figures.
@@ -128,6 +131,14 @@ def test_demo_measures_every_arm_on_both_engines(small_demo):
             f"SELECT {COMPARABLE_ID} AS comparable, method, depth, count(*) FILTER (WHERE outlier)"
             f" FROM {flagged_sql('runs')} WHERE method != 'verify-cost' GROUP BY ALL"
         ).fetchall()
+        # Per sweep with both: whether every greedy baseline of the prompt gave one output (tiny random
+        # models have near-ties everywhere, so the two may differ: the count must be the stored runs').
+        same = db.execute(
+            "SELECT count(DISTINCT output_sha256) = 1 FROM runs WHERE method = 'baseline'"
+            " AND engine IN ('llama.cpp', 'llama-server') GROUP BY sweep_id, target_digest, prompt_id, max_new_tokens"
+            " HAVING count(DISTINCT engine) = 2 ORDER BY min(seq)"
+        ).fetchall()
+    assert [int(n) for n in printed_same] == [int(s) for (s,) in same] and len(same) == 2, stdout
     printed = _printed(stdout)
     figures = {key: value for key, value in printed.items() if value[0] is not None}
     assert figures.keys() == any_load.keys() and len({g for g, *_ in printed}) == 9  # 2 + 3 + 3 + 1 groups
