@@ -75,6 +75,13 @@ def test_llama_servers_logit_margin_is_the_in_process_engines(engines):
         server.logit_margin(sequence, position, 1, pair=(top.first, unlikely))
     with pytest.raises(EngineError, match="logit_margin needs"):
         server.logit_margin(sequence, 3, 5)
+    held_back = sequence[: position - 1] + [UNKNOWN_ID] + sequence[position:]  # as a streamed reference may be
+    served = server.served(Arm("baseline"))
+    with pytest.raises(EngineError, match="held back a token's id"):
+        server.logit_margin(held_back, position, 1)
+    with pytest.raises(EngineError, match="held back a token's id"):
+        server.logit_margin(sequence, position, 1, pair=(top.first, UNKNOWN_ID))
+    assert server.served(Arm("baseline")) == served  # refused before any request
 
 
 def test_a_divergence_on_a_server_run_is_labelled_by_the_servers_margin(engines):

@@ -515,8 +515,11 @@ class LlamaServerEngine:
         that its last `rows` tokens are one batch on top of the cache (rows 1: one-token
         decoding, as the baseline runs), and the first generated token's probabilities are those
         of `position`. Both requests count as served (`served`). EngineError when a token of the
-        pair (or, without one, the second best) is not among the top MARGIN_PROBS."""
+        pair (or, without one, the second best) is not among the top MARGIN_PROBS, or when a token
+        up to the position is one whose id the stream held back (UNKNOWN_ID)."""
         problem = margin_problem(tokens, position, rows)
+        if not problem and UNKNOWN_ID in (*tokens[:position], *(pair or ())):
+            problem = "logit_margin: the stream held back a token's id (UNKNOWN_ID) before or at the position"
         if problem:
             raise EngineError(problem)
         key = ("baseline", 0, ())
