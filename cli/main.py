@@ -282,7 +282,7 @@ def cmd_sweep_submit(args) -> int:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read sweep file {args.file}: {e.strerror if isinstance(e, OSError) else e}") from None
     try:
-        parse_sweep(text)  # the coordinator validates too; this names every problem on its own line
+        parse_sweep(text, args.file)  # the coordinator validates too; this names each problem (file:line) on a line
     except SweepError as e:
         print(
             f"error: {args.file} is not a valid sweep ({len(e.problems)} problem(s)); nothing was submitted:",
