@@ -174,7 +174,10 @@ def baseline(name: str, model: Path, n: int, repeats: int) -> dict:
         "model": name,
         "backend": ours.backend(),
         "threads": ours.n_threads,
-        "ours_fa_on": statistics.median(map(tps, mine)),
+        # against llama-bench, ours alone (as llama-bench runs): one H200 run had ours at 0.57x
+        # its lone speed while a llama-server process was up (the tiny model, 2026-12-02)
+        "ours_fa_on": plain_tps(ours, request, repeats),
+        "ours_paired": statistics.median(map(tps, mine)),
         "server": statistics.median(map(tps, theirs)),
         "ours_server": ratio(mine, theirs),
         "greedy": default,
@@ -199,7 +202,7 @@ def print_baseline(b: dict) -> None:
     print(
         f"{b['model']:12} fa on: ours {b['ours_fa_on']:8.1f} bench {b['bench_fa_on']:8.1f} ({on:.3f}) | "
         f"fa off: ours {b['ours_fa_off']:8.1f} bench {b['bench_fa_off']:8.1f} ({off:.3f}) | "
-        f"server {b['server']:8.1f} (ours/server {b['ours_server']:.3f})",
+        f"server {b['server']:8.1f} (ours/server {b['ours_server']:.3f}, ours {b['ours_paired']:.1f} beside it)",
         flush=True,
     )
     print(
@@ -244,7 +247,24 @@ def against_server(tiny, n: int, repeats: int) -> dict:
     return out
 
 
+ARM_CONFIGS = {  # greedy mode, whether verify batches sample in the graph (agent/engines/llamacpp.py)
+    "in-place": ("in-place", True),
+    "device": ("device", True),
+    "device, verify in place": ("device", False),
+}
+
+
 def arms(tiny, n: int, repeats: int) -> None:
+    """The per-arm table in each ARM_CONFIGS configuration (the same on a CPU, where "device" is in place)."""
+    default = llamacpp.GREEDY, llamacpp.DEVICE_VERIFY
+    for config, (mode, verify) in ARM_CONFIGS.items():
+        llamacpp.GREEDY, llamacpp.DEVICE_VERIFY = mode, verify
+        print(f"greedy: {config}")
+        arms_table(tiny, n, repeats)
+    llamacpp.GREEDY, llamacpp.DEVICE_VERIFY = default
+
+
+def arms_table(tiny, n: int, repeats: int) -> None:
     print(HEADER)
     ours = make_engine("llama.cpp")
     ours.load(str(tiny.gguf_target), str(tiny.gguf_draft))
@@ -299,6 +319,8 @@ def section(name: str, args) -> object:
             print(f"backend {result['backend']}, {result['threads']} thread(s)")
         print_baseline(result)
         return result
+    if name == "steps":
+        return steps(tiny, args)
     if name == "servers":
         result = against_server(tiny, args.tokens, args.repeats)
         for arm, (r, mine, theirs) in result.items():
@@ -308,11 +330,81 @@ def section(name: str, args) -> object:
     return None
 
 
+def llama_servers() -> list[str]:
+    """Running llama-server processes, "pid (CPU seconds)" each (read from /proc; [] elsewhere)."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"llama-server" in (proc / "cmdline").read_bytes().split(b"\0")[0]:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                out.append(f"{proc.name} ({(int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'):.1f} s)")
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def steps(tiny, args) -> dict:
+    """Where one decode step's time goes, per model and greedy mode: medians over --tokens steps
+    (after a warm-up run) of the whole step, the llama_decode call, the synchronize after it,
+    the sample, and the rest (our Python and ctypes around them)."""
+    out, default = {}, llamacpp.GREEDY
+    for name in ("tiny", *VOCABS):
+        path = tiny.gguf_target if name == "tiny" else make_shaped(args.shaped, name, args.trunk)
+        engine = make_engine("llama.cpp")
+        engine.load(str(path))
+        prompt = engine.tokenize(PROMPT)
+        for mode in ("device", "in-place"):
+            greedy(mode)
+            engine.generate(Request(prompt, args.tokens))  # warm-up; sets the sampler for the mode
+            target, chain = engine._target, engine._verify_chain(Request(prompt, 1).sampler)
+            calls = []
+            decode = ll.llama_decode
+
+            def timed(ctx, batch):
+                t0 = time.perf_counter()
+                rc = decode(ctx, batch)
+                calls.append(time.perf_counter() - t0)
+                return rc
+
+            ll.llama_decode = timed
+            parts = {"step": [], "llama_decode": [], "synchronize": [], "sample": []}
+            try:
+                target.clear()
+                target.decode(list(prompt))
+                token = chain.sample(target)
+                for _ in range(args.tokens):
+                    a = time.perf_counter()
+                    target.decode([token])
+                    b = time.perf_counter()
+                    ll.llama_synchronize(target.ctx)
+                    c = time.perf_counter()
+                    token = chain.sample(target)
+                    d = time.perf_counter()
+                    parts["step"].append(d - a)
+                    parts["llama_decode"].append(calls[-1])
+                    parts["synchronize"].append(c - b)
+                    parts["sample"].append(d - c)
+            finally:
+                ll.llama_decode = decode
+                chain.free()
+            us = {k: statistics.median(v) * 1e6 for k, v in parts.items()}
+            us["rest"] = us["step"] - us["llama_decode"] - us["synchronize"] - us["sample"]
+            out[f"{name} {mode}"] = us
+            figures = " ".join(f"{k} {v:8.1f}" for k, v in us.items())
+            print(f"{name:5} {mode:9} {figures} (us, medians)", flush=True)
+        greedy(default)
+        engine.close()
+    return out
+
+
 def in_child(name: str, argv: list[str]) -> object:
     """Section `name` in a fresh Python process; its figures, read back as JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, str(Path(__file__).resolve()), *argv, "--section", name, "--result", str(out)]
+        servers = llama_servers()
+        if servers:
+            print(f"section {name}: {len(servers)} llama-server process(es) up before it: {servers}", flush=True)
         status = subprocess.run(command, env=os.environ.copy()).returncode
         if status != 0:
             print(f"section {name}: exited with status {status}", flush=True)
@@ -329,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-arms", action="store_true", help="leave out the per-arm table")
     parser.add_argument("--only-arms", action="store_true", help="the per-arm table alone")
+    parser.add_argument("--steps", action="store_true", help="also time the parts of one decode step (steps())")
     parser.add_argument("--section", help=argparse.SUPPRESS)  # a child's one section
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -341,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     for vocab in VOCABS:
         if not args.only_arms:
             make_shaped(args.shaped, vocab, args.trunk)  # once, before the children time anything
-    names = ["arms"] if args.only_arms else ["tiny", *VOCABS, "servers"] + ([] if args.skip_arms else ["arms"])
+    # The arms first: in two H200 runs every multi-pass arm measured after the server sections ran
+    # 2-20x slower than in a fresh machine's process (cause not established).
+    names = ["arms"] if args.only_arms else ([] if args.skip_arms else ["arms"]) + ["tiny", *VOCABS, "servers"]
+    names += ["steps"] if args.steps else []
     with NoiseProbe() as probe:
         start = time.perf_counter()
         print(f"{args.tokens} tokens, medians of {args.repeats} runs; shaped models' trunk: {args.trunk}", flush=True)

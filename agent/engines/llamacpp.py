@@ -73,6 +73,11 @@ GREEDY_MODES = ("device", "in-place", "chain")
 # On the CPU backend the graph's argmax made a forward pass slower (49k vocabulary: 0.98 -> 1.33 ms,
 # 151k: 2.8 -> 4.2 ms, 1 thread) than the in-place argmax it saves (4-35 us): CPU contexts keep that.
 DEVICE_GREEDY_BACKENDS = frozenset({"cuda"})
+# Whether the target's verify batches (K + 1 output rows) sample in the graph too, or only its
+# baseline and the draft model's one-row passes (bench/overhead.py's arms compare the two). Off,
+# the target's sampler comes and goes between baseline and speculative requests, and llama.cpp
+# reserves its graph again in the first decode after each change.
+DEVICE_VERIFY = True
 MAX_ROW_VIEWS = 4 * (MAX_DEPTH + 1)  # numpy views of logits rows a chain keeps (a verify batch has up to MAX_DEPTH + 1)
 
 _log = logging.getLogger(__name__)
@@ -166,6 +171,8 @@ class _Context:
         self.n_embd = ll.llama_model_n_embd_out(self.model)
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._token, self._pos, self._logits = self.batch.token, self.batch.pos, self.batch.logits
+        self.batch.n_seq_id[0], self.batch.seq_id[0][0] = 1, 0  # row 0's sequence, as decode() writes it
         self.n_batch, self.n_ctx, self.n_past = n_batch, n_ctx, 0
         self.recurrent = ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model)
         self.snapshots = ll.llama_n_rs_seq(self.ctx)  # 0 where the arch cannot keep them
@@ -178,6 +185,9 @@ class _Context:
 
     def decode(self, tokens: list[int], all_logits: bool = False) -> None:
         """Append `tokens` to the cache; logits for every row, or for the last one only."""
+        if len(tokens) == 1 and not self.keep_hidden:
+            self._step(tokens[0])
+            return
         batch, rows = self.batch, []
         for first in range(0, len(tokens), self.n_batch):
             chunk = tokens[first : first + self.n_batch]
@@ -199,6 +209,19 @@ class _Context:
                 rows.append(mtp.hidden_rows(self.ctx, len(chunk), self.n_embd))
         if rows:
             self.hidden = np.concatenate(rows)
+
+    def _step(self, token: int) -> None:
+        """decode() of one token, the decode loop's every step: the batch's row 0 keeps its
+        sequence fields from earlier batches (every decode writes them alike), so only the token,
+        its position and its logits flag are written, through pointers kept at the start."""
+        self._token[0], self._pos[0], self._logits[0] = token, self.n_past, True
+        self.batch.n_tokens = 1
+        rc = ll.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with status {rc} at position {self.n_past}")
+        self.n_past += 1
+        self.tokens.append(token)
+        self.last_decoded = 1
 
     def set_hidden(self, on: bool) -> None:
         """Keep the final-normed hidden state of every decoded token in `hidden` (for MTP) or not."""
@@ -434,13 +457,18 @@ class LlamaCppEngine:
         flash_attn: bool = True,
         settings: Settings | None = None,
     ):
-        # Thread defaults are llama-cpp-python's, so that the reference arms run alike; a job's
-        # declared settings (specfleet/settings.py: threads, ...) set its context parameters.
+        # Threads: llama-cpp-python's default (half the logical CPUs) for single-token passes, and
+        # the same for batches (prompt, verify), as llama.cpp's own tools default them, not
+        # llama-cpp-python's every logical CPU: a batch's threads meet at a barrier per op, and one
+        # thread descheduled stalls them all (on a loaded 2-core machine a 5-row verify took
+        # 0.2-2 s with 2 batch threads, 1-44 ms with 1; the H200's multi-pass arms ran 2-20x slower
+        # beside another process with 16). The reference arms get the same. A job's declared
+        # settings (specfleet/settings.py: threads, ...) set its context parameters.
         self.n_ctx, self.n_batch, self.flash_attn = n_ctx, n_batch, flash_attn
         self.declared_cparams = declared.llama_cparams(settings) if settings is not None else {}
         threads = self.declared_cparams.get("n_threads", (None, ""))[0]  # the reference Llama takes them too
         self.n_threads = n_threads or threads or max(multiprocessing.cpu_count() // 2, 1)
-        self.n_threads_batch = n_threads_batch or threads or multiprocessing.cpu_count()
+        self.n_threads_batch = n_threads_batch or threads or self.n_threads
         self._target: _Context | None = None
         self._draft: _Context | None = None
         self._mtp: mtp.MtpContext | None = None  # the target's MTP head, built on first use
@@ -568,7 +596,7 @@ class LlamaCppEngine:
             if self._mtp_problem:
                 raise EngineError(self._mtp_problem)
             self._mtp = mtp.MtpContext(target)
-        self._sample_on_device(request.sampler.greedy and request.method not in REFERENCE_METHODS)
+        self._sample_on_device(request.sampler.greedy and request.method not in REFERENCE_METHODS, request.method)
         if request.method == "baseline":
             gen = self._baseline(request)
         elif request.method in REFERENCE_METHODS:
@@ -578,15 +606,16 @@ class LlamaCppEngine:
         gen.peak_memory_bytes = _peak_rss_bytes()
         return gen
 
-    def _sample_on_device(self, greedy: bool) -> None:
-        """Greedy sampling in the target's and draft's graphs where GREEDY and the backend call
-        for it (module header), raw logits rows otherwise. (The MTP head samples in place.)"""
+    def _sample_on_device(self, greedy: bool, method: str = "baseline") -> None:
+        """Greedy sampling in the target's and draft's graphs where GREEDY, DEVICE_VERIFY and the
+        backend call for it (module header), raw logits rows otherwise. (The MTP head samples
+        in place.)"""
         if self._device_backend is None:
             self._device_backend = _backend() in DEVICE_GREEDY_BACKENDS
         on = greedy and GREEDY == "device" and self._device_backend
-        for context in (self._target, self._draft):
-            if context is not None:
-                context.sample_on_device(on)
+        self._target.sample_on_device(on and (DEVICE_VERIFY or method == "baseline"))
+        if self._draft is not None:
+            self._draft.sample_on_device(on)
 
     def _verify_chain(self, sampler: Sampler) -> _Chain:
         """The target's sampler chain, end-of-generation tokens banned."""
