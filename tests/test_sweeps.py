@@ -265,3 +265,22 @@ def test_an_error_message_stays_small_enough_for_grpc_metadata():
     assert "prompt_sets: unknown prompt set 's0'" in str(e.value) and "more problem(s)" in str(e.value)
     assert any(re.match(r"line \d+: repeats: must be an integer, got \[0, 1, 2", p) for p in e.value.problems)
     assert all(len(p) <= MAX_PROBLEM_CHARS for p in e.value.problems)
+
+
+def test_a_line_is_found_through_dotted_keys_flow_style_and_aliases():
+    text = (
+        "name: s\n"
+        "engines: [mlx, llama.cpp]\n"
+        "prompt_sets: [code]\n"
+        "pair: &pair {target: /t.gguf, memory_gb: -1}\n"
+        "models:\n"
+        "  mlx: {target: /t,\n"
+        "        memory_gb: big}\n"
+        "  llama.cpp: *pair\n"
+    )
+    with pytest.raises(SweepError) as e:
+        parse_sweep(text)
+    assert set(e.value.problems) >= {
+        "line 7: models.mlx.memory_gb: must be a number, got 'big'",  # the key inside a flow mapping
+        "line 4: models.llama.cpp.memory_gb: must be between 0 and 16384, got -1",  # where the alias's value is
+    }
