@@ -89,6 +89,9 @@ def main(argv: list[str]) -> int:
     job = json.loads(job_file.read_text())
     spool = Spool(Path(argv[1]))
     spec = resolved(JobSpec.from_json(job["spec"]))
+    if job.get("memory_bytes"):  # the machine's memory, recorded on every run (setting memory_gb)
+        memory_gb = max(1, round(job["memory_bytes"] / 2**30))
+        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, memory_gb=memory_gb))
     models = {role: ModelIdentity(**identity) for role, identity in job["models"].items()}
     try:
         runs = run_job(

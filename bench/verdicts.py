@@ -327,6 +327,46 @@ def acceptance(fleets: int) -> None:
     print()
 
 
+TOKENS = 35.89  # llamacpp-mtp-m1-max-n3-log-35.89-tps: the bug report's own log
+TOKENS_BAND = (32.3, 39.5)
+TOKENS_SD = {"machine_sd": 0.10, "prompt_sd": 0.10, "repeat_sd": 0.03}  # on the log scale: machines differ by ~10%
+
+
+def tokens(fleets: int) -> None:
+    """Absolute decode tok/s (metric tokens_per_second) with multiplicative noise: t over machine
+    means of log tok/s (the rule: the speedups' estimator) against t over machine means of tok/s
+    (the acceptance rule's linear scale). Truths: the median machine's tok/s for the log scale,
+    the fleet's expected tok/s (times exp(variance / 2)) for the linear one. Wrong verdicts against
+    the band with the truth on its lower edge (contradicted) and 3% below it (reproduced)."""
+    print(
+        f"## Absolute tok/s intervals ({fleets} fleets a cell, 5 prompts x 3 repeats, log-normal machine sd "
+        f"{TOKENS_SD['machine_sd']}, prompt sd {TOKENS_SD['prompt_sd']}): coverage and wrong verdicts against "
+        f"{TOKENS_BAND[0]}-{TOKENS_BAND[1]} tok/s, log scale (the rule) / linear scale\n"
+    )
+    print(f"{'machines':>8} | {'coverage':>13} | {'contradicted@edge':>17} | {'reproduced@-3%':>14}")
+    lo, hi = TOKENS_BAND
+    var = TOKENS_SD["machine_sd"] ** 2 + TOKENS_SD["prompt_sd"] ** 2 + TOKENS_SD["repeat_sd"] ** 2 / 3
+    for machines in (2, 3, 5, 10):
+        noise = simulate.draw(SEED + 100 + machines, fleets, machines, 5, 3, 1.0, **TOKENS_SD)
+        scales = {
+            "log": (np.log(TOKENS) + noise.mean(axis=2), TOKENS, np.exp),
+            "linear": (TOKENS * np.exp(noise).mean(axis=2), TOKENS * math.exp(var / 2), lambda x: x),
+        }
+        cov, con, rep = [], [], []
+        for values, truth, back in scales.values():
+            mean, se, df, t_lo, t_hi = inference.t_interval(values)
+            low, high = back(t_lo), back(t_hi)
+            cov.append(covered(low, high, truth))
+            edge = inference.classify(low * lo / truth, high * lo / truth, lo, hi)
+            below = inference.classify(low * lo * 0.97 / truth, high * lo * 0.97 / truth, lo, hi)
+            con.append(np.mean(edge == inference.CONTRADICTED))
+            rep.append(np.mean(below == inference.REPRODUCED))
+        print(
+            f"{machines:>8} | {cov[0]:>6.3f}/{cov[1]:.3f} | {con[0]:>10.3f}/{con[1]:.3f} | {rep[0]:>7.3f}/{rep[1]:.3f}"
+        )
+    print()
+
+
 # ---------------------------------------------------------------- best depth
 
 
@@ -407,7 +447,7 @@ def main() -> None:
     parser.add_argument("--depth-fleets", type=int, default=300, help="fleets per cell (depth)")
     parser.add_argument(
         "--section",
-        choices=("all", "rules", "prompts", "acceptance", "intervals", "table", "depth", "fdr"),
+        choices=("all", "rules", "prompts", "acceptance", "tokens", "intervals", "table", "depth", "fdr"),
         default="all",
     )
     args = parser.parse_args()
@@ -418,6 +458,8 @@ def main() -> None:
         prompts(8 * args.fleets)
     if args.section in ("all", "acceptance"):
         acceptance(args.fleets)
+    if args.section in ("all", "tokens"):
+        tokens(args.fleets)
     if args.section in ("all", "intervals"):
         intervals(2 * args.fleets)
     if args.section in ("all", "table"):

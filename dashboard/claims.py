@@ -57,10 +57,17 @@ from specfleet.record import (
     architecture_family,
     is_method,
     is_speculative,
+    least_depth,
 )
 
 LEDGER = Path(__file__).with_name("claims.yaml")
-METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "best_depth", "runs")
+METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "tokens_per_second", "best_depth", "runs")
+# Metrics judged on the arm's runs alone (a mean on its own scale, never a ratio to the baseline):
+# each run's value as SQL, and which runs have one.
+RUN_VALUES = {
+    "acceptance_rate": ("tokens_accepted / tokens_drafted", "tokens_drafted > 0"),
+    "tokens_per_second": ("decode_tokens_per_second", "decode_tokens_per_second > 0"),
+}
 RULE_FIELDS = {
     "range": ("low", "high"),
     "above": ("threshold",),
@@ -220,8 +227,9 @@ def system_label_sql(prefix: str = "") -> str:
 def our_loop(claim: Claim) -> Claim | None:
     """The claim on our in-process loop of the same method and the same weights (OUR_LOOP),
     for a claim about another system: what is shown beside its verdict. None for a claim
-    about our loops, or a method we have no loop of."""
-    if claim.system == OURS or (claim.engine, claim.method) not in OUR_LOOP:
+    about our loops, a method we have no loop of, or llama-server's depth 0 (the drafter loaded
+    and n_max 0: our loops have no such arm)."""
+    if claim.system == OURS or (claim.engine, claim.method) not in OUR_LOOP or 0 in claim.depths:
         return None
     engine, method = OUR_LOOP[(claim.engine, claim.method)]
     return replace(claim, conditions={**claim.conditions, "engine": engine, "method": method, "system": OURS})
@@ -335,7 +343,7 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
             "conditions.depth",
             f"is required: a draft depth 0-{MAX_DEPTH} or a list of them (a claim of metric runs may leave it out)",
         )
-    elif isinstance(method, str) and is_speculative(method) and 0 in depths:
+    elif isinstance(method, str) and is_speculative(method) and 0 in depths and least_depth(engine, method) > 0:
         fail("conditions.depth", f"a {method} run records a depth 1-{MAX_DEPTH}: depth 0 selects none")
     for name, setting in DECLARED_CONDITIONS.items():
         values = _as_list(cond.get(name))
@@ -896,17 +904,22 @@ def _change_rows(claim: Claim, con) -> list[dict]:
     return rows
 
 
-def _acceptance_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
-    """Acceptance rate, calibrated as the speedups are: each run's rate (accepted / drafted),
-    the mean over a prompt's runs, over a machine's prompts, then t over machine means
-    (inference.estimate_mean, docs/verdicts.md: coverage 0.94-0.96 where the median's two-level
-    bootstrap held 0.91-0.97 and leaned one way at the edge), the band rule with its p-values,
-    and the false-discovery step with every other verdict. Runs of completed attempts only;
-    runs that were not nominal are left out and counted."""
+def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
+    """Acceptance rate or decode tok/s of the arm's runs (RUN_VALUES), calibrated as the speedups
+    are. Acceptance: each run's accepted / drafted, the mean over a prompt's runs, over a machine's
+    prompts, then t over machine means on the rate's own scale (inference.estimate_mean,
+    docs/verdicts.md: coverage 0.94-0.96 where the median's two-level bootstrap held 0.91-0.97 and
+    leaned one way at the edge). Tok/s, whose machines differ by a factor: the same on the log
+    scale, as the speedups' (inference.estimate on each prompt's mean log tok/s; the figure is the
+    geometric mean; bench/verdicts.py --section tokens: coverage 0.94-0.96, contradicted on the
+    band's edge 0.024-0.025 where the linear scale gave 0.030-0.034). The band rule with its
+    p-values, and the false-discovery step with every other verdict. Runs of completed attempts
+    only; runs that were not nominal are left out and counted."""
+    value, has = RUN_VALUES[claim.metric]
     values = con.execute(
-        "SELECT comparable, chip, depth, agent_id, prompt_id, tokens_accepted / tokens_drafted AS rate,"
+        f"SELECT comparable, chip, depth, agent_id, prompt_id, {value} AS rate,"
         " env_nominal IS NOT DISTINCT FROM false AS degraded"
-        f" FROM {speedup.valid_sql('arm', DONE_JOBS)} WHERE tokens_drafted > 0"
+        f" FROM {speedup.valid_sql('arm', DONE_JOBS)} WHERE {has}"
     ).df()
     r = claim.rule
     rows = []
@@ -917,7 +930,14 @@ def _acceptance_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
                 (values["comparable"] == cell.comparable) & (values["chip"] == cell.chip) & (values["depth"] == depth)
             ]
             degraded = at["degraded"].fillna(False).astype(bool)
-            e = inference.estimate_mean(at[~degraded], "rate")
+            if claim.metric == "tokens_per_second":
+                logs = at[~degraded].assign(log_ratio=np.log(at.loc[~degraded, "rate"].astype(float)))
+                per_prompt = logs.groupby(["agent_id", "prompt_id"], as_index=False).agg(
+                    log_ratio=("log_ratio", "mean"), repeats=("log_ratio", "size")
+                )
+                e = inference.estimate(per_prompt)
+            else:
+                e = inference.estimate_mean(at[~degraded], "rate")
             d = _too_few_runs(
                 claim, inference.decide(e, r.band_low, r.band_high, r.min_machines, r.min_prompts), e.pairs
             )
@@ -1038,8 +1058,8 @@ def _evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
             rows = [dict(_no_run(claim, none, {}), excluded_runs=excluded)]
     elif versions.is_change(claim.conditions.get("version")):
         rows = _change_rows(claim, con)
-    elif claim.metric == "acceptance_rate":
-        rows = _acceptance_rows(claim, con, cells)
+    elif claim.metric in RUN_VALUES:
+        rows = _mean_rows(claim, con, cells)
     else:
         rows = _ratio_rows(claim, con, cells)
     return _with_unsteady(_rows(claim, rows), con)
@@ -1172,6 +1192,8 @@ def sweep_yaml(claim: Claim) -> str:
         doc["target"] = {"chip_families": list(MAC_FAMILIES)}
     elif chip and not chip.endswith("*"):
         doc["target"] = {"chips": [chip]}
+    if c.get("memory_gb") is not None:  # a machine's memory is measured, not set: the sweep targets it
+        doc.setdefault("target", {})["min_memory_gb"] = min(_as_list(c["memory_gb"]))
     doc.update(
         models={e: dict(models) for e in engines},
         engines=engines,

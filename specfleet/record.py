@@ -4,9 +4,10 @@ One module, imported by all three, so that no package imports another for a name
 `RunRecord`: immutable, validated in its constructor, schema-versioned (pyperf's `Run`). It and
 the job spec's parts are strict pydantic dataclasses (specfleet/schemas.py `model`): each field's
 type and bounds are its annotation, the rules between fields are `_rules`, and one InvalidRecord
-names every faulty field. The worker builds it once; the spool, the protocol (`ReportResultRequest.record_json`), ingest, the
-store (one column per leaf field, `RunRecord.row()`) and the export carry it unchanged. A job's
-cell is a `JobSpec`, with every default in one place.
+names every faulty field. The worker builds it once; the spool, the protocol
+(`ReportResultRequest.record_json`), ingest, the store (one column per leaf field,
+`RunRecord.row()`) and the export carry it unchanged. A job's cell is a `JobSpec`, with every
+default in one place.
 
 A setting (anything that can change a measurement) is declared in specfleet/settings.py; the
 record carries the declared settings in its `settings` part (one store column each, named as the

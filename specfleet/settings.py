@@ -174,6 +174,10 @@ DECLARED: tuple[Setting, ...] = (
             "A chat template's reasoning switch (enable_thinking) on or off; unset: the template's default. Runs "
             "record on or off where the template has a switch, else nothing", sweep="reasoning", choices=("on", "off"),
             condition=True, since=4),
+    Setting("memory_gb", int, MEASURED, "memory",
+            "The machine's memory in GiB, rounded (unified memory on a Mac: the \"24 GB\" of \"M4 Pro 24 GB\"), as "
+            "the agent reads it. A claim condition, not a checked key: like the chip, it is what a comparison puts "
+            "side by side", lo=1, hi=1 << 20, checked=False, condition=True, since=5),
     Setting("server_flags", str, SERVER, "server flags",
             "What every arm's server of a job shares, as flags: llama-server's (the sweep's and the declared "
             "settings'), an OpenAI-compatible server's baseline command without its binary, model paths, host and "

@@ -40,6 +40,10 @@ REQUIRED = {
     "llamacpp-mtp-m1-max-acceptance-n2",
     "llamacpp-mtp-m1-max-acceptance-n6",
     "llamacpp-mtp-m1-max-n-min-no-effect",
+    "llamacpp-mtp-m1-max-n-max-0",
+    "llamacpp-mtp-m1-max-acceptance-n0",
+    "llamacpp-mtp-m1-max-loss-thinking-on-off",
+    "llamacpp-mtp-m1-max-n3-log-35.89-tps",
 }
 # OptiQ's claims of a depth (K=1-4, and its matched-truncation acceptance at an assumed depth 3)
 # wait in docs/claims.md: OptiQ's depth option is unknown, so its runs could not record K. The
@@ -224,9 +228,14 @@ def test_a_supported_method_gives_a_sweep_that_parses():
         ({"sweep": {"flags": "-ngl 99"}}, "claims[0] (my-claim).sweep.flags"),  # llama-server's flags, on mlx
         ({"sweep": {"target": "/models/x", "path": "y"}}, "claims[0] (my-claim).sweep.path"),
         ({"conditions": {**GOOD["conditions"], "depth": None}}, "claims[0] (my-claim).conditions.depth"),
-        # the bug report's --spec-draft-n-max 0: no run records a speculative method at depth 0
+        # depth 0 is llama-server's draft types' alone (--spec-draft-n-max 0, the drafter loaded): an
+        # n-gram type's or our loop's speculative run records a depth 1-64, so depth 0 would select none
         (
-            {"conditions": {**GOOD["conditions"], "engine": "llama-server", "method": "draft-mtp", "depth": 0}},
+            {"conditions": {**GOOD["conditions"], "engine": "llama-server", "method": "ngram-mod", "depth": 0}},
+            "claims[0] (my-claim).conditions.depth",
+        ),
+        (
+            {"conditions": {**GOOD["conditions"], "engine": "llama.cpp", "method": "mtp", "depth": 0}},
             "claims[0] (my-claim).conditions.depth",
         ),
         (
@@ -748,6 +757,7 @@ def test_conflicting_claims_are_named_both_ways_and_checked():
     assert {c.id for c in loss} == {
         "llamacpp-mtp-m5-max-dense-27b", "llamacpp-mtp-m5-max-moe-35b",
         "llamacpp-mtp-m2-ultra-7-14pct", "llamacpp-mtp-m4-pro-50pct",
+        "llamacpp-mtp-m1-max-n3-log-35.89-tps",  # the report's own log, held against its table
     }  # fmt: skip
     # named by one record, shown on both cards
     assert "llamacpp-mtp-m1-max-net-loss-n2" in {

@@ -261,10 +261,10 @@ def _named(c: claims.Claim) -> dict:
 def _other_value(setting, values: list):
     """A valid value of a declared setting outside `values`."""
     choices = setting.choices or (BACKENDS[1:] if setting.name == "backend" else ())  # the record's own list
-    if choices:
-        return next(x for x in choices if x not in values)
+    if choices:  # every choice named (reasoning on and off): a run that recorded none is outside
+        return next((x for x in choices if x not in values), None)
     if setting.type is int:
-        return max(values, default=int(setting.lo or 0)) + 1
+        return max((v for v in values if v is not None), default=int(setting.lo or 0)) + 1
     if setting.type is bool:
         return not values[0] if values else True
     return "another-" + "-".join(map(str, values))
@@ -311,7 +311,8 @@ def _another_system(c: claims.Claim, w: dict) -> dict:
     differs too: our loops and llama-server are one system each)."""
     if c.engine == "openai":
         return dict(w, system="oMLX" if c.system != "oMLX" else "MTPLX")
-    return dict(w, engine="openai", system="MTPLX", method=c.method if is_method("openai", c.method) else "mtp")
+    method = c.method if is_method("openai", c.method) else "mtp"
+    return dict(w, engine="openai", system="MTPLX", method=method, depth=max(w["depth"], 1))  # its depths: 1-64
 
 
 def _another_engine(c: claims.Claim, w: dict) -> dict:
@@ -320,6 +321,9 @@ def _another_engine(c: claims.Claim, w: dict) -> dict:
     ours = claims.our_loop(c)
     if ours is not None:
         return dict(w, engine=ours.engine, system=claims.OURS, method=ours.method)
+    if (c.engine, c.method) in claims.OUR_LOOP:  # a depth our loop has no arm of (llama-server's 0)
+        engine, method = claims.OUR_LOOP[(c.engine, c.method)]
+        return dict(w, engine=engine, system=claims.OURS, method=method, depth=max(w["depth"], 1))
     other = "mlx" if w["engine"] == "llama.cpp" else "llama.cpp"
     assert is_method(other, c.method)
     return dict(w, engine=other)
@@ -411,7 +415,7 @@ def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     # our loop of the same method on the same weights (the engine decoy of a claim about another
     # system) stands beside the verdict, never in it
     beside = out["beside"].iloc[0]
-    if c.system == claims.OURS:
+    if c.system == claims.OURS or claims.our_loop(c) is None:
         assert beside == ""
     elif c.metric != "acceptance_rate":  # the decoys record no draft counts
         assert beside.startswith(f"our loop, same weights ({claims.our_loop(c).label}) on {w['chip']}: ")
