@@ -194,7 +194,7 @@ class Scheduler:
             missing_builds(sweep, cells, jobs, fleet_builds)
             if not jobs:
                 needs = [
-                    f"{e} with {m['memory_gb']} GB of memory" if "memory_gb" in m else e
+                    f"{e} with {m['memory_gb']:g} GB of memory" if "memory_gb" in m else e
                     for e, pairs in sweep.models.items()
                     for m in pairs
                 ]

@@ -21,7 +21,7 @@ from agent.daemon import Agent
 from agent.engines import make_engine
 from agent.engines.base import EngineError
 from agent.engines.llama_server import PROJECT_BUILD, build_versions, find_builds
-from coordinator import version_figures
+from coordinator import figures, version_figures
 from tests.support.agents import Running, submit
 from tests.support.fleet import enrol
 from tests.support.processes import needs_llama_server, wait_until
@@ -47,18 +47,18 @@ def second_build(root: Path) -> Path:
 
 
 def any_load(coordinator) -> duckdb.DuckDBPyConnection:
-    """The coordinator's runs, jobs and figure groups in a database of their own, every run's
-    environment judged unknown (as tests/test_demo.py's ANY_LOAD): which runs enter the comparison
-    must not depend on how busy the test machine is."""
+    """The coordinator's runs and jobs in a database of their own, every run's environment judged
+    unknown (as tests/test_demo.py's ANY_LOAD: which runs enter the comparison must not depend on
+    how busy the test machine is), and the figure tables built from them (figures.ensure)."""
     copy = duckdb.connect()
     with coordinator.store.tx() as con:
-        for table in ("runs", "jobs", "figure_groups"):
-            rows = con.execute(f"SELECT * FROM {table}").df()
-            if table == "runs":
-                rows["env_nominal"] = None
-            copy.register("rows", rows)
-            copy.execute(f"CREATE TABLE {table} AS SELECT * FROM rows")
-            copy.unregister("rows")
+        runs = con.execute("SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs").df()
+        jobs = con.execute("SELECT * FROM jobs").df()
+    for name, table in (("runs", runs), ("jobs", jobs)):
+        copy.register("rows", table)
+        copy.execute(f"CREATE TABLE {name} AS SELECT * FROM rows")
+        copy.unregister("rows")
+    figures.ensure(copy)
     return copy
 
 
