@@ -1,4 +1,4 @@
-"""The /metrics figures, kept up to date as runs are ingested, so that a scrape never scans runs.
+"""The /metrics figures, kept in tables of their own, so that a scrape never scans runs.
 
 Derived tables in the coordinator's file, each a function of `runs` alone:
 
@@ -17,11 +17,14 @@ Derived tables in the coordinator's file, each a function of `runs` alone:
 
 Whether a run is an outlier depends on its arm's other repeats on the prompt, which may arrive
 later: so `update` recomputes the rows of every prompt of an attempt (job, attempt, prompt) that
-the batch touched, from that prompt's runs, in one transaction after the runs' own. `ensure`
+a range of runs touched, from that prompt's runs. `catch_up` updates with every run stored since
+the last update, in one transaction of its own: a scrape asks for it when its figures are due
+(coordinator/metrics.py), never the ingest of each batch (an update is several statements over
+the touched prompts' runs, and agents upload a run at a time). `ensure`
 rebuilds everything from runs when the tables are missing, their definition changed (a checked key
 added: every comparable id changes) or runs holds rows they have not seen. `speedups`, `groups`,
 `arms` and `outliers` read them: tests/test_figures.py checks that they equal specfleet/speedup.py's
-figures computed from runs, ingest by ingest.
+figures computed from runs, batch by batch.
 """
 
 from __future__ import annotations
@@ -100,11 +103,21 @@ DEFINITION = hashlib.sha256("".join((SCHEMA, *_STEPS)).encode()).hexdigest()[:16
 
 
 def update(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> None:
-    """Add the runs with sequence numbers lo..hi (one ingest batch, stored in the same
-    transaction) to every figure table."""
+    """Add the runs with sequence numbers lo..hi to every figure table (in the caller's
+    transaction)."""
     for sql in _STEPS:
         con.execute(sql, {"lo": lo, "hi": hi})
     con.execute("UPDATE figure_state SET last_seq = greatest(last_seq, ?)", [hi])
+
+
+def catch_up(con: duckdb.DuckDBPyConnection) -> None:
+    """update() with every run stored since the tables' last update, if any (in the caller's
+    transaction)."""
+    last, top = con.execute(
+        "SELECT (SELECT last_seq FROM figure_state), (SELECT coalesce(max(seq), 0) FROM runs)"
+    ).fetchone()
+    if top > last:
+        update(con, last + 1, top)
 
 
 def _schema(con: duckdb.DuckDBPyConnection) -> str:

@@ -4,8 +4,10 @@ A run arrives as a `RunRecord` in JSON (specfleet/record.py); the record's own c
 validates every field. It is stored as one column per leaf field (`RunRecord.row()`) beside
 the coordinator's columns, with the SHA-256 of the record as uploaded. A run id uploaded again
 is a retry when its SHA-256 is the stored one (acknowledged as a duplicate) and refused when it
-differs: one id names one run. Each batch of new runs is added to the /metrics figures
-(coordinator/figures.py) as it is stored.
+differs: one id names one run. Ingest stores runs only: the /metrics figures
+(coordinator/figures.py) catch up with them when a scrape is due (Store.catch_up_figures), in
+one update for all the runs since the last, not once per batch (an update costs several
+statements over the touched prompts' runs, and agents upload one run at a time).
 
 Bad input never costs another record its place: every record is validated (its "schema"
 present, every string sendable as UTF-8) before it joins a shared batch, and a batch whose
@@ -29,7 +31,6 @@ from dataclasses import dataclass
 
 import duckdb
 
-from coordinator import figures
 from coordinator.scheduler import Scheduler, SchedulerError
 from coordinator.store import placeholders, store_fault
 from specfleet import record as record_module
@@ -242,8 +243,6 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 i = rows[run_id][0]
                 results[i] = (False, seq)
                 stored[run_id] = (seq, reports[i].agent_id, digests[i])
-            if inserted:
-                _update_figures(con, min(s for _, s in inserted), max(s for _, s in inserted))
         earlier = list({records[i].run_id for i in todo} - stored.keys())  # retries, refusals
         if earlier:
             stored.update(
@@ -283,19 +282,6 @@ def _insert(con, rows: list[list]) -> list[tuple[str, int]]:
             f" {placeholders(run_ids)}) RETURNING run_id, seq",
             columns + run_ids,
         ).fetchall()
-
-
-def _update_figures(con, lo: int, hi: int) -> None:
-    """Add the batch to the /metrics figures (coordinator/figures.py) in a transaction of its
-    own, after the runs' insert committed: should it fail, the runs stay stored, the figures
-    lag, and the next start rebuilds them from runs (figures.ensure)."""
-    try:
-        con.execute("BEGIN")
-        figures.update(con, lo, hi)
-        con.execute("COMMIT")
-    except duckdb.Error:
-        con.execute("ROLLBACK")
-        log.exception("the /metrics figures missed runs %d..%d; they are rebuilt at the next start", lo, hi)
 
 
 # One list parameter per column; DuckDB takes each list's type from its Python values (casts

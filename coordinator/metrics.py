@@ -1,8 +1,9 @@
 """Prometheus metrics: counters and the RPC histogram live in-process; fleet and queue gauges
 are read from DuckDB at scrape time by a custom collector, on a connection of its
-own (Store.reader: no lock). Result gauges come from coordinator/figures.py's tables, kept as
-runs are ingested (a scrape reads small tables, never the runs), formatted once per change and
-at most every RESULTS_EVERY_SECONDS (ResultFigures).
+own (Store.reader: no lock). Result gauges come from coordinator/figures.py's tables (a scrape
+reads small tables, never the runs), which catch up with the runs stored since their last update
+when the figures are due, at most every RESULTS_EVERY_SECONDS, and are formatted once per change
+(ResultFigures).
 
 Speedups follow the one definition (specfleet/speedup.py), per comparable group: the
 `comparable` label is the group's id, and `specfleet_comparable_group_info` names what the group
@@ -94,6 +95,7 @@ class ResultFigures:
             if self.clock() - self._when < self.every:
                 return self._text
             self._when = self.clock()
+            self.store.catch_up_figures()  # the runs stored since the last time it was due
             with self.store.reader() as con:
                 at = con.execute(
                     "SELECT (SELECT last_seq FROM figure_state), (SELECT coalesce(max(seq), 0) FROM jobs)"

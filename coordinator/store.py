@@ -5,7 +5,8 @@ which serialise callers on one lock: DuckDB connections are not meant to be shar
 threads, and a single writer keeps every state change a plain transaction. Readers that must
 not wait for writers (a /metrics scrape, an export) take `reader()`, a connection of their own.
 Opening the file migrates it and brings the /metrics figure tables up to date
-(coordinator/figures.py).
+(coordinator/figures.py); afterwards `catch_up_figures` adds the runs stored since, when a
+scrape is due.
 
 A write that fails for the store's own reasons (disk full, a read-only file, an I/O error) is
 no caller's fault: `tx()` and `autocommit()` raise it as StoreUnavailable (answered
@@ -145,6 +146,16 @@ class Store:
                 if store_fault(e):
                     raise self.fault(e) from e
                 raise
+
+    def catch_up_figures(self) -> None:
+        """Add the runs stored since the figure tables' last update to them, in one transaction
+        (figures.catch_up). Should it fail, the runs stay stored and the figures lag until the
+        next call (or the next start rebuilds them)."""
+        try:
+            with self.tx() as con:
+                figures.catch_up(con)
+        except (duckdb.Error, StoreUnavailable):
+            log.exception("the /metrics figures could not catch up with the stored runs")
 
     @contextlib.contextmanager
     def reader(self):

@@ -86,6 +86,7 @@ def ingest_in_batches(rng: random.Random, scheduler, machine: str, job, runs: li
         batch, runs = runs[:n], runs[n:]
         results = ingest_many(scheduler, [Report(machine, job.job_id, job.lease_id, r) for r in batch])
         assert all(isinstance(r, tuple) for r in results), results
+        scheduler.store.catch_up_figures()  # as a scrape does: the figures follow the runs batch by batch
 
 
 def from_runs(con) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
