@@ -60,10 +60,14 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def resolved(spec: JobSpec) -> JobSpec:
-    """The spec with what the agent decides filled in: threads 0 -> default_threads()."""
+def resolved(spec: JobSpec, memory_bytes: int | None = None) -> JobSpec:
+    """The spec with what the agent decides filled in: threads 0 -> default_threads(); the
+    machine's memory in GiB, rounded (setting memory_gb, a claim condition), where it is known."""
     if spec.settings.threads == 0 and spec.engine in BY_NAME["threads"].engines:
-        return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, threads=default_threads()))
+        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, threads=default_threads()))
+    if memory_bytes:
+        memory_gb = max(1, round(memory_bytes / 2**30))
+        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, memory_gb=memory_gb))
     return spec
 
 
@@ -88,10 +92,7 @@ def main(argv: list[str]) -> int:
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     spool = Spool(Path(argv[1]))
-    spec = resolved(JobSpec.from_json(job["spec"]))
-    if job.get("memory_bytes"):  # the machine's memory, recorded on every run (setting memory_gb)
-        memory_gb = max(1, round(job["memory_bytes"] / 2**30))
-        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, memory_gb=memory_gb))
+    spec = resolved(JobSpec.from_json(job["spec"]), job.get("memory_bytes"))
     models = {role: ModelIdentity(**identity) for role, identity in job["models"].items()}
     try:
         runs = run_job(

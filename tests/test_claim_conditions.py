@@ -114,3 +114,15 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
     one = runs[runs["agent_id"] == "mbp-1"]
     (alone,) = claims.evaluate(tps_claim(32.3, 39.5), fleet_db(one)).itertuples()
     assert alone.verdict == "inconclusive" and alone.why.startswith("inconclusive: 1 of 2 machines")
+
+
+def test_the_agent_records_its_machines_memory_in_gib():
+    from agent import worker
+
+    (cell,) = parse_sweep(yaml.safe_dump({"name": "m", "engines": ["mlx"], "prompt_sets": ["qa"],
+                                          "models": {"mlx": {"target": "some-org/M-4bit"}}})).cells()  # fmt: skip
+    assert cell.settings.memory_gb is None  # a sweep never sets it
+    assert worker.resolved(cell, 24 * 2**30).settings.memory_gb == 24  # an M4 Pro 24 GB's hw.memsize
+    assert worker.resolved(cell, int(15.6 * 2**30)).settings.memory_gb == 16  # Linux MemTotal, under the DIMMs
+    assert worker.resolved(cell, None).settings.memory_gb is None  # unknown: recorded as unknown
+    assert declared.BY_NAME["memory_gb"].check(worker.resolved(cell, 2**28).settings.memory_gb) is None
