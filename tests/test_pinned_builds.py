@@ -156,3 +156,39 @@ def test_a_sweep_pinning_each_arm_to_a_build_runs_each_on_its_binary_and_the_ver
     assert {"b1-0c1e570" in row.old, "b9500-9f0c1e5" in row.new} in ({True}, {False})  # either may run first
     assert "b9500-9f0c1e5" in row.old + row.new and "b1-0c1e570" in row.old + row.new
     assert row.machines == 1 and row.prompts == 2 and row.ratio > 0  # paired on the one machine
+
+
+def test_an_agent_refuses_a_job_pinning_a_build_it_lacks_and_hands_a_pinned_job_its_builds_binary(tmp_path):
+    """Between submission and the job the agent's builds may change (a binary removed, the
+    settings edited): preflight refuses the job, naming the builds it has; the runner gives the
+    worker the pinned build's binary, else the agent's own."""
+    from types import SimpleNamespace
+
+    from agent import preflight, runner
+    from agent.models import ModelRefused
+    from specfleet.record import Arm, JobSpec, ServerSpec
+
+    wrapper = second_build(tmp_path)
+    agent = SimpleNamespace(
+        engines=["llama-server", "openai"], llama_builds=find_builds(PROJECT_BUILD, [wrapper]), llama_server=None
+    )
+
+    def spec(build: str) -> JobSpec:
+        return JobSpec(
+            engine="llama-server",
+            model={"target": "t.gguf"},
+            prompt_set="code",
+            prompt_category="code",
+            prompt_set_digest="cd" * 32,
+            prompts=(),
+            arms=(Arm("baseline"),),
+            server=ServerSpec(build=build),
+        )
+
+    with pytest.raises(
+        ModelRefused, match=r"pins llama-server build b9330, which this agent does not have \(it has: b1"
+    ):
+        preflight.check(agent, spec("b9330"))
+    assert runner.llama_server_for(agent, spec("b9500")) == str(wrapper.resolve())
+    assert runner.llama_server_for(agent, spec("b1")) == str(PROJECT_BUILD.resolve())
+    assert runner.llama_server_for(agent, spec("")) is None  # the engine's own search
