@@ -4,7 +4,9 @@
 # llama.cpp source of the lock, stripped of models, docs, tests and other backends; llama-cpp-
 # python's Python package from .venv, without its CPU libraries; the wheels the image lacks or has
 # too old, unpacked into .gpu/site-core.tar.xz (duckdb, gguf, grpcio, grpcio-health-checking,
-# protobuf, diskcache) and .gpu/site-mlx.tar.xz (mlx, mlx-cpu, mlx-lm: MLX on the CPU), or as
+# protobuf, diskcache), .gpu/site-pydantic.tar.xz (pydantic, pydantic-core's CPython 3.12 wheel,
+# annotated-types, typing-inspection, typing-extensions) and .gpu/site-mlx.tar.xz (mlx, mlx-cpu,
+# mlx-lm: MLX on the CPU), or as
 # .gpu/whl*/ wheels;
 # and .gpu/build/, the parts of a CUDA build that `pack` returned). The machine reaches no
 # network, and everything on it is gone 30 s after a call. Everything printed goes to $OUT/log.txt.

@@ -263,20 +263,15 @@ def against_server(tiny, n: int, repeats: int) -> dict:
     return out
 
 
-ARM_CONFIGS = {  # greedy mode, whether verify batches sample in the graph (agent/engines/llamacpp.py)
-    "device": ("device", True),
-    "in-place": ("in-place", True),
-}
-
-
 def arms(tiny, n: int, repeats: int) -> None:
-    """The per-arm table in each ARM_CONFIGS configuration (the same on a CPU, where "device" is in place)."""
-    default = llamacpp.GREEDY, llamacpp.DEVICE_VERIFY
-    for config, (mode, verify) in ARM_CONFIGS.items():
-        llamacpp.GREEDY, llamacpp.DEVICE_VERIFY = mode, verify
-        print(f"greedy: {config}")
+    """The per-arm table with greedy sampling in the graph and in place (the same on a CPU,
+    where "device" is in place)."""
+    default = llamacpp.GREEDY
+    for mode in ("device", "in-place"):
+        greedy(mode)
+        print(f"greedy: {mode}")
         arms_table(tiny, n, repeats)
-    llamacpp.GREEDY, llamacpp.DEVICE_VERIFY = default
+    greedy(default)
 
 
 def arms_table(tiny, n: int, repeats: int) -> None:

@@ -73,11 +73,6 @@ GREEDY_MODES = ("device", "in-place", "chain")
 # On the CPU backend the graph's argmax made a forward pass slower (49k vocabulary: 0.98 -> 1.33 ms,
 # 151k: 2.8 -> 4.2 ms, 1 thread) than the in-place argmax it saves (4-35 us): CPU contexts keep that.
 DEVICE_GREEDY_BACKENDS = frozenset({"cuda"})
-# Whether the target's verify batches (K + 1 output rows) sample in the graph too, or only its
-# baseline and the draft model's one-row passes (bench/overhead.py's arms compare the two). Off,
-# the target's sampler comes and goes between baseline and speculative requests, and llama.cpp
-# reserves its graph again in the first decode after each change.
-DEVICE_VERIFY = True
 MAX_ROW_VIEWS = 4 * (MAX_DEPTH + 1)  # numpy views of logits rows a chain keeps (a verify batch has up to MAX_DEPTH + 1)
 
 _log = logging.getLogger(__name__)
@@ -596,7 +591,7 @@ class LlamaCppEngine:
             if self._mtp_problem:
                 raise EngineError(self._mtp_problem)
             self._mtp = mtp.MtpContext(target)
-        self._sample_on_device(request.sampler.greedy and request.method not in REFERENCE_METHODS, request.method)
+        self._sample_on_device(request.sampler.greedy and request.method not in REFERENCE_METHODS)
         if request.method == "baseline":
             gen = self._baseline(request)
         elif request.method in REFERENCE_METHODS:
@@ -606,16 +601,17 @@ class LlamaCppEngine:
         gen.peak_memory_bytes = _peak_rss_bytes()
         return gen
 
-    def _sample_on_device(self, greedy: bool, method: str = "baseline") -> None:
-        """Greedy sampling in the target's and draft's graphs where GREEDY, DEVICE_VERIFY and the
-        backend call for it (module header), raw logits rows otherwise. (The MTP head samples
-        in place.)"""
+    def _sample_on_device(self, greedy: bool) -> None:
+        """Greedy sampling in the target's and draft's graphs where GREEDY and the backend call
+        for it (module header), raw logits rows otherwise. (The MTP head samples in place.) The
+        target's verify batches sample there too: on the H200, keeping them in place while its
+        baseline sampled in the graph was slower in every arm (bench/README.md)."""
         if self._device_backend is None:
             self._device_backend = _backend() in DEVICE_GREEDY_BACKENDS
         on = greedy and GREEDY == "device" and self._device_backend
-        self._target.sample_on_device(on and (DEVICE_VERIFY or method == "baseline"))
-        if self._draft is not None:
-            self._draft.sample_on_device(on)
+        for context in (self._target, self._draft):
+            if context is not None:
+                context.sample_on_device(on)
 
     def _verify_chain(self, sampler: Sampler) -> _Chain:
         """The target's sampler chain, end-of-generation tokens banned."""
