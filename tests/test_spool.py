@@ -14,6 +14,7 @@ from tests.support.agents import identity_for, submit
 from tests.support.fleet import run_record, start_coordinator
 
 
+@pytest.mark.process  # the agent reads its llama-server builds' versions (`llama-server --version`)
 def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
     coordinator = start_coordinator(tmp_path / "coordinator")
     try:
