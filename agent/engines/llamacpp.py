@@ -1,7 +1,8 @@
 """llama.cpp engine: llama-cpp-python's low-level API, our own decode loop.
 
-Every forward pass is one `llama_decode` of a batch we fill; tokens come from a llama.cpp
-sampler chain reading `llama_get_logits_ith` rows; speculative rounds put the last emitted
+Every forward pass is one `llama_decode` of a batch we fill; greedy tokens come from llama.cpp's
+greedy sampler inside that pass's graph on CUDA, else from the argmax of the logits row in place,
+and sampled tokens from a llama.cpp sampler chain (_Chain, GREEDY); speculative rounds put the last emitted
 token and the K proposals in one batch with logits for every row, keep the longest prefix
 that matches the target's own samples, and drop the rest from the KV cache with
 `llama_memory_seq_rm` (recurrent state: see `_Context`). Drafters share one interface
