@@ -24,11 +24,15 @@ def test_real_sweeps_are_valid_and_cover_both_engines_and_llama_server(tmp_path)
                 assert cell.settings.prompt_format == "auto"  # chat: both models have a template
     assert engines == {"llama.cpp", "llama-server", "mlx"}
     by_name = {s["name"]: s for s in specs}
-    lookup, drafts = by_name["real-smollm2"], by_name["real-smollm2-drafts"]
+    lookup, draft, mod = (by_name[f"real-smollm2{n}"] for n in ("", "-draft", "-ngram-mod"))
     assert lookup["prompt_sets"] == ["qa", "rag", "code"] and set(lookup["methods"]) == {"ngram"}
-    assert drafts["models"]["llama.cpp"]["draft"].endswith(demo.SMOLLM2_DRAFT)
-    assert {"ngram", "ngram-mod", "draft"} <= set(drafts["methods"])
-    assert {a["spec_type"] for a in drafts["arms"]} == {"draft-simple", "ngram-simple", "ngram-mod"}
+    assert draft["models"]["llama.cpp"]["draft"].endswith(demo.SMOLLM2_DRAFT) and set(draft["methods"]) == {"draft"}
+    assert set(mod["methods"]) == {"ngram-mod"}
+    assert [a["spec_type"] for s in (lookup, draft, mod) for a in s["arms"]] == [
+        "ngram-simple",
+        "draft-simple",
+        "ngram-mod",
+    ]
     # One llama.cpp thread in our loop and in llama-server alike: their greedy tokens are comparable.
     assert all(s["threads"] == 1 for s in specs if "mlx" not in s["engines"])
     gemma = by_name["real-gemma3"]
