@@ -942,6 +942,8 @@ def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
                 claim, inference.decide(e, r.band_low, r.band_high, r.min_machines, r.min_prompts), e.pairs
             )
             row = _from_decision(d)
+            if claim.metric == "tokens_per_second":  # the log scale's figures are speeds, not ratios
+                row["why"] = re.sub(r"(\d)x\b", r"\1 tok/s", row["why"]).replace(" pair(s)", " run(s)")
             row["why"] = (f"K={depth}: " if len(claim.depths) > 1 else "") + row["why"]
             rows.append(dict(where, **row, excluded_runs=int(degraded.sum())))
     return rows

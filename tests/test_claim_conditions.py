@@ -4,6 +4,7 @@ settled apart, and an absolute tok/s claim (tokens_per_second) is the geometric 
 means with the speedups' interval."""
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -107,6 +108,7 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
     assert (out.ci_low, out.ci_high) == (pytest.approx(math.exp(means.mean() - half)),
                                          pytest.approx(math.exp(means.mean() + half)))  # fmt: skip
     assert (out.verdict, out.machines, out.prompts, out.runs) == ("reproduced", 3, 5, 15)  # the arm's runs alone
+    assert "tok/s" in out.why and not re.search(r"\dx\b", out.why), out.why  # speeds, never "35.5x"
     (far,) = claims.evaluate(tps_claim(20.0, 26.0), fleet_db(runs)).itertuples()
     assert far.verdict == "contradicted"  # the table's baseline speed: the log's arm is well above it
     (wide,) = claims.evaluate(tps_claim(35.5, 45.0), fleet_db(runs)).itertuples()
