@@ -206,16 +206,6 @@ Settings = dataclasses.make_dataclass(
 )
 
 
-def problems(settings) -> list[str]:
-    """Every carried setting whose value is outside its declaration."""
-    out = []
-    for s in CARRIED:
-        why = s.check(getattr(settings, s.name))
-        if why:
-            out.append(f"{s.name}: {why}")
-    return out
-
-
 def for_engine(settings, engine: str):
     """`settings` with None for every setting that does not apply to `engine` (what a run records)."""
     return dataclasses.replace(settings, **{s.name: None for s in CARRIED if engine not in s.engines})
