@@ -59,9 +59,15 @@ _PER_PROMPT = ("figure_arms", "figure_pairs", "figure_outliers")  # recomputed p
 
 _BATCH = "runs WHERE seq BETWEEN $lo AND $hi"
 _GENERATION = f"method != '{VERIFY_COST}'"
-# The prompts of an attempt that the batch touched, and every run stored of them.
+# The prompts of an attempt that the batch touched, and every run stored of them: collected once
+# per update into a temporary table (one scan of runs), which the per-prompt steps read.
 _TOUCHED = f"(SELECT DISTINCT job_id, attempt, prompt_id FROM {_BATCH} AND {_GENERATION})"
-_PROMPT_RUNS = f"(SELECT r.* FROM runs r SEMI JOIN {_TOUCHED} t USING (job_id, attempt, prompt_id))"
+_COLLECT = (
+    "CREATE OR REPLACE TEMP TABLE figure_prompt_runs AS"
+    f" SELECT r.* FROM runs r SEMI JOIN {_TOUCHED} t USING (job_id, attempt, prompt_id)"
+)
+_PROMPT_RUNS = "figure_prompt_runs"
+_TOUCHED_PROMPTS = f"(SELECT DISTINCT job_id, attempt, prompt_id FROM {_PROMPT_RUNS} WHERE {_GENERATION})"
 
 _GROUPS = f"""
 INSERT INTO figure_groups
@@ -70,7 +76,7 @@ SELECT {speedup.COMPARABLE_ID} AS comparable, {_KEY_COLUMNS}, any_value(target_r
 FROM {_BATCH} AND {_GENERATION} GROUP BY ALL
 ON CONFLICT DO UPDATE SET runs = runs + excluded.runs
 """
-_FORGET = "DELETE FROM {table} f USING " + _TOUCHED + " t"
+_FORGET = "DELETE FROM {table} f USING " + _TOUCHED_PROMPTS + " t"
 _FORGET += " WHERE f.job_id = t.job_id AND f.attempt = t.attempt AND f.prompt_id = t.prompt_id"
 _ARMS = f"""
 INSERT INTO figure_arms
@@ -92,21 +98,19 @@ SELECT {speedup.COMPARABLE_ID} AS comparable, chip, method, depth, prompt_id, jo
 FROM {speedup.flagged_sql(_PROMPT_RUNS)} WHERE outlier
 GROUP BY comparable, chip, method, depth, prompt_id, job_id, attempt
 """
-_STEPS = (
-    _GROUPS,
-    *(_FORGET.format(table=t) for t in _PER_PROMPT),
-    _ARMS,
-    _PAIRS,
-    _OUTLIERS,
-)
-DEFINITION = hashlib.sha256("".join((SCHEMA, *_STEPS)).encode()).hexdigest()[:16]
+_BATCH_STEPS = (_GROUPS, _COLLECT)  # of the batch's sequence numbers
+_PROMPT_STEPS = (*(_FORGET.format(table=t) for t in _PER_PROMPT), _ARMS, _PAIRS, _OUTLIERS)
+DEFINITION = hashlib.sha256("".join((SCHEMA, *_BATCH_STEPS, *_PROMPT_STEPS)).encode()).hexdigest()[:16]
 
 
 def update(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> None:
     """Add the runs with sequence numbers lo..hi to every figure table (in the caller's
     transaction)."""
-    for sql in _STEPS:
+    for sql in _BATCH_STEPS:
         con.execute(sql, {"lo": lo, "hi": hi})
+    for sql in _PROMPT_STEPS:
+        con.execute(sql)
+    con.execute("DROP TABLE figure_prompt_runs")
     con.execute("UPDATE figure_state SET last_seq = greatest(last_seq, ?)", [hi])
 
 
