@@ -139,7 +139,7 @@ SMOLLM2_DRAFT = "SmolLM2-135M-Instruct.Q2_K.gguf"  # llama.cpp's Q2_K requantisa
 SMOLLM2_MLX = "SmolLM2-135M-Instruct-Q4_1-mlx"  # specfleet models gguf-to-mlx
 GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_DRAFT = "gemma-3-270m-q2_k.gguf"
-# A first look, a few minutes on a 2-core machine: one prompt per set, one warm-up, one repeat
+# A first look: one prompt per set, one warm-up, one repeat
 # (rounded up to complete the arms' Williams design: 2 arms, 2 repeats; 4 arms, 4), one llama.cpp
 # thread in our loop and in llama-server alike (steady on a busy machine; the same greedy tokens
 # from both). More prompts and repeats: a sweep of your own (the figures of one prompt are noisy).
@@ -161,7 +161,7 @@ GEMMA_NEAR_TIE = {
     "methods": {"ngram": [3]},
     "ngram": {"n_min": 1, "n_max": 4},
 }
-REAL_DESCRIPTION = """specfleet demo --real: a first look at real models, a few minutes on a quiet 2-core machine.
+REAL_DESCRIPTION = """specfleet demo --real: a first look at real models (16 minutes here, 2 cores kept busy by others).
   real-smollm2: SmolLM2-135M-Instruct Q4_1 through its chat template, one qa, rag and code prompt each,
     48 new tokens: prompt lookup (ngram K=3) in our llama.cpp loop, llama-server's ngram-simple beside it,
     both at one thread (do their greedy baselines give the same tokens?)
