@@ -54,9 +54,19 @@ def _exit_when_orphaned(alive_fd: int) -> None:
     os._exit(ORPHANED_EXIT_STATUS)
 
 
+THREADS_ENV = "SPECFLEET_THREADS"
+
+
 def default_threads() -> int:
-    """The agent's thread count for llama.cpp where a sweep names none: the machine's physical
-    cores (llama.cpp's own default), the same for our loop and llama-server."""
+    """The agent's thread count for llama.cpp where a sweep names none, the same for our loop and
+    llama-server: SPECFLEET_THREADS where the agent's environment sets it (a machine that runs
+    other work beside the agent), else the machine's physical cores (llama.cpp's own default).
+    ValueError naming the variable when it is not a whole number from 1 to 1024."""
+    given = os.environ.get(THREADS_ENV, "").strip()
+    if given:
+        if not given.isdigit() or not 1 <= int(given) <= 1024:
+            raise ValueError(f"{THREADS_ENV}={given!r}: must be a whole number from 1 to 1024")
+        return int(given)
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 

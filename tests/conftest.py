@@ -11,6 +11,10 @@ import pytest
 # test machine is shared, and a test must not depend on it being quiet. The doctor's hold has its
 # own tests (tests/test_honest_failures.py), which set it explicitly.
 os.environ.setdefault("SPECFLEET_IGNORE_DOCTOR", "1")
+# For the same reason their llama.cpp engines decode on one thread where a sweep names none (the
+# agent's default, agent/worker.py default_threads): the suite runs in parallel processes, and a
+# batch's threads wait for each other at every op, so one descheduled thread stalls them all.
+os.environ.setdefault("SPECFLEET_THREADS", "1")
 
 # Markers by what a test starts (issue 29). `make test-fast` runs `-m "not process and not engine"`;
 # the hooks below fail a test that starts a process or loads a model without its marker, so the

@@ -4,8 +4,10 @@ that a setting added there is parsed, carried, applied and recorded without anot
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
+import psutil
 import pytest
 
 from agent import worker
@@ -76,6 +78,17 @@ def test_the_agent_resolves_threads_once_for_both_llama_cpp_engines():
     assert resolved["mlx"] is None  # not a llama.cpp engine: recorded as not applicable
     named = parse_sweep(BASE + "threads: 2\n").cells()
     assert {worker.resolved(c).settings.threads for c in named if c.engine != "mlx"} == {2}
+
+
+def test_the_agents_thread_default_is_its_variable_else_the_physical_cores(monkeypatch):
+    monkeypatch.setenv(worker.THREADS_ENV, "3")
+    assert worker.default_threads() == 3
+    monkeypatch.delenv(worker.THREADS_ENV)
+    assert worker.default_threads() == (psutil.cpu_count(logical=False) or os.cpu_count())
+    for bad in ("0", "two", "-1", "2000"):
+        monkeypatch.setenv(worker.THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=f"SPECFLEET_THREADS='{bad}': must be a whole number from 1 to 1024"):
+            worker.default_threads()
 
 
 def test_a_server_command_is_recorded_without_paths_and_ports():
