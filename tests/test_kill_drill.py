@@ -34,6 +34,8 @@ FINAL_JOB_STATES = {"done", "failed", "refused", "cancelled"}
 # took 1-2 minutes at a load of 12 on 2 cores).
 SETTLE_SECONDS = float(os.environ.get("SPECFLEET_DRILL_SETTLE_SECONDS", "240"))
 START_SECONDS = 300  # a coordinator's start, on a machine busy with other tests (60 s was too short)
+# The drill's own limit, past pytest's default: a kill cycle takes up to about 15 s on a busy machine.
+TIMEOUT_SECONDS = 300 + 15 * KILLS + SETTLE_SECONDS
 
 
 def start_coordinator(data, port: int):
@@ -54,6 +56,7 @@ def start_coordinator(data, port: int):
     return proc
 
 
+@pytest.mark.timeout(TIMEOUT_SECONDS)
 def test_random_kills_lose_nothing_double_nothing_and_leave_no_job_stuck(tmp_path, tiny_models):
     """What the scripted durability test (tests/test_durability.py) cannot reach: SIGKILLs of the
     coordinator and of two agents at random moments, many times over three sweeps, wherever they
