@@ -47,6 +47,9 @@ class CoordinatorConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # set to require client certificates (mTLS)
+    # How long a stopping coordinator lets calls in flight finish; agents' idle streams (heartbeats,
+    # results) stay open until then, so a stop with agents connected takes this long.
+    stop_grace_seconds: float = 2.0
 
 
 def quiet_gc() -> None:
@@ -249,7 +252,10 @@ class Coordinator:
         self._loop_thread.join(timeout=10)
         self._loop.close()
 
-    def stop(self, grace_seconds: float = 2.0) -> None:
+    def stop(self, grace_seconds: float | None = None) -> None:
+        """Stop serving: calls in flight get `grace_seconds` (default: the config's) to finish."""
+        if grace_seconds is None:
+            grace_seconds = self.config.stop_grace_seconds
         self._stopping.set()
         self._on_loop(self._stop_server(grace_seconds), timeout=grace_seconds + 30)
         self._close_loop()

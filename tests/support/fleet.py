@@ -18,6 +18,10 @@ LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_b
 
 
 def start_coordinator(data_dir, **config) -> Coordinator:
+    """An in-process coordinator on free ports. Its stop lets calls in flight finish for 0.1 s
+    (a served coordinator's 2 s): the tests' clients leave their streams open, and each stop
+    would otherwise wait out the whole grace."""
+    config = {"stop_grace_seconds": 0.1, **config}
     return Coordinator(CoordinatorConfig(data_dir=data_dir, port=0, metrics_port=0, **config)).start()
 
 
