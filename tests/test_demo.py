@@ -24,6 +24,7 @@ import duckdb
 import pytest
 
 from specfleet.speedup import COMPARABLE_ID, flagged_sql, speedups
+from tests.support.fleet import ANY_LOAD
 from tests.support.ports import free_port
 from tests.support.processes import ROOT
 
@@ -35,8 +36,6 @@ ROW = re.compile(
     r"^(mlx|llama\.cpp|llama-server)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+([\d.]+\*?)\s+(\S+)\s+(yes|NO|near-tie)"
     r"\s+(\d+)\s+(\d+)$"
 )
-# The stored runs as if every one were nominal: the same definition of speedup whatever the load.
-ANY_LOAD = "(SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs)"
 SWEEPS = ("demo", "demo-mtp-hybrid", "demo-ngram-mod", "demo-mtp-dense")
 
 # About a minute on a quiet 2-core machine; a loaded one (other suites, both cores busy) takes

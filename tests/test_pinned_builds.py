@@ -23,7 +23,7 @@ from agent.engines.base import EngineError
 from agent.engines.llama_server import PROJECT_BUILD, build_versions, find_builds
 from coordinator import figures, version_figures
 from tests.support.agents import Running, submit
-from tests.support.fleet import enrol
+from tests.support.fleet import ANY_LOAD, enrol
 from tests.support.processes import needs_llama_server, wait_until
 
 pytestmark = [needs_llama_server, pytest.mark.process]
@@ -48,11 +48,11 @@ def second_build(root: Path) -> Path:
 
 def any_load(coordinator) -> duckdb.DuckDBPyConnection:
     """The coordinator's runs and jobs in a database of their own, every run's environment judged
-    unknown (as tests/test_demo.py's ANY_LOAD: which runs enter the comparison must not depend on
+    unknown (tests/support/fleet.py ANY_LOAD: which runs enter the comparison must not depend on
     how busy the test machine is), and the figure tables built from them (figures.ensure)."""
     copy = duckdb.connect()
     with coordinator.store.tx() as con:
-        runs = con.execute("SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs").df()
+        runs = con.execute(f"SELECT * FROM {ANY_LOAD}").df()
         jobs = con.execute("SELECT * FROM jobs").df()
     for name, table in (("runs", runs), ("jobs", jobs)):
         copy.register("rows", table)

@@ -17,6 +17,12 @@ from specfleet.record import ModelIdentity, RunRecord, Sampler, Settings
 LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_bytes=16 * 2**30, cpu_cores=2)
 
 
+# The stored runs with every run's environment judged unknown: which runs pair and enter a figure
+# is then the same whatever the load (a busy test machine judges every run not nominal, and those
+# never pair). For tests of pairing, grouping and figures, not of that judgement.
+ANY_LOAD = "(SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs)"
+
+
 def start_coordinator(data_dir, **config) -> Coordinator:
     """An in-process coordinator on free ports. Its stop lets calls in flight finish for 0.1 s
     (a served coordinator's 2 s): the tests' clients leave their streams open, and each stop
