@@ -117,10 +117,11 @@ def test_greedy_baseline_agrees_across_engines(tiny_models):
 def _check_span_within_wall(engine, request: Request) -> None:
     """Prefill + decode is the generation's own span: inside the wall time around the call and
     missing only setup (caches, samplers) and the memory reading, about 0.1 ms here. Allowed:
-    1 ms + 2% of the wall time, in the best of three runs, since a busy machine only ever adds
-    time and the span must not lose any."""
+    1 ms + 2% of the wall time, in the best of up to twenty runs (the first that passes ends it),
+    since a busy machine only ever adds time and the span must not lose any: three were not enough
+    with both cores held busy by another process."""
     excess = []
-    for _ in range(3):
+    for _ in range(20):
         started = time.perf_counter()
         gen = engine.generate(request)
         wall = time.perf_counter() - started

@@ -8,7 +8,6 @@ import io
 import re
 import subprocess
 import sys
-import time
 
 import duckdb
 import pytest
@@ -68,10 +67,11 @@ def test_watch_piped_prints_a_line_per_change_of_a_real_sweep(tmp_path, tiny_mod
              *admin],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
-        time.sleep(5)  # its first poll: the sweep is still queued
+        first = watch.stdout.readline()  # its first poll has printed: the sweep is still queued (no agent yet)
         agent = spawn("agent", "run", "--config-dir", str(agent_dir), log=tmp_path / "agent.log")
         try:
             stdout, stderr = watch.communicate(timeout=120)
+            stdout = first + stdout
         finally:
             watch.kill()
         watched = subprocess.CompletedProcess(watch.args, watch.returncode, stdout, stderr)
