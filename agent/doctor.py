@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import psutil
 from agent import environment, settings
 from agent.credentials import AgentIdentity
 from agent.engines.base import EngineError
-from agent.engines.llama_server import VERSION_TIMEOUT_SECONDS, find_binary, parse_version, version_label
+from agent.engines.llama_server import find_binary, read_version, version_label
 from agent.environment import UNAVAILABLE
 from agent.fingerprint import engine_versions, run_command
 from protos.specfleet.v1 import fleet_pb2 as pb
@@ -245,10 +244,9 @@ def check_llama_server(binary: Path | None) -> Check:
             "`brew install llama.cpp`, or give `specfleet agent run` --llama-server PATH",
         )
     try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS)
-        version = version_label(parse_version(out.stdout + out.stderr))
-    except (OSError, subprocess.TimeoutExpired, EngineError) as e:
-        return Check("engine llama-server", FAIL, f"{binary} --version failed: {e}", "reinstall or rebuild it")
+        version = version_label(read_version(binary))
+    except EngineError as e:
+        return Check("engine llama-server", FAIL, str(e), "reinstall or rebuild it")
     return Check("engine llama-server", OK, f"{binary} {version}")
 
 
