@@ -197,6 +197,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     # every other writer out between the leases' check and the insert.
     with scheduler.store.autocommit() as con:
         rows = {}  # run id -> (report index, column values): the copy of each run to insert
+        created: dict[str, float | None] = {}  # sweep id -> its creation time (clock_flag)
         for i in todo:
             r = reports[i]
             run = records[i]
@@ -217,7 +218,9 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 ingested_at=now,
             )
             received = r.received_at or now
-            flag = clock_flag(run, received, _sweep_created_at(con, lease.sweep_id))
+            if lease.sweep_id not in created:  # one look-up per sweep of the batch
+                created[lease.sweep_id] = _sweep_created_at(con, lease.sweep_id)
+            flag = clock_flag(run, received, created[lease.sweep_id])
             if flag:
                 log.warning("run %s of agent %s: %s", run.run_id, r.agent_id, flag)
             rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag])
