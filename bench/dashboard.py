@@ -111,7 +111,7 @@ def scrape_seconds(address: str, n: int = 20) -> float:
 
 def uploaders(grpc_address: str, data_dir: Path, n: int):
     """n enrolled agents, each holding a job of a sweep submitted for them."""
-    from coordinator.server import admin_credential
+    from coordinator.data_dir import admin_credential
     from protos.specfleet.v1 import fleet_pb2 as pb
     from specfleet.client import AdminApi, AgentApi, channel
     from tests.support.fleet import LINUX_BOX, SWEEP_YAML
@@ -181,7 +181,7 @@ def measure(size: int, tmp: Path) -> dict:
     proc, endpoints = start_coordinator(data_dir)
     out["coordinator start (figures rebuilt)"] = time.perf_counter() - start
     try:
-        from coordinator.server import admin_credential
+        from coordinator.data_dir import admin_credential
 
         env = {
             **os.environ,

@@ -28,7 +28,7 @@ from agent.credentials import CREDENTIAL_FILE, AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
 from cli.tinymodels import make_tiny
 from cli.watch import watch
-from coordinator.server import ENDPOINTS_FILE, admin_credential
+from coordinator.data_dir import ENDPOINTS_FILE, admin_credential
 from dashboard.serve import command as dashboard_command
 from dashboard.serve import environment as dashboard_environment
 from dashboard.serve import start_child, stop_child

@@ -77,7 +77,7 @@ def _from_env(p, variable: str, text: str, kwargs: dict, separator: str):
 
 
 def _admin_token(args) -> str:
-    from coordinator.server import admin_credential
+    from coordinator.data_dir import admin_credential
 
     token = args.admin_token or admin_credential(Path(args.data_dir))
     if not token:
@@ -94,7 +94,7 @@ def _coordinator(args) -> str:
     wildcard host dialled on loopback), else DEFAULT_COORDINATOR."""
     if args.coordinator:
         return args.coordinator
-    from coordinator.server import ENDPOINTS_FILE
+    from coordinator.data_dir import ENDPOINTS_FILE
 
     try:
         address = json.loads((Path(args.data_dir) / ENDPOINTS_FILE).read_text())["grpc"]

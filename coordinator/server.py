@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coordinator import auth
 from coordinator.batching import Database
+from coordinator.data_dir import ADMIN_TOKEN_FILE, ENDPOINTS_FILE, admin_credential, write_private
 from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer, check_lease
@@ -27,8 +28,6 @@ from specfleet.keys import private_key_file
 
 log = logging.getLogger("specfleet.coordinator")
 
-ADMIN_TOKEN_FILE = "admin.token"
-ENDPOINTS_FILE = "coordinator.json"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 REAPER_INTERVAL_SECONDS = 1.0
 # Garbage collection thresholds, in collections of the next younger generation (Python's
@@ -66,22 +65,6 @@ def quiet_gc() -> None:
     gc.set_threshold(young, MIDDLE_GC_EVERY, FULL_GC_EVERY)
 
 
-def admin_credential(data_dir: Path) -> str | None:
-    """The admin credential in data_dir's admin.token, None without one; the file is made 0600
-    if it was not. A file that cannot be read is a ValueError naming it and why."""
-    path = data_dir / ADMIN_TOKEN_FILE
-    if not path.exists():
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        with os.fdopen(fd) as f:
-            _make_private(fd, path)
-            return f.read().strip() or None
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not text"
-        raise ValueError(f"cannot read the admin credential {path} ({why})") from None
-
-
 BIND_HINTS = {
     errno.EADDRINUSE: "another coordinator or program listens there: choose another port",
     errno.EADDRNOTAVAIL: "not an address of this machine",
@@ -98,19 +81,6 @@ def _bind_problem(host: str, port: int) -> str:
         if e.errno is None or e.errno < 0:  # the resolver's: no such name
             return f"cannot resolve {host!r}"
         return f"{os.strerror(e.errno)} ({BIND_HINTS.get(e.errno, 'the system refused it')})"
-
-
-def _make_private(fd: int, path: Path) -> None:
-    if os.fstat(fd).st_mode & 0o077:
-        os.fchmod(fd, 0o600)
-        log.warning("%s was readable by other users: made 0600", path)
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the mode applies to a new file only
-    with os.fdopen(fd, "w") as f:
-        _make_private(fd, path)
-        f.write(text)
 
 
 class Coordinator:
@@ -130,7 +100,7 @@ class Coordinator:
         self.scheduler = Scheduler(self.store, lease_seconds=config.lease_seconds)
         self.metrics = Metrics(self.scheduler)
         credential = auth.ensure_admin_credential(self.store, admin_credential(config.data_dir))
-        _write_private(config.data_dir / ADMIN_TOKEN_FILE, credential + "\n")
+        write_private(config.data_dir / ADMIN_TOKEN_FILE, credential + "\n")
 
         self.db = Database()
         self._loop = asyncio.new_event_loop()
@@ -218,7 +188,7 @@ class Coordinator:
             "pid": os.getpid(),
             "metrics": f"{self.config.host}:{self.metrics_port}" if self.metrics_port else None,
         }
-        _write_private(self.config.data_dir / ENDPOINTS_FILE, json.dumps(endpoints))
+        write_private(self.config.data_dir / ENDPOINTS_FILE, json.dumps(endpoints))
         log.info(
             "coordinator serving gRPC on %s, metrics on %s, data in %s",
             endpoints["grpc"],

@@ -11,7 +11,7 @@ import pytest
 
 from agent import poll
 from agent.daemon import Agent
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.support.agents import Running, identity_for, submit, sweep
 from tests.support.fleet import admin_for

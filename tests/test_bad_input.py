@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.server import ADMIN_TOKEN_FILE
+from coordinator.data_dir import ADMIN_TOKEN_FILE
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.sweeps import MAX_MESSAGE_CHARS
 from specfleet.yaml_limits import MAX_NODES

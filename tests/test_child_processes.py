@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from agent.credentials import AgentIdentity
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
 from tests.support.ports import free_port

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from dashboard import claims, data
 from specfleet import speedup, stats
 from specfleet.client import fetch_table

@@ -15,7 +15,7 @@ import pytest
 from cli.importers import llama_bench
 from coordinator import limits
 from coordinator.auth import hash_secret
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
 from specfleet.client import AdminApi, channel

@@ -15,7 +15,7 @@ import yaml
 
 from agent.credentials import AgentIdentity
 from agent.spool import Spool
-from coordinator.server import ENDPOINTS_FILE, admin_credential
+from coordinator.data_dir import ENDPOINTS_FILE, admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel

@@ -22,7 +22,7 @@ import yaml
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from agent.spool import Spool
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import record

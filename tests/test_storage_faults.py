@@ -11,7 +11,7 @@ import urllib.request
 import grpc
 import pytest
 
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
 from tests.support.fleet import LINUX_BOX, SWEEP_YAML, make_run

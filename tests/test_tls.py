@@ -14,7 +14,7 @@ import pytest
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from coordinator import metrics
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
 from tests.support.fleet import LINUX_BOX, start_coordinator

@@ -8,7 +8,8 @@ import uuid
 import duckdb
 import pandas as pd
 
-from coordinator.server import Coordinator, CoordinatorConfig, admin_credential
+from coordinator.data_dir import admin_credential
+from coordinator.server import Coordinator, CoordinatorConfig
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import settings as declared
 from specfleet.client import AdminApi, AgentApi, channel
