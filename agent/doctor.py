@@ -64,10 +64,13 @@ class Busy:
 
 
 def busy_processes(
-    exclude: set[int], seconds: float = CPU_SAMPLE_SECONDS, sleep: Callable[[float], None] = time.sleep
+    exclude: set[int],
+    seconds: float = CPU_SAMPLE_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+    limit: float = CPU_SHARE_LIMIT,
 ) -> list[Busy]:
-    """Processes (but `exclude`) that used more than CPU_SHARE_LIMIT of the machine's CPU over
-    `seconds`, busiest first."""
+    """Processes (but `exclude`) that used more than `limit` of the machine's CPU over `seconds`,
+    busiest first."""
     procs = [p for p in psutil.process_iter(["name"]) if p.pid not in exclude]
     for p in procs:
         try:
@@ -82,7 +85,7 @@ def busy_processes(
             share = p.cpu_percent(None) / 100.0 / cores
         except psutil.Error:  # gone, or not ours to read
             continue
-        if share > CPU_SHARE_LIMIT:
+        if share > limit:
             busy.append(Busy(p.pid, p.info["name"] or "?", share))
     return sorted(busy, key=lambda b: -b.share)
 

@@ -15,7 +15,7 @@ from agent.models import HashCache, resolve
 from agent.protocol import run_job
 from agent.spool import Spool
 from agent.spool import read as spool_read
-from coordinator.server import admin_credential
+from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
 from specfleet.record import JobSpec, RunRecord
@@ -85,7 +85,9 @@ def check_csv(path, records: list[RunRecord]) -> None:
 
 def test_export_running_then_stopped_and_records_round_trip(tmp_path, tiny_models):
     data = tmp_path / "coordinator"
-    proc, endpoints = start_coordinator(data)
+    # The job is measured here without heartbeats: a lease of an hour, not 60 s, so a slow spell
+    # of the machine cannot expire it before its runs are reported.
+    proc, endpoints = start_coordinator(data, "--lease-seconds", "3600")
     address = endpoints["grpc"]
     admin = ["--coordinator", address, "--data-dir", str(data)]
     try:
