@@ -440,10 +440,15 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def SetAgentState(self, request, context):
         """Revoke, drain or undrain ("idle") an agent; once committed, the credential cache
-        and the drain flag heartbeats answer with follow."""
+        and the drain flag heartbeats answer with follow. The beats kept for the next flush are
+        written first, so the change starts from the state the agent last reported (an agent that
+        has beaten is idle, not "enrolled", though the flush was up to FLUSH_SECONDS away)."""
         await bounded(request, context)
         try:
+            await self.agent_service.flush_beats()
             state = await self.db.run(agents.set_state, self.scheduler, request.agent_id, request.state)
+        except StoreUnavailable as e:  # retryable: the beats not written are kept for the next flush
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except UnknownEntity as e:
