@@ -17,7 +17,9 @@ demo-real: real-models
 
 # Tests run in parallel processes (pytest-xdist), a test file per process: most tests wait on
 # processes they started (coordinators, agents, servers), so three share two cores well, and a
-# module's fixtures are built once. PYTEST_WORKERS=0 runs them in this process, one at a time.
+# module's fixtures are built once. Modules are handed out in tests/conftest.py's order, the slow
+# ones first (--no-loadscope-reorder: xdist's own order puts modules of few tests, the slowest,
+# last). PYTEST_WORKERS=0 runs them in this process, one at a time.
 PYTEST_WORKERS ?= 3
 
 # With the real models: CI runs their end-to-end test (tests/test_real_models.py).
@@ -26,13 +28,13 @@ test: real-models
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
 	.venv/bin/actionlint
-	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
+	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The fast lane: every test that starts no process and loads no model (the markers, checked by
 # tests/conftest.py); `make test` stays the whole suite and CI's command.
 test-fast: setup
 	.venv/bin/ruff check .
-	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest -n 2 --dist loadfile -m "not process and not engine" $(ARGS)
+	SPECFLEET_TINY_DIR=$(CURDIR)/.data/tiny .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not process and not engine" $(ARGS)
 
 protos: setup
 	.venv/bin/python -m protos.generate

@@ -80,6 +80,18 @@ def _check_markers(item) -> None:
         )
 
 
+def pytest_collection_modifyitems(items):
+    """Modules marked slow, then those that load engines, then those that start processes, each
+    in file order: `--dist loadfile` hands modules out in this order, so the longest start first
+    instead of leaving one running alone at the end."""
+    weight = {}
+    for item in items:
+        path = item.path
+        marks = {m for m in ("slow", "engine", "process") if item.get_closest_marker(m)}
+        weight[path] = max(weight.get(path, (0, 0)), ("slow" in marks, len(marks)))
+    items.sort(key=lambda item: tuple(-w for w in weight[item.path]))  # stable: file order within a weight
+
+
 def pytest_collection_finish(session):
     _watch_model_loads()  # the test modules have imported the engines by now
 

@@ -118,9 +118,12 @@ def test_a_job_records_backend_and_energy_per_token(tiny_models):
     records: list[RunRecord] = []
     target = identify(resolve(model, []), "")
     run_job(spec, make_engine("llama.cpp"), records.append, "job", 1, target, meter=energy.Meter(watts50))
+    elapsed = time.perf_counter() - start
     (r,) = records
     assert r.backend in ("cpu", "cuda") and r.energy_source == "rapl"
-    assert r.energy_joules == pytest.approx(50.0 * r.wall_seconds, rel=0.2)
+    # 50 W over the engine call, which holds the run's own wall time and lies within the job's: on
+    # a busy machine the call's overhead around the run grows, so these bounds, not a tolerance.
+    assert 50.0 * r.wall_seconds * 0.99 <= r.energy_joules <= 50.0 * elapsed
     assert r.joules_per_token == pytest.approx(r.energy_joules / r.generated_tokens)
     assert RunRecord.from_json(r.to_json()) == r
     records.clear()
