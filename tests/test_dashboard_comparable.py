@@ -139,12 +139,25 @@ def test_every_group_is_offered_and_the_page_says_what_differs(page):
     assert f"they differ in {', '.join(CHECKED_KEYS)}." in texts(at)
 
 
+@pytest.fixture(scope="module")
+def compare_page(fleet):
+    """The Compare page, opened once for the groups' tests: each selects its own group on it (a
+    rerun of the page), instead of starting the app and switching to the page again."""
+    coordinator, token, truth = fleet
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
+        env.setenv("SPECFLEET_ADMIN_TOKEN", token)
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.switch_page("views/compare.py").run()
+        assert not at.exception, at.exception
+        yield at, truth
+
+
 @pytest.mark.parametrize("key", ["base", *CHECKED_KEYS])
-def test_compare_page_shows_one_group_only(page, key):
+def test_compare_page_shows_one_group_only(compare_page, key):
     """The group that differs from the base in `key` alone: every figure on the page is its
     own, and its speedup is specfleet.speedup's on the same runs."""
-    at = page("compare")
-    truth = page.truth
+    at, truth = compare_page
     g = truth["groups"][key]
     at.selectbox(key="compare-group").select(g).run()
     assert not at.exception, at.exception
