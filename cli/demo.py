@@ -391,9 +391,11 @@ def run_demo(
     real: bool = False,
     models_dir: Path | None = None,
     small: bool = False,
+    only: list[str] | None = None,
 ) -> int:
     """The demo: the tiny models' sweeps (demo_sweeps; `small`: SMALL's), or with `real` the real
-    models' (real_sweeps, from `models_dir`), then their summaries and the dashboard."""
+    models' (real_sweeps, from `models_dir`), `only` those named if given, then their summaries
+    and the dashboard."""
     data_dir = data_dir.resolve()
     if dashboard and not _port_free(dashboard_port):
         print(f"demo failed: dashboard port {dashboard_port} is in use; pass --dashboard-port", file=sys.stderr)
@@ -414,6 +416,13 @@ def run_demo(
                 " one llama.cpp thread",
                 flush=True,
             )
+    if only:
+        names = [sweep["name"] for sweep in sweeps]
+        unknown = [name for name in only if name not in names]
+        if unknown:
+            print(f"demo failed: no demo sweep {', '.join(unknown)} (the demo's: {', '.join(names)})", file=sys.stderr)
+            return 2
+        sweeps = [sweep for sweep in sweeps if sweep["name"] in only]
     coordinator_dir, agent_dir = data_dir / "coordinator", data_dir / "agent"
     coordinator_dir.mkdir(parents=True, exist_ok=True)
     (coordinator_dir / ENDPOINTS_FILE).unlink(missing_ok=True)

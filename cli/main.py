@@ -565,6 +565,7 @@ def cmd_demo(args) -> int:
         real=args.real,
         models_dir=Path(args.models_dir),
         small=args.small,
+        only=args.sweep,
     )
 
 
@@ -765,6 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--real", env="DEMO_REAL", action="store_true", help="the real models of scripts/setup.sh --real-models")
     flag(p, "--models-dir", env="MODELS_DIR", default=".data/models", help="where --real finds them")
     flag(p, "--small", env="DEMO_SMALL", action="store_true", help="every sweep and arm, one prompt and repeat")
+    flag(p, "--sweep", env="DEMO_SWEEPS", action="append", help="only this sweep of the demo (repeatable)")
     p.set_defaults(fn=cmd_demo)
     return parser
 

@@ -7,8 +7,9 @@ loops, the libraries' own ref-* paths, a verify-cost curve per engine), the summ
 equal to the one definition of speedup over the stored runs whatever the machine's load (a busy
 machine marks a figure, never fails it), outlier runs counted as stored, the greedy baselines of
 our llama.cpp loop and llama-server compared token for token, a second run reusing the models and
-the enrolment, the dashboard it serves, and Ctrl-C stopping every process it started.
-`--small` (cli/demo.py SMALL) keeps every sweep and arm at one prompt and one repeat.
+the enrolment (`--sweep`: one of its sweeps only), the dashboard it serves, and Ctrl-C stopping
+every process it started. `--small` (cli/demo.py SMALL) keeps every sweep and arm at one prompt
+and one repeat.
 """
 
 import json
@@ -151,8 +152,16 @@ def test_demo_measures_every_arm_on_both_engines(small_demo):
 @pytest.mark.timeout(DEMO_SECONDS + 120)
 def test_a_second_demo_reuses_its_set_up_serves_the_dashboard_and_stops_everything_on_ctrl_c(small_demo):
     data_dir, _ = small_demo
+    unknown = demo(data_dir, "--sweep", "demo-poetry", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert unknown.wait(timeout=120) == 2
+    assert "no demo sweep demo-poetry (the demo's: demo, demo-mtp-hybrid" in unknown.stderr.read()
     port = free_port()  # for the dashboard
-    proc = demo(data_dir, "--dashboard-port", str(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # One sweep (the cheapest: one MLX job) this time: what is checked here is the reuse, the
+    # dashboard and Ctrl-C, not the sweeps again.
+    proc = demo(
+        data_dir, "--sweep", "demo-mtp-dense", "--dashboard-port", str(port), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -184,4 +193,5 @@ def test_a_second_demo_reuses_its_set_up_serves_the_dashboard_and_stops_everythi
     # The second run built no models and enrolled no second agent: one agent, both runs' sweeps done.
     with duckdb.connect(str(data_dir / "coordinator" / "specfleet.duckdb"), read_only=True) as db:
         assert db.execute("SELECT count(*) FROM agents").fetchone()[0] == 1
-        assert db.execute("SELECT count(*) FROM sweeps WHERE state = 'done'").fetchone()[0] == 2 * len(SWEEPS)
+        done = db.execute("SELECT name FROM sweeps WHERE state = 'done'").fetchall()
+    assert sorted(name for (name,) in done) == sorted([*SWEEPS, "demo-mtp-dense"])
