@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
 METHODS = {"draft": [2], "ngram": [3]}
 PROMPTS = 1  # the first of the code set: every property below holds per prompt
 REPEATS = 2  # rounded up to 6 to complete the Williams design of 3 arms
-CONTEXTS = [0, 512]
+DEPTH = 128  # tokens of documents before the prompt at the deeper context
+CONTEXTS = [0, DEPTH]
 
 
 def sweep_file(tmp_path, tiny_models):
@@ -44,7 +45,7 @@ def sweep_file(tmp_path, tiny_models):
 def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
     """The path a user takes through the CLI, which the demo (tests/test_demo.py) runs for them:
     a one-use token and a 0600 credential, `sweep submit` rounding repeats up to a Williams design,
-    both engines at context depths 0 and 512 (the documents' token counts and prompt-set digests
+    both engines at context depths 0 and DEPTH (the documents' token counts and prompt-set digests
     checked per run), every stored row's accounting (rounds, acceptance, load time, names not
     paths), /metrics' speedups equal to the one definition's on the stored runs, and a restarted
     coordinator serving and exporting the same runs."""
@@ -134,14 +135,14 @@ def test_sweep_lands_in_duckdb_and_survives_a_restart(tmp_path, tiny_models):
     assert (runs.load_seconds > 0).all() and set(runs.prompt_set) == {"code"} and set(runs.arm_order) == {"williams"}
     assert set(runs.target_reference) == {tiny_models.mlx_target.name, tiny_models.gguf_target.name}  # names, no paths
     assert jobs == [("done", 1)] * 4
-    # Context depth is a cell dimension: 512 tokens of distinct documents before each prompt (BOS
+    # Context depth is a cell dimension: DEPTH tokens of distinct documents before each prompt (BOS
     # counted once), on both engines; the two depths read different text, so their digests differ,
     # and both engines read the same text at each depth.
     lengths = runs.groupby(["engine", "prompt_id", "context_tokens"]).prompt_tokens.unique().map(list)
     for engine in ("mlx", "llama.cpp"):
         for pid in runs.prompt_id.unique():
-            (plain,), (deep,) = lengths[(engine, pid, 0)], lengths[(engine, pid, 512)]
-            assert deep - plain == 511, (engine, pid, plain, deep)
+            (plain,), (deep,) = lengths[(engine, pid, 0)], lengths[(engine, pid, DEPTH)]
+            assert deep - plain == DEPTH - 1, (engine, pid, plain, deep)
     digests = runs.groupby("context_tokens").prompt_set_digest.nunique()
     assert (digests == 1).all() and runs.prompt_set_digest.nunique() == 2
 
