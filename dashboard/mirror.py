@@ -6,7 +6,8 @@ results are stored once and never change, so new ones are appended; agents, swee
 change, so their rows are replaced. A sync moves only what changed since the last one, and works
 while the coordinator runs and from another host.
 
-The mirror is a file in a temporary directory (removed on close), not an in-memory database:
+The mirror is a file in a temporary directory (removed on close, or when the process exits),
+not an in-memory database:
 DuckDB keeps it compressed on disk and holds in memory, within MEMORY_LIMIT, what the queries
 touch, so a million runs do not live in the dashboard's memory. `derived` adds columns computed
 once per row as it arrives (the labels the pages filter and group by) instead of at every query.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import duckdb
@@ -50,6 +52,9 @@ class Mirror:
         self.derived = derived or {}
         self.summaries = summaries or {}
         self._tmp = None if path is not None else tempfile.mkdtemp(prefix="specfleet-mirror-")
+        # A dashboard holds its mirror for the process's life and never closes it: the directory
+        # goes at exit (or when the mirror is collected), not only on close().
+        self._remove = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True) if self._tmp else None
         self.con = duckdb.connect(str(path or Path(self._tmp) / "mirror.duckdb"))
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self.con.execute("CREATE TABLE IF NOT EXISTS _mirror (tbl VARCHAR PRIMARY KEY, last_seq BIGINT)")
@@ -106,5 +111,5 @@ class Mirror:
     def close(self) -> None:
         with self._lock:
             self.con.close()
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._remove:
+            self._remove()

@@ -64,3 +64,19 @@ def test_the_default_mirror_is_a_temporary_file_removed_on_close(tmp_path):
         assert not path.parent.exists()
     finally:
         coordinator.stop()
+
+
+def test_a_mirror_never_closed_leaves_no_directory_behind():
+    """A dashboard holds its mirror until its process ends and never closes it: the temporary
+    directory goes when the mirror does (at exit, or when collected), as close() removes it."""
+    import gc
+
+    kept, closed = Mirror(None), Mirror(None)
+    directories = [Path(kept._tmp), Path(closed._tmp)]
+    assert all(d.is_dir() and (d / "mirror.duckdb").exists() for d in directories)
+    closed.close()
+    assert not directories[1].exists()
+    kept.con.close()
+    del kept
+    gc.collect()
+    assert not directories[0].exists()
