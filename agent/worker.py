@@ -62,10 +62,10 @@ def default_threads() -> int:
     llama-server: SPECFLEET_THREADS where the agent's environment sets it (a machine that runs
     other work beside the agent), else the machine's physical cores (llama.cpp's own default).
     ValueError naming the variable when it is not a whole number from 1 to 1024."""
-    given = os.environ.get(THREADS_ENV, "").strip()
+    given, most = os.environ.get(THREADS_ENV, "").strip(), BY_NAME["threads"].hi  # the setting's own bound
     if given:
-        if not given.isdigit() or not 1 <= int(given) <= 1024:
-            raise ValueError(f"{THREADS_ENV}={given!r}: must be a whole number from 1 to 1024")
+        if not given.isdigit() or not 1 <= int(given) <= most:
+            raise ValueError(f"{THREADS_ENV}={given!r}: must be a whole number from 1 to {most}")
         return int(given)
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 

@@ -118,8 +118,9 @@ def test_three_renderings_of_the_template_agree():
                 assert ours[:3] == llama.tokenize("<|im_start|>system\n", parse_special=True)
         settings = prompts.resolve(Settings(), mlx.chat_template())
         assert settings.prompt_format == "chat"
-        tokens = prompts.tokenizer(mlx, settings)(prompt_sets()["qa"].prompts[0].text)
-        assert tokens == prompts.tokenizer(llama, settings)(prompt_sets()["qa"].prompts[0].text)
+        text = prompt_sets()["qa"].prompts[0].text
+        tokens = prompts.tokenizer(mlx, settings)(text)
+        assert tokens == prompts.tokenizer(llama, settings)(text)
         baseline = mlx.generate(Request(tokens, max_new_tokens=NEW_TOKENS, settings=settings))
         lookup = mlx.generate(Request(tokens, max_new_tokens=NEW_TOKENS, method="ngram", depth=3, settings=settings))
         assert lookup.tokens == baseline.tokens and len(baseline.tokens) == NEW_TOKENS
