@@ -450,7 +450,7 @@ def group_label(g) -> str:
     """How the selector names a comparable group: the system it measured (system_label),
     models, prompt set, context, sampler, then every other checked setting set to other than its
     default (specfleet/settings.py describe: power mode, threads, ...)."""
-    draft = f"draft {g.draft_model}" if g.draft_model else "no draft"
+    draft = "no draft" if declared.is_missing(g.draft_model) or not g.draft_model else f"draft {g.draft_model}"
     values = g._asdict() if hasattr(g, "_asdict") else dict(g)
     rest = declared.describe(values, LABELLED_KEYS)
     return (

@@ -233,18 +233,39 @@ def llama_cparams(settings) -> dict[str, tuple[Any, str]]:
     return out
 
 
+def is_missing(value) -> bool:
+    """Whether a value read back from a query is no value: None, NaN, pandas' NA or NaT, whatever
+    dtype the column came back in (a column mixing set and NULL values comes back nullable, and
+    pandas' NA has no truth value: `NA == 4` is NA, and `bool(NA)` raises)."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN and NaT differ from themselves
+    except TypeError:  # pandas' NA: its comparisons are NA again
+        return True
+
+
+def shown_value(s: Setting, value) -> str:
+    """A set value as labels write it: an integer setting read back as a float (a column that mixed
+    NULLs) without its ".0"."""
+    if s.type is int and isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def describe(values: dict[str, Any], shown: set[str] | frozenset[str] = frozenset()) -> str:
     """A comparable group's checked settings that a label does not show already (`shown`) and
     that are set to other than their default, as "threads 4 · power mode high": the part of the
-    dashboard's group label that follows the declaration."""
+    dashboard's group label that follows the declaration. Missing values (`is_missing`) are not
+    shown, whatever dtype the caller's frame gave them."""
     parts = []
     for s in DECLARED:
         if not s.checked or s.name in shown:
             continue
         value = values.get(s.name)
-        if value is None or (isinstance(value, float) and math.isnan(value)) or value == s.default or value == "":
+        if is_missing(value) or value == "" or (s.default is not None and value == s.default):
             continue
-        parts.append(f"{s.label} {value}")
+        parts.append(f"{s.label} {shown_value(s, value)}")
     return " · ".join(parts)
 
 

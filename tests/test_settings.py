@@ -123,3 +123,62 @@ def test_the_record_version_moves_with_a_declared_setting():
     for s in declared.CARRIED:  # what the older record predates is unknown, never the default
         assert (getattr(read.settings, s.name) is None) >= (s.since > previous), s.name
     assert read.schema == SCHEMA_VERSION and dataclasses.replace(read).schema == SCHEMA_VERSION
+
+
+def _mixed_groups():
+    """Two comparable groups as a query returns them when the runs behind the frame mix set and NULL
+    settings: nullable pandas dtypes (Int64, string, boolean) hold pandas' NA, object columns None,
+    float columns NaN, the threads column a float where the integer column mixed NULLs."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "comparable": ["a", "b"],
+            "system_label": ["llama.cpp (specfleet)", "llama-server"],
+            "model": ["tiny", "tiny"],
+            "draft_model": pd.array([None, "tiny-draft"], dtype="string"),
+            "prompt_set": ["qa", "qa"],
+            "context_tokens": [0, 0],
+            "sampler": ["greedy", "greedy"],
+            "threads": pd.array([4, None], dtype="Int64"),
+            "kv_cache_type": pd.array([None, "q8_0"], dtype="string"),
+            "server_state": pd.array(["warm", None], dtype="string"),
+            "spec_draft_n_min": [float("nan"), 2.0],
+            "reasoning": [None, "off"],
+            "warmup_converged": pd.array([True, None], dtype="boolean"),
+            "power_mode": pd.array([None, "high"], dtype="string"),
+        }
+    )
+
+
+def test_labels_follow_the_declaration_on_a_frame_that_mixes_null_and_set_settings():
+    from dashboard.queries import group_label
+
+    frame = _mixed_groups()
+    a, b = (group_label(g) for g in frame.itertuples())
+    # set and other than the default: shown; NA, None, NaN and defaults: not
+    assert a == "llama.cpp (specfleet) · tiny · no draft · qa · context 0 · greedy · threads 4 · group a"
+    assert b == (
+        "llama-server · tiny · draft tiny-draft · qa · context 0 · greedy · power mode high · KV cache q8_0"
+        " · draft n_min 2 · reasoning off · group b"
+    )
+    # the same labels from plain Python values (what a query gives without pandas' dtypes)
+    plain = [dict(zip(frame.columns, row)) for row in frame.astype(object).itertuples(index=False)]
+    for row in plain:
+        for key, value in row.items():
+            row[key] = None if declared.is_missing(value) else value
+    assert [declared.describe(r) for r in plain] == [declared.describe(g._asdict()) for g in frame.itertuples()]
+
+
+@pytest.mark.parametrize("value", [None, float("nan"), "pd.NA", "pd.NaT"])
+def test_a_missing_value_is_missing_whatever_its_type(value):
+    import pandas as pd
+
+    value = {"pd.NA": pd.NA, "pd.NaT": pd.NaT}.get(value, value) if isinstance(value, str) else value
+    assert declared.is_missing(value)
+    assert declared.describe({"threads": value, "power_mode": value}) == ""
+
+
+@pytest.mark.parametrize("value", [0, 4, "", "high", False, 0.0])
+def test_a_set_value_is_not_missing(value):
+    assert not declared.is_missing(value)
