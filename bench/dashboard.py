@@ -73,8 +73,8 @@ def child() -> int:
                 assert not at.exception, (page, [e.message for e in at.exception])
                 say(step=f"page {state}", page=page, when=when, seconds=time.perf_counter() - start)
 
-    address, token = data.coordinator()
-    mirror = data.mirror(address, token)
+    c = data.coordinator()
+    mirror = data.mirror(c.where.address, c.token)
     start = time.perf_counter()
     mirror.sync()
     say(step="first sync", seconds=time.perf_counter() - start)
@@ -111,9 +111,9 @@ def scrape_seconds(address: str, n: int = 20) -> float:
 
 def uploaders(grpc_address: str, data_dir: Path, n: int):
     """n enrolled agents, each holding a job of a sweep submitted for them."""
-    from coordinator.data_dir import admin_credential
     from protos.specfleet.v1 import fleet_pb2 as pb
     from specfleet.client import AdminApi, AgentApi, channel
+    from specfleet.data_dir import admin_credential
     from tests.support.fleet import LINUX_BOX, SWEEP_YAML
 
     admin = AdminApi(channel(grpc_address), admin_credential(data_dir))
@@ -181,7 +181,7 @@ def measure(size: int, tmp: Path) -> dict:
     proc, endpoints = start_coordinator(data_dir)
     out["coordinator start (figures rebuilt)"] = time.perf_counter() - start
     try:
-        from coordinator.data_dir import admin_credential
+        from specfleet.data_dir import admin_credential
 
         env = {
             **os.environ,

@@ -33,7 +33,6 @@ from google.protobuf.json_format import MessageToJson  # noqa: E402
 from agent.fingerprint import fingerprint  # noqa: E402
 from cli import demo  # noqa: E402
 from cli.tinymodels import make_tiny  # noqa: E402
-from coordinator.data_dir import ENDPOINTS_FILE, admin_credential  # noqa: E402
 from coordinator.store import DB_FILENAME  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from specfleet.client import (  # noqa: E402
@@ -41,6 +40,7 @@ from specfleet.client import (  # noqa: E402
     channel,
     fetch_table,  # noqa: E402
 )
+from specfleet.data_dir import ENDPOINTS_FILE, admin_credential  # noqa: E402
 from specfleet.record import ENGINE_METHODS  # noqa: E402
 
 ENGINES = ("llama.cpp", "llama-server", "mlx")

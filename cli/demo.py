@@ -28,7 +28,6 @@ from agent.credentials import CREDENTIAL_FILE, AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
 from cli.tinymodels import make_tiny
 from cli.watch import watch
-from coordinator.data_dir import ENDPOINTS_FILE, admin_credential
 from dashboard.serve import command as dashboard_command
 from dashboard.serve import environment as dashboard_environment
 from dashboard.serve import start_child, stop_child
@@ -36,6 +35,7 @@ from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import settings as declared
 from specfleet import speedup
 from specfleet.client import AdminApi, AgentApi, channel, fetch_table
+from specfleet.data_dir import ENDPOINTS_FILE, admin_credential
 from specfleet.record import VERIFY_COST
 
 DEMO_AGENT = "demo-agent"

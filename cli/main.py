@@ -15,14 +15,11 @@ import time
 import traceback
 from pathlib import Path
 
-DEFAULT_COORDINATOR = "127.0.0.1:50551"
+from specfleet.data_dir import DEFAULT_COORDINATOR, default_data_dir
+
 MAX_ERROR_CHARS = 2000
 MAX_PRINTED_PROBLEMS = 50  # of a sweep file, one a line
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "specfleet"
 
 
 class Parser(argparse.ArgumentParser):
@@ -77,7 +74,7 @@ def _from_env(p, variable: str, text: str, kwargs: dict, separator: str):
 
 
 def _admin_token(args) -> str:
-    from coordinator.data_dir import admin_credential
+    from specfleet.data_dir import admin_credential
 
     token = args.admin_token or admin_credential(Path(args.data_dir))
     if not token:
@@ -89,19 +86,10 @@ def _admin_token(args) -> str:
 
 
 def _coordinator(args) -> str:
-    """The coordinator an admin command dials: --coordinator (or SPECFLEET_COORDINATOR) when
-    given, else the gRPC address the coordinator wrote to coordinator.json in --data-dir (a
-    wildcard host dialled on loopback), else DEFAULT_COORDINATOR."""
-    if args.coordinator:
-        return args.coordinator
-    from coordinator.data_dir import ENDPOINTS_FILE
+    """The coordinator an admin command dials (specfleet/data_dir.py coordinator_address)."""
+    from specfleet.data_dir import coordinator_address
 
-    try:
-        address = json.loads((Path(args.data_dir) / ENDPOINTS_FILE).read_text())["grpc"]
-        host, port = str(address).rsplit(":", 1)
-    except (OSError, ValueError, KeyError, TypeError):
-        return DEFAULT_COORDINATOR
-    return f"{'127.0.0.1' if host in ('', '0.0.0.0', '::', '[::]') else host}:{port}"
+    return coordinator_address(args.coordinator, Path(args.data_dir)).address
 
 
 def _admin(args):
@@ -523,7 +511,7 @@ def cmd_report(args) -> int:
 def cmd_dashboard(args) -> int:
     from dashboard.serve import serve
 
-    return serve(_coordinator(args), _admin_token(args), args.port, args.host)
+    return serve(args.coordinator, args.admin_token, Path(args.data_dir), args.port, args.host)
 
 
 def cmd_models_make_tiny(args) -> int:

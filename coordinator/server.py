@@ -18,12 +18,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coordinator import auth
 from coordinator.batching import Database
-from coordinator.data_dir import ADMIN_TOKEN_FILE, ENDPOINTS_FILE, admin_credential, write_private
 from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer, check_lease
 from coordinator.store import Store, StoreUnavailable
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
+from specfleet.data_dir import ADMIN_TOKEN_FILE, ENDPOINTS_FILE, admin_credential, write_private
 from specfleet.keys import private_key_file
 
 log = logging.getLogger("specfleet.coordinator")

@@ -14,7 +14,9 @@ import contextlib
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
+import grpc
 import pandas as pd
 import streamlit as st
 
@@ -38,12 +40,63 @@ from dashboard.queries import (  # noqa: F401  the names the pages and tests kno
     sampler_label,
     selected,
 )
+from specfleet.data_dir import ADMIN_TOKEN_FILE, Address, admin_credential, coordinator_address, default_data_dir
 
 REFRESH_SECONDS = 5
 
 
-def coordinator() -> tuple[str, str]:
-    return os.environ.get("SPECFLEET_COORDINATOR", "127.0.0.1:50551"), os.environ.get("SPECFLEET_ADMIN_TOKEN", "")
+class CoordinatorUnavailable(Exception):
+    """The coordinator cannot be read: its one-line explanation, shown by dashboard/app.py."""
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    """Where the dashboard reads from, resolved again at every rerun (a coordinator started after
+    the dashboard writes coordinator.json and admin.token later): SPECFLEET_COORDINATOR and
+    SPECFLEET_ADMIN_TOKEN when `specfleet dashboard` was given them, else SPECFLEET_DATA_DIR's
+    files (specfleet/data_dir.py)."""
+
+    where: Address
+    token: str
+    data_dir: Path
+
+    @property
+    def start(self) -> str:
+        return f"specfleet coordinator serve --data-dir {self.data_dir}"
+
+
+def coordinator() -> Coordinator:
+    data_dir = Path(os.environ.get("SPECFLEET_DATA_DIR") or default_data_dir())
+    where = coordinator_address(os.environ.get("SPECFLEET_COORDINATOR"), data_dir)
+    try:
+        token = os.environ.get("SPECFLEET_ADMIN_TOKEN") or admin_credential(data_dir) or ""
+    except ValueError as e:  # admin.token unreadable
+        raise CoordinatorUnavailable(f"{e}: pass --admin-token to specfleet dashboard") from None
+    c = Coordinator(where, token, data_dir)
+    if not token:
+        raise CoordinatorUnavailable(
+            f"No admin credential yet: no --admin-token or SPECFLEET_ADMIN_TOKEN, and no {ADMIN_TOKEN_FILE} in"
+            f" {data_dir} (a coordinator writes it at its first start: `{c.start}`). Trying again."
+        )
+    return c
+
+
+def unavailable(c: Coordinator, error: grpc.RpcError) -> CoordinatorUnavailable:
+    """The one line a page shows for an error of the coordinator's read path."""
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    at = f"{c.where.address} (from {c.where.source})"
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return CoordinatorUnavailable(
+            f"The coordinator at {at} refused the admin credential ({error.details()}): pass the one in its data"
+            f" directory's {ADMIN_TOKEN_FILE} with --admin-token, or --data-dir. Trying again."
+        )
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return CoordinatorUnavailable(
+            f"No coordinator answers at {at}: start one with `{c.start}`, or point --coordinator at a running one."
+            " Trying again."
+        )
+    name = code.name if code else type(error).__name__
+    return CoordinatorUnavailable(f"The coordinator at {at} failed a read ({name}: {error.details()}). Trying again.")
 
 
 @st.cache_resource
@@ -73,8 +126,13 @@ class Version:
 
 
 def version() -> Version:
-    address, token = coordinator()
-    return Version(address, token, **synced(address, token))
+    """The mirror synced (at most every REFRESH_SECONDS) and its tables' sequences; a coordinator
+    that cannot be read is CoordinatorUnavailable."""
+    c = coordinator()
+    try:
+        return Version(c.where.address, c.token, **synced(c.where.address, c.token))
+    except grpc.RpcError as e:
+        raise unavailable(c, e) from None
 
 
 CACHE_ENTRIES = 64  # per query function: versions and filters a dashboard goes through

@@ -85,20 +85,26 @@ def command(port: int, host: str = "127.0.0.1") -> list[str]:
     ]
 
 
-def environment(coordinator: str, admin_token: str) -> dict[str, str]:
+def environment(coordinator: str | None, admin_token: str | None, data_dir: Path | None = None) -> dict[str, str]:
+    """Streamlit's environment: the coordinator and admin credential when given (flag or
+    environment), else only the data directory, whose coordinator.json and admin.token the
+    dashboard reads again at every rerun (dashboard/data.py coordinator): a dashboard started
+    before its coordinator finds it once it has written them."""
     root = str(Path(__file__).resolve().parent.parent)
-    return {
-        **os.environ,
-        "SPECFLEET_COORDINATOR": coordinator,
-        "SPECFLEET_ADMIN_TOKEN": admin_token,
-        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECFLEET_COORDINATOR", "SPECFLEET_ADMIN_TOKEN")}
+    given = {"SPECFLEET_COORDINATOR": coordinator, "SPECFLEET_ADMIN_TOKEN": admin_token}
+    env.update({k: v for k, v in given.items() if v})
+    if data_dir is not None:
+        env["SPECFLEET_DATA_DIR"] = str(data_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return env
 
 
-def serve(coordinator: str, admin_token: str, port: int, host: str = "127.0.0.1") -> int:
+def serve(coordinator: str | None, admin_token: str | None, data_dir: Path, port: int, host: str = "127.0.0.1") -> int:
     """Run Streamlit until it exits, or until this process is asked to stop (SIGTERM, SIGINT):
-    then Streamlit is stopped first. Its exit status; 128 + the signal's number when stopped."""
-    proc = start_child(command(port, host), env=environment(coordinator, admin_token))
+    then Streamlit is stopped first. Its exit status; 128 + the signal's number when stopped.
+    `coordinator` and `admin_token` None: read from `data_dir` by the dashboard (environment)."""
+    proc = start_child(command(port, host), env=environment(coordinator, admin_token, data_dir))
     asked: list[int] = []
     stop = threading.Event()
 

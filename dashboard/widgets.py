@@ -22,6 +22,23 @@ LABELS = {
 }
 
 
+def present(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` as a table shows it: a column with no value in any row (NULL, NaN, pandas' NA or "")
+    dropped, and missing values blank: text columns hold "" for them, and a numeric column with
+    gaps becomes its values as text (Streamlit draws a missing cell as the word "None")."""
+    missing = frame.isna() | frame.apply(lambda c: c.map(lambda x: isinstance(x, str) and x == ""))
+    kept = frame.loc[:, ~missing.all()]
+    out = kept.copy()
+    for name in kept.columns:
+        gaps = missing[name]
+        if not gaps.any() or pd.api.types.is_datetime64_any_dtype(kept[name]):
+            continue
+        out[name] = [
+            ("" if gap else (f"{x:g}" if isinstance(x, float) else str(x))) for x, gap in zip(kept[name], gaps)
+        ]
+    return out
+
+
 def filters(v, key: str) -> data.Filters:
     """Multiselects in the sidebar for model, system (system_label), engine, method, sampler and
     prompt set."""

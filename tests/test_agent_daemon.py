@@ -11,8 +11,8 @@ import pytest
 
 from agent import poll
 from agent.daemon import Agent
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.data_dir import admin_credential
 from tests.support.agents import Running, identity_for, submit, sweep
 from tests.support.fleet import admin_for
 from tests.support.processes import cli, wait_until

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.data_dir import ADMIN_TOKEN_FILE
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.data_dir import ADMIN_TOKEN_FILE
 from specfleet.sweeps import MAX_MESSAGE_CHARS
 from specfleet.yaml_limits import MAX_NODES
 from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from agent.credentials import AgentIdentity
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.ports import free_port
 from tests.support.processes import ROOT, spawn, start_coordinator, stop
 

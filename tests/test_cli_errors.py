@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from cli import main as cli
-from coordinator.data_dir import ADMIN_TOKEN_FILE, admin_credential
+from specfleet.data_dir import ADMIN_TOKEN_FILE, admin_credential
 from specfleet.yaml_limits import MAX_NODES
 from tests.support.fleet import start_coordinator
 from tests.support.processes import one_line_error, specfleet

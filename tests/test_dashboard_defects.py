@@ -4,8 +4,8 @@ says so on its chip, system (and engine), method and depth, and the run never en
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.data_dir import admin_credential
 from tests.support.dashboard import APP, MLX_27B, PATHS, fingerprint, record, report, sweep_yaml
 from tests.support.fleet import admin_for, enrol, start_coordinator
 

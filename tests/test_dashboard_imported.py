@@ -52,7 +52,7 @@ def test_rows_and_beside(imported_fleet):
 
 def test_page_shows_imported_figures_marked_unpaired(imported_fleet, monkeypatch):
     coordinator, _ = imported_fleet
-    from coordinator.data_dir import admin_credential
+    from specfleet.data_dir import admin_credential
 
     monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
     monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", admin_credential(coordinator.config.data_dir))

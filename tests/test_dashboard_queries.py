@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coordinator.data_dir import admin_credential
 from dashboard import claims, data
 from specfleet import speedup, stats
 from specfleet.client import fetch_table
+from specfleet.data_dir import admin_credential
 from tests.support.fleet import admin_for, fleet_db, start_coordinator
 from tests.support.synthetic import RUNS_PER_JOB, seed
 

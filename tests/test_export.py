@@ -15,9 +15,9 @@ from agent.models import HashCache, resolve
 from agent.protocol import run_job
 from agent.spool import Spool
 from agent.spool import read as spool_read
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from specfleet.record import JobSpec, RunRecord
 from tests.support.fleet import LINUX_BOX, SWEEP_YAML
 from tests.support.processes import cli, start_coordinator, stop

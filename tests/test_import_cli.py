@@ -15,10 +15,10 @@ import pytest
 from cli.importers import llama_bench
 from coordinator import limits
 from coordinator.auth import hash_secret
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import speedup
 from specfleet.client import AdminApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.captured import MTPLX_RUN
 from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run
 from tests.support.fleet import start_coordinator as start_in_process

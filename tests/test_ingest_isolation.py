@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from coordinator import ingest
-from coordinator.data_dir import admin_credential
 from coordinator.ingest import InvalidRun, Report, ingest_many
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.fleet import LINUX_BOX, SWEEP_YAML, admin_for, enrol, make_run, run_id, start_coordinator
 from tests.support.processes import start_coordinator as start_coordinator_process
 from tests.support.processes import stop

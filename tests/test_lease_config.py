@@ -7,10 +7,10 @@ import yaml
 
 from agent.credentials import AgentIdentity
 from agent.heartbeat import interval
-from coordinator.data_dir import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.processes import cli, spawn, start_coordinator, stop, wait_until
 
 

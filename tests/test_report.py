@@ -7,27 +7,23 @@ truth worked out by hand where it does not. The HTML report is opened in headles
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from PIL import Image
-from websockets.sync.client import connect
 
 from cli.report import cell
 from dashboard import data
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.support.browser import CHROMIUM, START_SECONDS, DevTools, stop_group, wait_http
+from tests.support.browser import chromium_page
 from tests.support.dashboard import MLX_27B, expected_speedup, seed_fleet
 from tests.support.fleet import admin_for, start_coordinator
-from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.process]  # coordinators, CLI processes and Chromium
 
@@ -204,41 +200,16 @@ def test_html_report_renders_in_chromium_with_its_plots_and_flagged_runs(fleet, 
     done = report(fleet, sweeps["seed-mbp"], "--format", "html", "--output", str(out))
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["report.html"]  # the plots are inline
-    page = (out / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') >= 4 and "<script" not in page
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') >= 4 and "<script" not in html
 
     (row,) = data.speedups(dashboard, data.Filters(engine=("llama.cpp",))).itertuples()  # every M1 Max run is mbp's
-    assert CHROMIUM, "chromium is not installed: run scripts/setup.sh (it installs Debian's chromium)"
-    debug_port = free_port()
-    log = tmp_path / "chromium.log"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
-    flags += ["--disable-background-networking", "--disable-extensions", "--window-size=1400,2400"]
-    chromium = subprocess.Popen(
-        [CHROMIUM, *flags, f"--user-data-dir={tmp_path / 'profile'}", f"--remote-debugging-port={debug_port}"]
-        + ["--remote-debugging-address=127.0.0.1", "about:blank"],
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        targets = json.loads(wait_http(f"http://127.0.0.1:{debug_port}/json/list", chromium, log, START_SECONDS))
-        target = next(t for t in targets if t["type"] == "page")
-        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=10) as ws:
-            tools = DevTools(ws)
-            tools.call("Page.enable")
-            tools.call("Page.navigate", url=(out / "report.html").as_uri())
-            probe = (
-                "JSON.stringify({ready: document.readyState, text: document.body ? document.body.innerText : '',"
-                " images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])})"
-            )
-            deadline = time.monotonic() + 30
-            while (shown := json.loads(tools.evaluate(probe)))["ready"] != "complete" or not all(
-                i[0] for i in shown["images"]
-            ):
-                assert time.monotonic() < deadline, shown["ready"]
-                time.sleep(0.2)
-    finally:
-        stop_group(chromium)
+    with chromium_page() as page:
+        page.goto((out / "report.html").as_uri(), wait_until="load")  # every inline image decoded
+        shown = page.evaluate(
+            "({text: document.body.innerText,"
+            " images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])})"
+        )
     assert len(shown["images"]) >= 4 and all(w > 100 and h > 100 for _, w, h in shown["images"]), shown["images"]
     text = shown["text"]
     assert "Sweep seed-mbp" in text and "Apple M1 Max" in text and "Mac16,11" in text

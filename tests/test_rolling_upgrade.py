@@ -22,11 +22,11 @@ import yaml
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from agent.spool import Spool
-from coordinator.data_dir import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import record
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.agents import identity_for
 from tests.support.fleet import SWEEP_YAML, admin_for, run_record, start_coordinator
 from tests.support.ports import free_port

@@ -11,9 +11,9 @@ import urllib.request
 import grpc
 import pytest
 
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.fleet import LINUX_BOX, SWEEP_YAML, make_run
 from tests.support.processes import start_coordinator, stop, wait_until
 

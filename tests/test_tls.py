@@ -14,9 +14,9 @@ import pytest
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from coordinator import metrics
-from coordinator.data_dir import admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.fleet import LINUX_BOX, start_coordinator
 from tests.support.processes import ROOT, cli, stop
 from tests.support.processes import start_coordinator as start_coordinator_process

@@ -1,8 +1,10 @@
-"""Fleet: every agent with its chip, GPU bin, memory, macOS, state, current job and last contact."""
+"""Fleet: every agent with its chip, GPU bin, memory, macOS, state, current job and last contact;
+a reading no agent has (a Linux box has no GPU bin or model identifier) is no column, one that
+some agents lack is a blank cell."""
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, widgets
 
 st.title("Fleet")
 v = data.version()
@@ -17,7 +19,7 @@ c1.metric("agents", len(agents))
 c2.metric("chips", agents["chip"].nunique())
 c3.metric("busy now", busy)
 st.dataframe(
-    agents.drop(columns=["agent_id"]),
+    widgets.present(agents.drop(columns=["agent_id"])),
     hide_index=True,
     column_config={
         "gpu_cores": st.column_config.NumberColumn("GPU cores (bin)"),

@@ -6,7 +6,7 @@ synthetic    a large synthetic fleet written straight into a store (bench/ and t
 processes    the `specfleet` CLI as real processes (a coordinator, an agent), waiting, stopping
 agents       an agent daemon on a thread against an in-process coordinator
 dashboard    a seeded fleet of several chips, its records and rows, and readers of a page
-browser      headless Chromium over the DevTools protocol
+browser      headless system Chromium driven by Playwright, and what a page must show
 claims, sweeps, versions, fake_engine, admin_cli   what several test modules of one subject share
 clocks       a fake clock; ports: a free loopback port; captured: where captured output lies
 

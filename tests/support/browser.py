@@ -1,11 +1,10 @@
-"""Headless Chromium (Debian's `chromium`, installed by scripts/setup.sh) driven over the Chrome
-DevTools protocol with the `websockets` client Streamlit already depends on, and the helpers that
-start and stop what it looks at."""
+"""Headless Chromium (Debian's `chromium`, installed by scripts/setup.sh) driven by Playwright
+(`executable_path`: Playwright downloads no browser of its own), the helpers that start and stop
+what it looks at, and what a Streamlit page must show: text, and no exception element."""
 
 from __future__ import annotations
 
-import itertools
-import json
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +15,23 @@ from pathlib import Path
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 START_SECONDS = 90
+RENDER_SECONDS = 90
+# As the machine's own probe starts it: without the background-networking flags Chromium's
+# connections are refused by a closed network many at a time.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+# What Streamlit draws for an exception a page raised (st.exception, an uncaught error).
+EXCEPTION = '[data-testid="stException"]'
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float) -> bytes:
@@ -41,25 +57,99 @@ def stop_group(proc: subprocess.Popen) -> None:
             proc.wait(timeout=15)
 
 
-class DevTools:
-    def __init__(self, ws):
-        self.ws = ws
-        self.ids = itertools.count(1)
+@contextlib.contextmanager
+def chromium_page(width: int = 1400, height: int = 2400):
+    """A Playwright page in headless system Chromium, closed (with its browser) on exit."""
+    from playwright.sync_api import sync_playwright
 
-    def call(self, method: str, timeout: float = 30, **params):
-        call_id = next(self.ids)
-        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
-            if msg.get("id") == call_id:
-                assert "error" not in msg, msg
-                return msg.get("result", {})
+    assert CHROMIUM, "chromium is not installed: run scripts/setup.sh (it installs Debian's chromium)"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
 
-    def evaluate(self, expression: str):
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
-    def rendered(self) -> str:
-        """The page's text once Streamlit has drawn every element (no skeleton placeholders left)."""
-        skeletons = self.evaluate("document.querySelectorAll('[data-testid=\"stSkeleton\"]').length")
-        return self.evaluate("document.body ? document.body.innerText : ''") if skeletons == 0 else ""
+def settled(page, seconds: float = RENDER_SECONDS) -> str:
+    """The page's text once Streamlit has finished its run: no skeleton placeholder left and its
+    status widget not running; fails on an exception element, with its text."""
+    deadline = time.monotonic() + seconds
+    quiet_since = None
+    while True:
+        busy = page.locator('[data-testid="stSkeleton"], [data-testid="stStatusWidget"]').count()
+        if busy == 0:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since > 0.5:  # a rerun may start just after one ends
+                break
+        else:
+            quiet_since = None
+        assert time.monotonic() < deadline, f"{page.url} did not settle in {seconds}s:\n{body(page)[:3000]}"
+        time.sleep(0.2)
+    errors = page.locator(EXCEPTION)
+    assert errors.count() == 0, f"{page.url} shows an exception:\n" + "\n".join(errors.all_inner_texts())[:3000]
+    return body(page)
+
+
+def body(page) -> str:
+    return page.evaluate("document.body ? document.body.innerText : ''")
+
+
+def table_headers(page, n: int = 0) -> list[str]:
+    """The column headers of the page's n-th st.dataframe (from the grid's accessible table: its
+    cells are drawn on a canvas), once the grid has drawn them."""
+    headers = page.locator('[data-testid="stDataFrame"]').nth(n).locator('[role="columnheader"]')
+    headers.first.wait_for(state="attached", timeout=RENDER_SECONDS * 1000)  # hidden: a grid's a11y table
+    return headers.all_inner_texts()
+
+
+def wait_text(page, wanted: tuple[str, ...], seconds: float = RENDER_SECONDS) -> str:
+    """The page's text once every string of `wanted` is in it (and no exception element is)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert page.locator(EXCEPTION).count() == 0, "\n".join(page.locator(EXCEPTION).all_inner_texts())[:3000]
+        text = body(page)
+        if all(w in text for w in wanted):
+            return text
+        missing = [w for w in wanted if w not in text]
+        assert time.monotonic() < deadline, f"{page.url}: {missing} not shown in {seconds}s:\n{text[:3000]}"
+        time.sleep(0.3)
+
+
+# The dashboard's pages (dashboard/app.py), each at its own address.
+PAGES = ("fleet", "sweeps", "compare", "versions", "questions", "runs", "imported")
+
+
+def options(page, selectbox) -> list[str]:
+    """The options of a Streamlit selectbox, read from its opened list (closed again)."""
+    selectbox.click()
+    listbox = page.locator('[role="listbox"]')
+    listbox.wait_for()
+    names = listbox.locator('[role="option"]').all_inner_texts()
+    page.keyboard.press("Escape")
+    return names
+
+
+def every_page(page, base: str) -> dict[str, str]:
+    """Open every page of the dashboard at `base`, every comparable group of Compare's selector
+    and every tab on a page that has tabs; fail on any exception element Streamlit renders. The
+    text shown per page (a Compare group as "compare: LABEL", a tab as "PAGE: TAB")."""
+    seen = {}
+    for name in PAGES:
+        page.goto(f"{base}/{name}")
+        seen[name] = settled(page)
+        assert "Page not found" not in seen[name], f"/{name}: {seen[name][:500]}"
+        for tab in page.locator('[role="tab"]').all():
+            label = tab.inner_text()
+            tab.click()
+            seen[f"{name}: {label}"] = settled(page)
+        if name != "compare":
+            continue
+        selector = page.locator('[data-testid="stSelectbox"]').filter(has_text="comparable group")
+        if not selector.count():
+            continue  # no runs yet: the page says so
+        for i, label in enumerate(options(page, selector)):
+            selector.click()
+            page.locator('[role="listbox"] [role="option"]').nth(i).click()
+            seen[f"compare: {label}"] = settled(page)
+    return seen

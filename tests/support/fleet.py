@@ -8,11 +8,11 @@ import uuid
 import duckdb
 import pandas as pd
 
-from coordinator.data_dir import admin_credential
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import settings as declared
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from specfleet.record import ModelIdentity, RunRecord, Sampler, Settings
 
 LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_bytes=16 * 2**30, cpu_cores=2)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.engines.llama_server import PROJECT_BUILD
-from coordinator.data_dir import ENDPOINTS_FILE
+from specfleet.data_dir import ENDPOINTS_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 # Tests of a real llama-server need the set-up's build (scripts/build-llama-cpp.sh). Skipped
