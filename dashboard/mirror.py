@@ -15,6 +15,7 @@ once per row as it arrives (the labels the pages filter and group by) instead of
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -33,7 +34,10 @@ TABLES = {
     "imported_results": "import_id",  # `specfleet import`: stored once, never changed
 }
 APPEND_ONLY = {"runs", "imported_results"}
-MEMORY_LIMIT = "256MB"
+# DuckDB's memory_limit for the mirror: what the queries may hold (sorts and joins spill beyond
+# it to the mirror's temporary directory). SPECFLEET_MIRROR_MEMORY sets another (tests scale it
+# down with their fleet's size).
+MEMORY_LIMIT = os.environ.get("SPECFLEET_MIRROR_MEMORY", "256MB")
 
 
 class Mirror:

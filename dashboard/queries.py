@@ -270,11 +270,9 @@ def filter_options(db) -> dict[str, list[str]]:
 RUNS_SHOWN = 1000  # the Runs page's table: the latest runs of the selection; downloads hold all
 
 
-def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
-    """selected(f) with verify-cost runs and each run's `outlier` flag (judged among all its arm's
-    repeats before narrowing), narrowed to the chips and environment states given."""
+def _narrowed(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
+    """selected(f) with verify-cost runs, narrowed to the chips and environment states given."""
     source, params = selected(f, generation=False)
-    source = speedup.flagged_sql(source)
     where = []
     if chips:
         where.append("list_contains($chips::VARCHAR[], chip)")
@@ -283,6 +281,16 @@ def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) ->
         where.append("list_contains($states::VARCHAR[], nominal)")
         params["states"] = list(states)
     return f"(SELECT * FROM {source} WHERE {' AND '.join(where) or 'true'})", params
+
+
+def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
+    """_narrowed's runs with each run's `outlier` flag, judged among all its arm's repeats before
+    narrowing. The flag is computed on the few columns it reads and joined back by seq: a window
+    over every run of the selection that carried the runs' other columns outgrew the mirror's
+    memory at a million runs."""
+    narrowed, params = _narrowed(f, chips, states)
+    flags = f"(SELECT seq, outlier FROM {speedup.flagged_sql(selected(f, generation=False)[0])})"
+    return f"(SELECT s.*, o.outlier FROM {narrowed} s JOIN {flags} o USING (seq))", params
 
 
 def _runs_sql(source: str) -> str:
@@ -296,6 +304,11 @@ def _runs_sql(source: str) -> str:
     )
 
 
+# What the outlier flag's partition (specfleet/speedup.py flagged_sql) refines: runs that differ
+# in one of these never share a partition.
+_ARM_REPEATS = ("job_id", "lease_id", "method", "depth", "prompt_id")
+
+
 def runs_table(
     db, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = (), limit: int = RUNS_SHOWN
 ) -> pd.DataFrame:
@@ -303,10 +316,18 @@ def runs_table(
     runs too), in the order they were stored: every typed column, the names it goes by first
     (the system and method it measured, its flags), then its decode tok/s beside the server's
     own and the server's version and command, times as timestamps. `counts` says whether the
-    run may enter a figure: runs of a lost attempt or a failed job are shown, never counted."""
-    source, params = _runs_source(f, chips, states)
-    sql = f"SELECT * FROM ({_runs_sql(source)} ORDER BY seq DESC LIMIT $limit) ORDER BY seq"
-    return db.query(sql, {**params, "limit": limit})
+    run may enter a figure: runs of a lost attempt or a failed job are shown, never counted.
+    Which runs is a top-N over one column; their `outlier` flag is then judged among the repeats
+    of their own arms only (_ARM_REPEATS), so that neither query carries a million runs' columns."""
+    narrowed, params = _narrowed(f, chips, states)
+    latest = db.query(f"SELECT seq FROM {narrowed} ORDER BY seq DESC LIMIT $limit", {**params, "limit": limit})
+    seqs = latest["seq"].tolist() if not latest.empty else []
+    source, params = selected(f, generation=False)
+    same = " AND ".join(f"k.{c} IS NOT DISTINCT FROM r.{c}" for c in _ARM_REPEATS)
+    keys = f"(SELECT DISTINCT {', '.join(_ARM_REPEATS)} FROM runs WHERE list_contains($seqs, seq))"
+    near = f"(SELECT r.* FROM {source} r WHERE EXISTS (SELECT 1 FROM {keys} k WHERE {same}))"
+    shown = f"(SELECT * FROM {speedup.flagged_sql(near)} WHERE list_contains($seqs, seq))"
+    return db.query(f"{_runs_sql(shown)} ORDER BY seq", {**params, "seqs": seqs})
 
 
 def runs_summary(db, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = ()) -> dict:
