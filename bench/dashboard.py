@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.noise import NoiseProbe  # noqa: E402
 
-PAGES = ("fleet", "sweeps", "compare", "questions", "runs", "imported")
+PAGES = ("fleet", "sweeps", "compare", "versions", "questions", "runs", "imported")
 NEW_RUNS = 10_000
 UPLOADERS = 16
 BLOCKS = 4  # alternating: without a scrape, with one every second, ...

@@ -72,20 +72,21 @@ def coordinator() -> Coordinator:
         token = os.environ.get("SPECFLEET_ADMIN_TOKEN") or admin_credential(data_dir) or ""
     except ValueError as e:  # admin.token unreadable
         raise CoordinatorUnavailable(f"{e}: pass --admin-token to specfleet dashboard") from None
-    c = Coordinator(where, token, data_dir)
-    if not token:
-        raise CoordinatorUnavailable(
-            f"No admin credential yet: no --admin-token or SPECFLEET_ADMIN_TOKEN, and no {ADMIN_TOKEN_FILE} in"
-            f" {data_dir} (a coordinator writes it at its first start: `{c.start}`). Trying again."
-        )
-    return c
+    return Coordinator(where, token, data_dir)
 
 
 def unavailable(c: Coordinator, error: grpc.RpcError) -> CoordinatorUnavailable:
     """The one line a page shows for an error of the coordinator's read path."""
     code = error.code() if callable(getattr(error, "code", None)) else None
     at = f"{c.where.address} (from {c.where.source})"
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+    refused = code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    if refused and not c.token:
+        return CoordinatorUnavailable(
+            f"The coordinator at {at} wants an admin credential: no --admin-token or SPECFLEET_ADMIN_TOKEN was"
+            f" given and there is no {ADMIN_TOKEN_FILE} in {c.data_dir} (a coordinator writes it at its first"
+            f" start: `{c.start}`). Trying again."
+        )
+    if refused:
         return CoordinatorUnavailable(
             f"The coordinator at {at} refused the admin credential ({error.details()}): pass the one in its data"
             f" directory's {ADMIN_TOKEN_FILE} with --admin-token, or --data-dir. Trying again."

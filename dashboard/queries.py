@@ -62,7 +62,7 @@ NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' 
 # than 5% apart, a stateful drafter that inherited state from earlier requests, collapsed
 # acceptance, an outlier among its arm's repeats (specfleet.speedup.flagged_sql: left out of the
 # figures), a drafter that cannot draft within max_new_tokens. '' when none. On a relation with
-# the `outlier` column (_runs_source's).
+# the `outlier` column (_runs_source's: the mirror's outlier_flag, RUN_FLAGS).
 FLAGS = (
     "concat_ws(', ', CASE WHEN lossless IS NOT DISTINCT FROM false THEN 'lossy' END,"
     " CASE WHEN divergence = 'near-tie' THEN 'near-tie' END,"
@@ -88,7 +88,7 @@ LABELS = (
     f"{speedup.COMPARABLE_ID} AS comparable, {ledger.system_label_sql()} AS system_label,"
     f" {ledger.system_label_sql()} || ' ' || method AS system_method, {model_label('target')} AS model,"
     f" {model_label('draft')} AS draft_model, {sampler_label()} AS sampler, {NOMINAL} AS nominal,"
-    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate"
+    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate, NULL::BOOLEAN AS outlier_flag"
 )
 DOWNLOAD_BATCH = 50_000
 # Filter field -> the column of runs (LABELS) it selects on.
@@ -149,13 +149,35 @@ RUN_SYSTEMS = [
 ]
 
 
+# Each run's outlier flag (specfleet.speedup.flagged_sql), stored in the mirror's outlier_flag as
+# its runs arrive: judged again, on every page of new runs, for every run of the jobs the page
+# holds runs of (a flag's partition never spans two jobs), so that no page computes the window
+# over a million runs (the Runs page took 9.9 s cold at 1M, most of it in that window).
+RUN_FLAGS = [
+    "UPDATE runs SET outlier_flag = f.outlier FROM (SELECT seq, outlier FROM"
+    f" {speedup.flagged_sql('(SELECT * FROM runs WHERE job_id IN (SELECT job_id FROM _batch))')}) f"
+    " WHERE runs.seq = f.seq"
+]
+
+
+def _inliers(source: str) -> str:
+    """specfleet.speedup.inliers_sql on the mirror: the runs of `source` that are no outlier, by
+    their stored flag (RUN_FLAGS) instead of the window."""
+    return f"(SELECT * FROM {source} WHERE NOT outlier_flag)"
+
+
+def _valid(source: str) -> str:
+    """specfleet.speedup.valid_sql on the mirror: the runs that may enter a figure (of an attempt
+    that counts, no outlier), by the stored outlier flag."""
+    return f"(SELECT r.* FROM {_inliers(source)} r WHERE {speedup.counts_sql('r')})"
+
+
 def open_mirror(address: str, token: str, path=None) -> Mirror:
-    """A mirror of the coordinator at `address` with the labels the queries read (LABELS) and
-    the claims' keys (RUN_SYSTEMS); not synced yet. The dashboard keeps one per process; a
-    report opens its own."""
-    return Mirror(
-        AdminApi(channel(address), token), derived={"runs": LABELS}, summaries={"runs": RUN_SYSTEMS}, path=path
-    )
+    """A mirror of the coordinator at `address` with the labels the queries read (LABELS), the
+    claims' keys (RUN_SYSTEMS) and the runs' outlier flags (RUN_FLAGS); not synced yet. The
+    dashboard keeps one per process; a report opens its own."""
+    summaries = {"runs": [*RUN_SYSTEMS, *RUN_FLAGS]}
+    return Mirror(AdminApi(channel(address), token), derived={"runs": LABELS}, summaries=summaries, path=path)
 
 
 class SweepView:
@@ -285,12 +307,9 @@ def _narrowed(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tu
 
 def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
     """_narrowed's runs with each run's `outlier` flag, judged among all its arm's repeats before
-    narrowing. The flag is computed on the few columns it reads and joined back by seq: a window
-    over every run of the selection that carried the runs' other columns outgrew the mirror's
-    memory at a million runs."""
+    narrowing (stored as the runs arrived: RUN_FLAGS)."""
     narrowed, params = _narrowed(f, chips, states)
-    flags = f"(SELECT seq, outlier FROM {speedup.flagged_sql(selected(f, generation=False)[0])})"
-    return f"(SELECT s.*, o.outlier FROM {narrowed} s JOIN {flags} o USING (seq))", params
+    return f"(SELECT * EXCLUDE (outlier_flag), outlier_flag AS outlier FROM {narrowed})", params
 
 
 def _runs_sql(source: str) -> str:
@@ -304,11 +323,6 @@ def _runs_sql(source: str) -> str:
     )
 
 
-# What the outlier flag's partition (specfleet/speedup.py flagged_sql) refines: runs that differ
-# in one of these never share a partition.
-_ARM_REPEATS = ("job_id", "lease_id", "method", "depth", "prompt_id")
-
-
 def runs_table(
     db, f: Filters, chips: tuple[str, ...] = (), states: tuple[str, ...] = (), limit: int = RUNS_SHOWN
 ) -> pd.DataFrame:
@@ -317,16 +331,12 @@ def runs_table(
     (the system and method it measured, its flags), then its decode tok/s beside the server's
     own and the server's version and command, times as timestamps. `counts` says whether the
     run may enter a figure: runs of a lost attempt or a failed job are shown, never counted.
-    Which runs is a top-N over one column; their `outlier` flag is then judged among the repeats
-    of their own arms only (_ARM_REPEATS), so that neither query carries a million runs' columns."""
-    narrowed, params = _narrowed(f, chips, states)
-    latest = db.query(f"SELECT seq FROM {narrowed} ORDER BY seq DESC LIMIT $limit", {**params, "limit": limit})
+    Which runs is a top-N over one column, then those runs whole: one query of both carried every
+    column of every run of the selection into `counts`' join (out of memory at a million runs)."""
+    source, params = _runs_source(f, chips, states)
+    latest = db.query(f"SELECT seq FROM {source} ORDER BY seq DESC LIMIT $limit", {**params, "limit": limit})
     seqs = latest["seq"].tolist() if not latest.empty else []
-    source, params = selected(f, generation=False)
-    same = " AND ".join(f"k.{c} IS NOT DISTINCT FROM r.{c}" for c in _ARM_REPEATS)
-    keys = f"(SELECT DISTINCT {', '.join(_ARM_REPEATS)} FROM runs WHERE list_contains($seqs, seq))"
-    near = f"(SELECT r.* FROM {source} r WHERE EXISTS (SELECT 1 FROM {keys} k WHERE {same}))"
-    shown = f"(SELECT * FROM {speedup.flagged_sql(near)} WHERE list_contains($seqs, seq))"
+    shown = f"(SELECT * FROM {source} WHERE list_contains($seqs, seq))"
     return db.query(f"{_runs_sql(shown)} ORDER BY seq", {**params, "seqs": seqs})
 
 
@@ -543,7 +553,7 @@ def decode_speed(db, f: Filters) -> pd.DataFrame:
     source, params = selected(f)
     values = db.query(
         "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
-        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {speedup.inliers_sql(source)}",
+        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {_inliers(source)}",
         params,
     )
     return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
@@ -558,7 +568,7 @@ def energy(db, f: Filters) -> pd.DataFrame:
     values = db.query(
         "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
         " prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,"
-        f" nominal = 'degraded' AS degraded FROM {speedup.inliers_sql(source)} WHERE joules_per_token > 0",
+        f" nominal = 'degraded' AS degraded FROM {_inliers(source)} WHERE joules_per_token > 0",
         params,
     )
     if values.empty:
@@ -689,7 +699,7 @@ def version_per_prompt(db, f: Filters) -> pd.DataFrame:
         " count(*) AS repeats, min(seq) AS first_seq, any_value(system_label) AS system_label,"
         " any_value(engine) AS engine, any_value(model) AS model, any_value(draft_model) AS draft_model,"
         " any_value(prompt_set) AS prompt_set, any_value(context_tokens) AS context_tokens,"
-        f" any_value(sampler) AS sampler FROM {speedup.valid_sql(source)} WHERE decode_tokens_per_second > 0"
+        f" any_value(sampler) AS sampler FROM {_valid(source)} WHERE decode_tokens_per_second > 0"
         " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
         " GROUP BY setting, version, chip, method, depth, agent_id, prompt_id",
         params,
@@ -736,7 +746,7 @@ def unit_values(db, f: Filters) -> pd.DataFrame:
     per_prompt = db.query(
         "SELECT comparable AS setting, '' AS version, chip, method, depth, agent_id, prompt_id,"
         " avg(ln(decode_tokens_per_second)) AS log_tps, NULL::DOUBLE AS log_acceptance, count(*) AS repeats"
-        f" FROM {speedup.valid_sql(source)} WHERE decode_tokens_per_second > 0"
+        f" FROM {_valid(source)} WHERE decode_tokens_per_second > 0"
         " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
         " GROUP BY setting, chip, method, depth, agent_id, prompt_id",
         params,

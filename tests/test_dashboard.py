@@ -390,12 +390,13 @@ def test_a_coordinator_it_cannot_read_is_one_line_naming_the_address_and_its_sou
         assert "\n" not in error.value and "Traceback" not in error.value
 
 
-def test_without_a_credential_or_an_address_the_dashboard_names_the_data_directory(monkeypatch, tmp_path):
-    monkeypatch.delenv("SPECFLEET_COORDINATOR", raising=False)
+def test_without_a_credential_the_dashboard_names_the_data_directory_it_looked_in(fleet, monkeypatch, tmp_path):
+    coordinator, _, _ = fleet
+    monkeypatch.setenv("SPECFLEET_COORDINATOR", f"127.0.0.1:{coordinator.port}")
     monkeypatch.delenv("SPECFLEET_ADMIN_TOKEN", raising=False)
-    monkeypatch.setenv("SPECFLEET_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECFLEET_DATA_DIR", str(tmp_path))  # no admin.token there
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception, at.exception
     (error,) = at.error
-    assert f"no admin.token in {tmp_path}" in error.value
+    assert f"there is no admin.token in {tmp_path}" in error.value
     assert f"specfleet coordinator serve --data-dir {tmp_path}" in error.value

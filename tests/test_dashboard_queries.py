@@ -120,9 +120,11 @@ def test_decode_speed_and_the_runs_summary_equal_pandas(synthetic_store, v):
     latest = data.runs_table(v, data.Filters(), limit=100)
     assert latest["run_id"].tolist() == runs.sort_values("seq")["run_id"].tolist()[-100:]
     # Their flags, judged among the repeats of their own arms only, are those judged among every run.
-    every = data._db(v).query(
-        f"SELECT run_id, outlier FROM {speedup.flagged_sql('runs')} ORDER BY seq DESC LIMIT 100"
-    ).set_index("run_id")["outlier"]
+    every = (
+        data._db(v)
+        .query(f"SELECT run_id, outlier FROM {speedup.flagged_sql('runs')} ORDER BY seq DESC LIMIT 100")
+        .set_index("run_id")["outlier"]
+    )
     shown = latest.set_index("run_id")["flags"].str.contains("outlier")
     assert shown.to_dict() == every.to_dict()
     many = data.runs_table(v, data.Filters(), limit=len(runs))

@@ -61,14 +61,17 @@ def per_prompt(
 
 
 class Db:
-    """A mirror stand-in for dashboard/queries.py: runs with the mirror's labels, and jobs."""
+    """A mirror stand-in for dashboard/queries.py: runs with the mirror's labels and stored flags
+    (the statements the mirror runs on a page of new runs), and jobs."""
 
     def __init__(self, runs: pd.DataFrame, jobs: pd.DataFrame):
-        from dashboard.queries import LABELS
+        from dashboard.queries import LABELS, RUN_FLAGS
 
         self.con = duckdb.connect()
-        self.con.register("_runs", runs)
-        self.con.execute(f"CREATE TABLE runs AS SELECT *, {LABELS} FROM _runs")
+        self.con.register("_batch", runs)
+        self.con.execute(f"CREATE TABLE runs AS SELECT *, {LABELS} FROM _batch")
+        for sql in RUN_FLAGS:
+            self.con.execute(sql)
         self.con.register("_jobs", jobs)
         self.con.execute("CREATE TABLE jobs AS SELECT * FROM _jobs")
 
