@@ -6,7 +6,7 @@ run every prompt with all arms back to back, in the order of one row of a Willia
 (specfleet/design.py: each arm follows every other equally often; the repeats are rounded up to
 complete the design), so that paired ratios come from adjacent runs in the same thermal window.
 Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
-within 5% (at most `warmup_cap` runs); the baseline's last warm-up output is the greedy
+within 5% (at most `warmup` runs); the baseline's last warm-up output is the greedy
 reference for `lossless`; a run whose arm reached the cap unsteady records
 `warmup_converged=False`.
 
@@ -178,12 +178,12 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
         cap, or exactly `runs`; (runs, whether the last two agreed (None: no warm-up asked), the
         last generation)."""
         speeds, gen = [], None
-        for _ in range(spec.warmup_cap if runs is None else runs):
+        for _ in range(spec.warmup if runs is None else runs):
             gen = engine.generate(request(arm, tokens))
             speeds.append(summarise(gen)["decode_tokens_per_second"])
             if runs is None and steady(speeds):
                 break
-        return len(speeds), (None if spec.warmup_cap == 0 else steady(speeds)), gen
+        return len(speeds), (None if spec.warmup == 0 else steady(speeds)), gen
 
     # The state server arms are measured in (None: no server arms); blocks are always fresh.
     state = common["settings"].server_state

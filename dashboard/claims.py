@@ -59,6 +59,7 @@ from specfleet.record import (
     is_speculative,
     least_depth,
 )
+from specfleet.schemas import setting_problem
 
 LEDGER = Path(__file__).with_name("claims.yaml")
 METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "tokens_per_second", "best_depth", "runs")
@@ -347,7 +348,14 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
         fail("conditions.depth", f"a {method} run records a depth 1-{MAX_DEPTH}: depth 0 selects none")
     for name, setting in DECLARED_CONDITIONS.items():
         values = _as_list(cond.get(name))
-        why = next((setting.check(v) or "must not be null" for v in values if v is None or setting.check(v)), None)
+        why = next(
+            (
+                setting_problem(setting, v) or "must not be null"
+                for v in values
+                if v is None or setting_problem(setting, v)
+            ),
+            None,
+        )
         if why:
             fail(f"conditions.{name}", why)
     sampler = cond.get("sampler", {})
@@ -1218,7 +1226,7 @@ def sweep_yaml(claim: Claim) -> str:
         doc["server"] = {"system": claim.system, "command": claim.sweep.get("command") or preset["baseline"]}
         doc["arms"] = [{"method": method, "depths": list(depths), "command": arm}]
     doc.update(_sweep_settings(claim))
-    # Warm-up as every sweep's default (JobSpec.warmup_cap: until two runs agree within 5%, at most 10).
+    # Warm-up as every sweep's default (JobSpec.warmup: until two runs agree within 5%, at most 10).
     doc.update(max_new_tokens=claim.sweep.get("max_new_tokens", 256), repeats=SWEEP_REPEATS)
     header = f"# Tests claim {claim.id}: {claim.statement}\n"
     if claim.system != OURS:

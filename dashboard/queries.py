@@ -45,15 +45,10 @@ def model_label(prefix: str) -> str:
     return f"CASE WHEN {ref} = '' THEN '' WHEN {digest} = '' THEN {ref} ELSE {ref} || '@' || left({digest}, 12) END"
 
 
-def sampler_label(prefix: str = "") -> str:
-    """SQL: "greedy" or "T=0.7 top_p=0.9 top_k=20 seed=1": every checked sampler key that is
-    not its default, so that no two samplers share a label."""
-    s = f"{prefix}sampler_"
-    rest = f"' top_p=' || printf('%g', {s}top_p) || ' top_k=' || {s}top_k || ' seed=' || {s}seed"
-    return (
-        f"CASE WHEN {s}temperature != 0 THEN 'T=' || printf('%g', {s}temperature) || {rest}"
-        f" WHEN {s}top_p != 1 OR {s}top_k != 0 OR {s}seed != 0 THEN 'greedy' || {rest} ELSE 'greedy' END"
-    )
+# SQL: "greedy" or "T=0.7 top_p=0.9 top_k=20 seed=1", generated from the declaration's sampler rows
+# (specfleet/settings.py sampler_label_sql, Sampler.label() in Python): every sampler key that is not
+# its default, so that no two samplers share a label.
+sampler_label = declared.sampler_label_sql
 
 
 NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' ELSE 'unknown' END"
@@ -473,8 +468,7 @@ def server_figures(db, f: Filters) -> pd.DataFrame:
 
 # The checked keys the group label names in its own words; the others follow the declaration.
 LABELLED_KEYS = frozenset({"engine", "engine_version", "system", "target_digest", "draft_digest", "prompt_set_digest",
-                           "context_tokens", "sampler_temperature", "sampler_top_p", "sampler_top_k",
-                           "sampler_seed"})  # fmt: skip
+                           "context_tokens", *(s.name for s in declared.SAMPLER)})  # fmt: skip
 
 
 def group_label(g) -> str:

@@ -15,10 +15,10 @@ setting) and its checked keys are the declaration's. Adding a measured field to 
 this file, a numbered store migration that adds its column, the schema version and the page that
 shows it: ingest and export follow `RunRecord.columns()`.
 
-The record's schema version moves with every field (`FIELDS_SINCE`). A record of an older
-version is read with the fields it predates unknown (None, never a guessed value); a record of a
-newer version is refused with `NewerSchema`, which the coordinator answers so that the agent
-holds it until the coordinator is upgraded.
+The record's schema version moves with every field (the history below, `FIELDS_SINCE`). A record
+of an older version is read with the fields it predates unknown (None, never a guessed value); a
+record of a newer version is refused with `NewerSchema`, which the coordinator answers so that the
+agent holds it until the coordinator is upgraded.
 """
 
 from __future__ import annotations
@@ -29,39 +29,70 @@ import json
 import re
 from typing import Annotated, Any, get_type_hints
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from specfleet import settings as declared
-from specfleet.schemas import Bool, Float, Int, Settings, SettingsField, Sha256, Str, between, model, one_of, text
+from specfleet.schemas import (
+    Bool,
+    Float,
+    Int,
+    Settings,
+    SettingsField,
+    Sha256,
+    Str,
+    between,
+    model,
+    one_of,
+    refuse,
+    setting_type,
+    text,
+)
 
-# Fields added after the first record schema: name -> the schema that added it. A record of an
-# older schema has none of them (each is unknown: None); settings carry their own `since`.
-FIELDS_SINCE = {
+# Record schema history (as pyperf writes its format history): what each version added.
+#
+# 1 - the first record
+# 2 - the system under test: system, server_version, server_command, server_decode_tokens_per_second,
+#     server_prefill_seconds, timings_disagree, drafter_warm, interleaving (migration 003); the
+#     accelerator: backend, energy_source, energy_joules, joules_per_token (005); power_mode (007)
+# 3 - settings: the declared settings, one column each (008)
+# 4 - divergence, divergence_position, divergence_token, divergence_reference_token, divergence_margin,
+#     divergence_threshold, drafter_warning, text_sample (011); settings.kv_cache_type (009),
+#     settings.server_state, server_requests, warmup_converged, spec_draft_n_min, prompt_format,
+#     system_prompt, reasoning (012)
+# 5 - settings.memory_gb (014)
+# Later versions are the declaration's: a row of specfleet/settings.py carries the version that added
+# it (`since`) and moves SCHEMA_VERSION by itself; docs/sweeps.md lists every version's fields.
+#
+# The one table of it: a field's path ("power_mode", "settings.threads", "sampler.top_p") -> the
+# version that added it; a field not named is the first version's.
+_OWN_FIELDS_SINCE = {
     **dict.fromkeys(
         ("system", "server_version", "server_command", "server_decode_tokens_per_second", "server_prefill_seconds",
          "timings_disagree", "drafter_warm", "interleaving", "backend", "energy_source", "energy_joules",
          "joules_per_token", "power_mode"),
         2,
     ),
-    "settings": min(s.since for s in declared.CARRIED),
     **dict.fromkeys(
         ("divergence", "divergence_position", "divergence_token", "divergence_reference_token", "divergence_margin",
          "divergence_threshold", "drafter_warning", "text_sample"),
         4,
     ),
 }  # fmt: skip
-# The record's schema version: the newest field's. 1: the first record; 2: systems under test
-# (migration 003), the accelerator (005), power mode (007); 3: the declared settings (008); a
-# setting declared later carries its own `since` (specfleet/settings.py), which moves it.
-SCHEMA_VERSION = max(*FIELDS_SINCE.values(), *(s.since for s in declared.DECLARED))
+FIELDS_SINCE = {
+    **_OWN_FIELDS_SINCE,
+    "settings": min(s.since for s in declared.CARRIED),
+    **{f"settings.{s.name}": s.since for s in declared.CARRIED},
+    **{f"{s.part}.{s.key}": s.since for s in declared.DECLARED if s.part and s.since > 1},
+}
+SCHEMA_VERSION = max(FIELDS_SINCE.values())
+# The record's parts whose later fields an older record reads as unknown (None).
+_PARTS = ("settings", *dict.fromkeys(s.part for s in declared.DECLARED if s.part))
 
 
 # In-process engines run our decode loops; "llama-server" runs llama.cpp's own server as a
 # subprocess, "openai" any OpenAI-compatible server (MTPLX, OptiQ, oMLX, mlx_lm.server, ...):
 # the systems people actually run, measured as a streaming client.
-ENGINES = ("mlx", "llama.cpp", "llama-server", "openai")
-IN_PROCESS_ENGINES = ("mlx", "llama.cpp")
-SERVER_ENGINES = ("llama-server", "openai")
+ENGINES, IN_PROCESS_ENGINES, SERVER_ENGINES = declared.ENGINES, declared.IN_PROCESS, declared.SERVERS
 # Methods whose decode loop is ours, so every round is accounted for. ngram-mod and
 # ngram-map-k4v are llama.cpp's n-gram drafters (common/ngram-mod.cpp, common/ngram-map.cpp)
 # run in our loops.
@@ -172,7 +203,9 @@ def architecture_family(name: str) -> str:
 
 
 class InvalidRecord(ValueError):
-    """A record or spec that fails validation; the message names every faulty field."""
+    """A record or spec that fails validation; the message names every faulty field (`problems`)."""
+
+    problems: list[str] = []
 
 
 class NewerSchema(InvalidRecord):
@@ -197,22 +230,35 @@ ModelText = Annotated[Str, text(0, MAX_ID_CHARS * 2)]
 Listed = Field(max_length=MAX_LIST)  # a list field's length: at most MAX_LIST items
 
 
+def _known_method(method: str) -> str:
+    if method != VERIFY_COST and not any(is_method(engine, method) for engine in ENGINES):
+        refuse("choice", f" {method[:80]!r} is unknown to every engine (known: {', '.join(_ALL_METHODS)})")
+    return method
+
+
+_ALL_METHODS = tuple(dict.fromkeys(m for methods in ENGINE_METHODS.values() for m in methods))
+Method = Annotated[Str, AfterValidator(_known_method)]
+
+
 # ---------------------------------------------------------------- parts
 
 
-@model(InvalidRecord, "sampler")
-class Sampler:
-    temperature: Float = 0.0  # 0 means greedy
-    top_p: Float = 1.0
-    top_k: Int = 0  # 0 means no top-k truncation
-    seed: Int = 0
+def _sampler_class():
+    """Sampler, generated from the declaration's sampler rows (specfleet/settings.py SAMPLER): one
+    field each, its bounds pydantic's; a field added after the first schema may be None (unknown,
+    in an older record)."""
+    namespace = {
+        "__doc__": "The sampler a run used (specfleet/settings.py SAMPLER). greedy: temperature 0.",
+        "__module__": __name__,
+        "__annotations__": {s.key: setting_type(s, optional=s.since > 1) for s in declared.SAMPLER},
+        **{s.key: s.default for s in declared.SAMPLER},
+        "greedy": property(lambda self: self.temperature == 0.0),
+        "label": declared.sampler_label,
+    }
+    return model(InvalidRecord, "sampler")(type("Sampler", (), namespace))
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
-    def label(self) -> str:
-        return "greedy" if self.greedy else f"T={self.temperature:g} top_p={self.top_p:g} top_k={self.top_k}"
+Sampler = _sampler_class()
 
 
 @model(InvalidRecord, "model identity")
@@ -253,10 +299,90 @@ class Environment:
     swap_used_bytes: Int | None = None
 
 
+def _model_paths(r: RunRecord) -> str:
+    return "; ".join(
+        f"{role}.reference {m.reference[:80]!r} is a path: a model is named by its file name"
+        for role in ("target", "draft")
+        if "/" in (m := getattr(r, role)).reference and m.source != "huggingface"
+    )
+
+
+def _method_of_engine(r: RunRecord) -> str:
+    if r.method != VERIFY_COST and not is_method(r.engine, r.method):
+        return f"method {r.method!r} is unknown to engine {r.engine!r}"
+    if r.method != VERIFY_COST and is_speculative(r.method):
+        if not least_depth(r.engine, r.method) <= r.depth <= MAX_DEPTH:
+            return f"depth = {r.depth!r} is not in [{least_depth(r.engine, r.method)}, {MAX_DEPTH}]"
+    elif r.depth != 0:
+        return f"depth of {r.method} must be 0, got {r.depth!r}"
+    return ""
+
+
+def _system_of_engine(r: RunRecord) -> str:
+    if r.engine in IN_PROCESS_ENGINES and r.system != "specfleet":
+        return f"system of an in-process {r.engine} run is 'specfleet', got {r.system!r}"
+    if r.engine == "llama-server" and r.system != "llama-server":
+        return f"system of a llama-server run is 'llama-server', got {r.system!r}"
+    return ""
+
+
+# The rules between a record's fields, each judged on the fields it reads when they are sound
+# (their own types and bounds are their annotations): a problem, or "".
+RULES = (
+    _model_paths,
+    lambda r: "" if r.target.reference else "target.reference is required",
+    lambda r: (
+        "energy_joules and energy_source go together: both set or neither"
+        if (r.energy_joules is None) != (r.energy_source == "")
+        else ""
+    ),
+    _method_of_engine,
+    lambda r: (
+        f"prompt_category {r.prompt_category!r} is not one of {', '.join(PROMPT_CATEGORIES)}"
+        if r.prompt_category not in PROMPT_CATEGORIES and r.method != VERIFY_COST
+        else ""
+    ),
+    lambda r: (
+        f"tokens_accepted ({r.tokens_accepted}) exceeds tokens_drafted ({r.tokens_drafted})"
+        if r.tokens_accepted > r.tokens_drafted
+        else ""
+    ),
+    lambda r: (
+        "drafted_by_position and acceptance_by_position differ in length"
+        if r.drafted_by_position and len(r.drafted_by_position) != len(r.acceptance_by_position)
+        else ""
+    ),
+    lambda r: (
+        "acceptance_by_position holds a share outside [0, 1]"
+        if any(not 0 <= a <= 1 for a in r.acceptance_by_position)
+        else ""
+    ),
+    lambda r: (
+        "a verify-cost run needs verify_cost_seconds" if r.method == VERIFY_COST and not r.verify_cost_seconds else ""
+    ),
+    lambda r: (
+        f"verify_cost_seconds belongs to verify-cost runs, not {r.method}"
+        if r.method != VERIFY_COST and r.verify_cost_seconds
+        else ""
+    ),
+    lambda r: (
+        "a run that diverged at a near-tie has lossless None (neither lossless nor a defect)"
+        if r.divergence == "near-tie" and r.lossless is not None
+        else ""
+    ),
+    lambda r: (
+        "a run whose divergence is a defect has lossless false"
+        if r.divergence == "defect" and r.lossless is not False
+        else ""
+    ),
+    _system_of_engine,
+)
+
+
 # ---------------------------------------------------------------- the run record
 
 
-@model(InvalidRecord, "invalid run record", lambda record: _rules(record))
+@model(InvalidRecord, "invalid run record", RULES)
 class RunRecord:
     """One measured generation (one arm, prompt and repeat of a job), or one verify-cost curve.
     Its constructor checks every field's type and bounds (the annotations: specfleet/schemas.py)
@@ -265,9 +391,9 @@ class RunRecord:
     run_id: Id
     job_id: Id
     attempt: Tokens
-    engine: Annotated[Str, one_of(ENGINES)]
+    engine: setting_type(declared.BY_NAME["engine"], optional=False)
     engine_version: Text  # every library version of the engine, "k=v k=v", sorted
-    method: Str
+    method: Method  # known to some engine; `_rules`: known to this one
     depth: Int  # draft depth K; 0 for baseline and verify-cost
     target: ModelIdentity
     sampler: Sampler
@@ -384,7 +510,14 @@ class RunRecord:
         unknown, missing or mistyped field, NewerSchema for a record of a newer schema."""
         if not isinstance(data, dict):
             raise InvalidRecord("record: must be a mapping")
-        return cls(**_upgrade(data, _schema_of(data)))
+        upgraded, problems = _upgrade(data, _schema_of(data))
+        try:
+            record = cls(**upgraded)
+        except InvalidRecord as e:
+            problems += e.problems or [str(e)]
+        if problems:
+            raise InvalidRecord("invalid run record: " + "; ".join(problems))
+        return record
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunRecord:
@@ -460,66 +593,29 @@ def _schema_of(data: dict[str, Any]) -> int:
     return schema
 
 
-def _upgrade(data: dict[str, Any], schema: int) -> dict[str, Any]:
-    """A record of an older schema in the current one's shape: the fields it predates unknown."""
+def _upgrade(data: dict[str, Any], schema: int) -> tuple[dict[str, Any], list[str]]:
+    """A record of an older schema in the current one's shape, the fields it predates unknown
+    (FIELDS_SINCE), and a problem for each such field it holds all the same."""
     if schema == SCHEMA_VERSION:
-        return data
+        return data, []
 
     def known(value) -> bool:
         return value is not None and (not isinstance(value, dict) or any(v is not None for v in value.values()))
 
-    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
-    later = [name for name, since in FIELDS_SINCE.items() if since > schema and known(data.get(name))]
-    later += [f"settings.{s.name}" for s in declared.CARRIED if s.since > schema and settings.get(s.name) is not None]
-    if later:
-        raise InvalidRecord(f"{later[0]}: unknown field in a schema {schema} record")
-    unknown = {s.name: None for s in declared.CARRIED if s.since > schema}
-    return dict(data, schema=SCHEMA_VERSION, settings={**settings, **unknown})
-
-
-def _rules(r: RunRecord) -> list[str]:
-    """The rules between fields of a record whose fields are each sound (their types and bounds
-    are its annotations): every one broken."""
+    parts = {part: dict(data[part]) for part in _PARTS if isinstance(data.get(part), dict)}
+    parts.setdefault("settings", {})
     problems = []
-    for role in ("target", "draft"):
-        m = getattr(r, role)
-        if "/" in m.reference and m.source != "huggingface":
-            problems.append(f"{role}.reference {m.reference[:80]!r} is a path: a model is named by its file name")
-    if not r.target.reference:
-        problems.append("target.reference is required")
-    if (r.energy_joules is None) != (r.energy_source == ""):
-        problems.append("energy_joules and energy_source go together: both set or neither")
-    if r.method != VERIFY_COST and not is_method(r.engine, r.method):
-        problems.append(f"method {r.method!r} is unknown to engine {r.engine!r}")
-    elif is_speculative(r.method):
-        if not least_depth(r.engine, r.method) <= r.depth <= MAX_DEPTH:
-            problems.append(f"depth = {r.depth!r} is not in [{least_depth(r.engine, r.method)}, {MAX_DEPTH}]")
-    elif r.depth != 0:
-        problems.append(f"depth of {r.method} must be 0, got {r.depth!r}")
-    if r.prompt_category not in PROMPT_CATEGORIES and r.method != VERIFY_COST:
-        problems.append(f"prompt_category {r.prompt_category!r} is not one of {', '.join(PROMPT_CATEGORIES)}")
-    s = r.sampler
-    if not (0 <= s.temperature <= 10 and 0 < s.top_p <= 1 and 0 <= s.top_k <= 1_000_000 and 0 <= s.seed < 2**32):
-        problems.append(f"sampler {s} out of range (temperature 0-10, top_p (0, 1], top_k >= 0, seed 32-bit)")
-    if r.tokens_accepted > r.tokens_drafted:
-        problems.append(f"tokens_accepted ({r.tokens_accepted}) exceeds tokens_drafted ({r.tokens_drafted})")
-    if r.drafted_by_position and len(r.drafted_by_position) != len(r.acceptance_by_position):
-        problems.append("drafted_by_position and acceptance_by_position differ in length")
-    if any(not 0 <= a <= 1 for a in r.acceptance_by_position):
-        problems.append("acceptance_by_position holds a share outside [0, 1]")
-    if r.method == VERIFY_COST and not r.verify_cost_seconds:
-        problems.append("a verify-cost run needs verify_cost_seconds")
-    if r.method != VERIFY_COST and r.verify_cost_seconds:
-        problems.append(f"verify_cost_seconds belongs to verify-cost runs, not {r.method}")
-    if r.divergence == "near-tie" and r.lossless is not None:
-        problems.append("a run that diverged at a near-tie has lossless None (neither lossless nor a defect)")
-    if r.divergence == "defect" and r.lossless is not False:
-        problems.append("a run whose divergence is a defect has lossless false")
-    if r.engine in IN_PROCESS_ENGINES and r.system != "specfleet":
-        problems.append(f"system of an in-process {r.engine} run is 'specfleet', got {r.system!r}")
-    if r.engine == "llama-server" and r.system != "llama-server":
-        problems.append(f"system of a llama-server run is 'llama-server', got {r.system!r}")
-    return problems
+    for path, since in FIELDS_SINCE.items():
+        if since <= schema:
+            continue
+        part, _, key = path.rpartition(".")
+        if part and part in parts:
+            if parts[part].get(key) is not None:
+                problems.append(f"{path}: unknown field in a schema {schema} record")
+            parts[part][key] = None
+        elif not part and known(data.get(path)):
+            problems.append(f"{path}: unknown field in a schema {schema} record")
+    return dict(data, schema=SCHEMA_VERSION, **parts), problems
 
 
 # ---------------------------------------------------------------- the job spec
@@ -565,6 +661,9 @@ class VerifyCost:
     repeats: Int = 5
 
 
+_JOB = {s.name: s for s in declared.JOB_FIELDS}
+
+
 @model(InvalidRecord, "job spec")
 class JobSpec:
     """One cell of a sweep, as the coordinator hands it to an agent: what the worker runs.
@@ -588,25 +687,28 @@ class JobSpec:
     settings: SettingsField = Settings()
     verify_cost: VerifyCost | None = None
     server: ServerSpec | None = None  # server engines only
-    max_new_tokens: Int = 128
-    warmup_cap: Int = 10  # warm-up runs per arm and prompt until two agree within 5%
-    repeats: Int = 3
-    deadline_seconds: Float = 3600.0
-    cooldown_seconds: Float = 0.0
+    # The job's own parameters (specfleet/settings.py JOB_FIELDS): their defaults the declaration's.
+    max_new_tokens: Int = _JOB["max_new_tokens"].default
+    warmup: Int = _JOB["warmup"].default  # warm-up runs per arm and prompt, at most, until two agree within 5%
+    repeats: Int = _JOB["repeats"].default
+    deadline_seconds: Float = _JOB["deadline_seconds"].default
+    cooldown_seconds: Float = _JOB["cooldown_seconds"].default
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        """The spec from its JSON (older specs' top-level drafter parameters read into `settings`);
-        InvalidRecord naming every faulty field."""
+        """The spec from its JSON (older specs' top-level drafter parameters read into `settings`,
+        their `warmup_cap` as `warmup`); InvalidRecord naming every faulty field."""
         try:
             data = json.loads(text)
         except ValueError as e:
             raise InvalidRecord(f"job spec is not JSON: {e}") from None
         if not isinstance(data, dict):
             raise InvalidRecord("job spec: must be a mapping")
+        if "warmup_cap" in data and "warmup" not in data:  # specs written before the field took the sweep's name
+            data["warmup"] = data.pop("warmup_cap")
         legacy = {new: data.pop(old) for old, new in _SPEC_KEYS_BEFORE_SETTINGS.items() if old in data}
         if legacy:
             data["settings"] = {**legacy, **(data.get("settings") or {})}

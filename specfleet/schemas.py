@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Annotated, Any
+import re
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, get_type_hints
 
 import pydantic
-from pydantic import AfterValidator, ConfigDict, Strict, ValidationError, WrapValidator
+from pydantic import AfterValidator, ConfigDict, Field, Strict, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
 from specfleet import settings as declared
@@ -36,7 +37,7 @@ STRICT = {int: Int, float: Float, str: Str, bool: Bool}
 MAX_SHOWN = 80  # characters of a faulty value quoted in a problem
 
 
-def _refuse(kind: str, message: str):
+def refuse(kind: str, message: str):
     # No context: the message is final, whatever braces the value holds.
     raise PydanticCustomError(kind, message)
 
@@ -51,7 +52,7 @@ def between(lo: float, hi: float) -> AfterValidator:
 
     def check(value):
         if not lo <= value <= hi:
-            _refuse("range", f" = {_shown(value)} is not in [{lo}, {hi}]")
+            refuse("range", f" = {_shown(value)} is not in [{lo}, {hi}]")
         return value
 
     return AfterValidator(check)
@@ -61,21 +62,11 @@ def _number(x) -> str:
     return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else str(x)
 
 
-def within(lo: float | None, hi: float | None) -> WrapValidator:
-    """A number in [lo, hi] (either end may be open), worded as the sweep file words it:
-    `<field>: must be between lo and hi, got v`."""
-    if lo is not None and hi is not None:
-        span = f"between {_number(lo)} and {_number(hi)}"
-    else:
-        span = f"at least {_number(lo)}" if lo is not None else f"at most {_number(hi)}"
-
-    def check(given, read):
-        value = read(given)
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            _refuse("range", f": must be {span}, got {_shown(given)}")  # as the file wrote it: -1, not -1.0
-        return value
-
-    return WrapValidator(check)
+def bounded(tp, lo: float | None, hi: float | None):
+    """`tp` in [lo, hi] by pydantic's own bounds (either end may be open): `<field>: must be at
+    least lo, got v`."""
+    bounds = {k: v for k, v in (("ge", lo), ("le", hi)) if v is not None}
+    return Annotated[tp, Field(**bounds)] if bounds else tp
 
 
 def text(lo: int, hi: int) -> AfterValidator:
@@ -83,7 +74,7 @@ def text(lo: int, hi: int) -> AfterValidator:
 
     def check(value: str):
         if not lo <= len(value) <= hi:
-            _refuse("text_length", f" must be {lo}-{hi} characters, got {len(value)}")
+            refuse("text_length", f" must be {lo}-{hi} characters, got {len(value)}")
         return value
 
     return AfterValidator(check)
@@ -95,7 +86,7 @@ def one_of(choices: tuple[str, ...]) -> AfterValidator:
 
     def check(value):
         if value not in allowed:
-            _refuse("choice", f" {_shown(value)} is not one of {', '.join(map(repr, choices))}")
+            refuse("choice", f" {_shown(value)} is not one of {', '.join(map(repr, choices))}")
         return value
 
     return AfterValidator(check)
@@ -104,7 +95,7 @@ def one_of(choices: tuple[str, ...]) -> AfterValidator:
 def sha256(value: str) -> str:
     """Empty, or 64 lowercase hex digits."""
     if value and (len(value) != 64 or value.strip("0123456789abcdef")):
-        _refuse("sha256", f" {_shown(value[:MAX_SHOWN])} is not 64 lowercase hex digits")
+        refuse("sha256", f" {_shown(value[:MAX_SHOWN])} is not 64 lowercase hex digits")
     return value
 
 
@@ -114,28 +105,24 @@ Sha256 = Annotated[str, Strict(), AfterValidator(sha256)]
 # ---------------------------------------------------------------- the declared settings
 
 
-def setting_type(s: declared.Setting):
-    """The annotation of a declared setting's value (None allowed: unknown or not applicable),
-    worded as the sweep file words it: `<field>: must be between lo and hi, got v`."""
-    checks = []
-    if s.lo is not None or s.hi is not None:
-        checks.append(within(s.lo, s.hi))
-    if s.choices:
+def setting_type(s: declared.Setting, optional: bool = True):
+    """The annotation of a declared setting's value, generated from its row: its strict type, its
+    choices as a Literal, its bounds as pydantic's own (`bounded`); None allowed when `optional`
+    (unknown or not applicable)."""
+    tp = bounded(Literal[s.choices] if s.choices else STRICT[s.type], s.lo, s.hi)
+    return tp | None if optional else tp
 
-        def chosen(value, choices=s.choices):
-            if value not in choices:
-                _refuse("choice", f": must be one of {', '.join(choices)}, got {_shown(value)}")
-            return value
 
-        checks.append(AfterValidator(chosen))
-    return (Annotated[STRICT[s.type], *checks] if checks else STRICT[s.type]) | None
+def fields_of(rows, optional=lambda s: True) -> dict[str, tuple[Any, Any]]:
+    """pydantic fields (name -> (annotation, default)) of declared rows, each named by its `key`."""
+    return {s.key: (setting_type(s, optional(s)), s.default) for s in rows}
 
 
 # The settings' fields, generated from the declaration: the carried settings with their defaults.
 _SettingsFields = pydantic.create_model(
     "Settings",
     __config__=CONFIG,
-    **{s.name: (setting_type(s), s.default) for s in declared.CARRIED},
+    **fields_of(declared.CARRIED),
 )
 
 
@@ -159,6 +146,7 @@ SettingsField = Annotated[Settings, pydantic.GetPydanticSchema(_settings_schema)
 _SETTINGS = pydantic.TypeAdapter(SettingsField)
 # Each declared setting's annotation, made once (the sweep file checks every value against it).
 SETTING_TYPES = {s.name: setting_type(s) for s in declared.DECLARED}
+SETTING_ADAPTERS = {name: pydantic.TypeAdapter(tp, config=CONFIG) for name, tp in SETTING_TYPES.items()}
 
 
 def settings_problems(value, where: str = "settings") -> list[str]:
@@ -169,6 +157,15 @@ def settings_problems(value, where: str = "settings") -> list[str]:
     except ValidationError as e:
         return problems(e, f"{where}." if where else "")
     return []
+
+
+def setting_problem(s: declared.Setting, value) -> str:
+    """Why `value` is not a value of setting `s` ("" when it is), as `why` words it."""
+    try:
+        SETTING_ADAPTERS[s.name].validate_python(value)
+    except ValidationError as e:
+        return why(e.errors(include_url=False)[0]).removeprefix(": ")
+    return ""
 
 
 # ---------------------------------------------------------------- problems, in the fleet's words
@@ -212,6 +209,13 @@ def why(error: dict) -> str:
         return ": unknown field"
     if kind in _MUST_BE:
         return f": must be {_MUST_BE[kind]}, got {_shown(value)}"
+    if kind == "greater_than_equal":
+        return f": must be at least {_number(ctx['ge'])}, got {_shown(value)}"
+    if kind == "less_than_equal":
+        return f": must be at most {_number(ctx['le'])}, got {_shown(value)}"
+    if kind == "literal_error":
+        choices = ", ".join(re.findall(r"'([^']*)'", ctx["expected"]))
+        return f": must be one of {choices}, got {_shown(value)}"
     if kind == "finite_number":
         return f": must be finite, got {value!r}"
     if kind == "too_long":
@@ -233,10 +237,76 @@ def problems(error: ValidationError, prefix: str = "", fields: tuple[str, ...] =
     return [problem(e, prefix, fields) for e in error.errors(include_url=False)]
 
 
-def model(error: type[ValueError], what: str, rules: Callable[[Any], list[str]] | None = None):
+class _Faulty(Exception):
+    """A rule read a field that failed its own check: the rule cannot be judged."""
+
+
+class _Sound:
+    """The fields of a construction that passed their own checks, read as attributes; reading a
+    faulty one raises _Faulty."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str):
+        raise _Faulty(name)
+
+
+@functools.cache
+def _field_adapter(cls, name: str) -> pydantic.TypeAdapter:
+    tp = get_type_hints(cls, include_extras=True)[name]
+    try:
+        return pydantic.TypeAdapter(tp, config=CONFIG)
+    except pydantic.PydanticUserError:  # a part with its own config (a nested model)
+        return pydantic.TypeAdapter(tp)
+
+
+def _sound_fields(cls, names: tuple[str, ...], args, kwargs, faulty: set[str]) -> _Sound:
+    """What a failed construction's sound fields hold (each read by its own annotation), its
+    defaults for those not given: the rules between fields judge what they can of it."""
+    given = {**dict(zip(names, args)), **kwargs}
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in faulty:
+            continue
+        if f.name in given:
+            try:
+                values[f.name] = _field_adapter(cls, f.name).validate_python(given[f.name])
+            except ValidationError:
+                continue
+        elif f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[f.name] = f.default_factory()
+    return _Sound(values)
+
+
+def broken_rules(rules: Sequence[Callable[[Any], str]], record) -> list[str]:
+    """What each rule between fields finds wrong ("" or None: nothing), leaving out the rules that
+    read a faulty field."""
+    out = []
+    for rule in rules:
+        try:
+            problem = rule(record)
+        except _Faulty:
+            continue
+        if problem:
+            out.append(problem)
+    return out
+
+
+def _refusal(error: type[ValueError], what: str, problems: list[str]) -> ValueError:
+    """`error("<what>: <problem>; <problem>")`, its problems kept as `problems`."""
+    refused = error(f"{what}: " + "; ".join(problems))
+    refused.problems = problems
+    return refused
+
+
+def model(error: type[ValueError], what: str, rules: Sequence[Callable[[Any], str]] = ()):
     """A class decorator: the class as a frozen pydantic dataclass (CONFIG) whose constructor
-    raises `error("<what>: <problem>; <problem>")` naming every faulty field, then every broken
-    cross-field rule (`rules(instance)`: problems, [] when none)."""
+    raises `error("<what>: <problem>; <problem>")` naming every faulty field and every broken
+    rule between fields (each rule: the instance -> a problem, or ""), in one message: a rule is
+    judged on the sound fields even when others are faulty, unless it reads a faulty one."""
 
     def decorate(cls):
         cls = pydantic.dataclasses.dataclass(cls, frozen=True, config=CONFIG)
@@ -248,10 +318,15 @@ def model(error: type[ValueError], what: str, rules: Callable[[Any], list[str]] 
             try:
                 init(self, *args, **kwargs)
             except ValidationError as e:
-                raise error(f"{what}: " + "; ".join(problems(e, "", names))) from None
-            broken = rules(self) if rules else []
+                errors = e.errors(include_url=False)
+                faulty = {where_of(err["loc"][:1], "", names) for err in errors if err["loc"]}
+                found = [problem(err, "", names) for err in errors]
+                if rules:
+                    found += broken_rules(rules, _sound_fields(cls, names, args, kwargs, faulty))
+                raise _refusal(error, what, found) from None
+            broken = broken_rules(rules, self)
             if broken:
-                raise error(f"{what}: " + "; ".join(broken))
+                raise _refusal(error, what, broken)
 
         cls.__init__ = __init__
         return cls

@@ -44,6 +44,7 @@ from urllib.parse import urlparse
 
 from specfleet import settings as declared
 from specfleet.record import MAX_DEPTH, OPENAI_METHODS, SERVER_SPEC_TYPES, Arm, ServerSpec, is_method, least_depth
+from specfleet.schemas import setting_type
 
 SERVER_KEYS = {"flags", "system", "command", "url"}
 LLAMA_SERVER_ARM_KEYS = {"spec_type", "depths", "params", "flags", "command", "server_build"}
@@ -69,18 +70,8 @@ DEPTH_FLAGS = {
     "ngram-mod": ("--spec-ngram-mod-n-max", 64),
     "ngram-cache": ("", 8),  # fixed at 8 drafted tokens in llama.cpp
 }
-# Each type's own parameters as sweep fields -> llama-server flags.
-TYPE_PARAMS = {
-    "draft-simple": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
-    "draft-mtp": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
-    "draft-eagle3": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
-    "draft-dflash": {"n_min": "--spec-draft-n-min", "p_min": "--spec-draft-p-min"},
-    "ngram-simple": {"size_n": "--spec-ngram-simple-size-n", "min_hits": "--spec-ngram-simple-min-hits"},
-    "ngram-map-k": {"size_n": "--spec-ngram-map-k-size-n", "min_hits": "--spec-ngram-map-k-min-hits"},
-    "ngram-map-k4v": {"size_n": "--spec-ngram-map-k4v-size-n", "min_hits": "--spec-ngram-map-k4v-min-hits"},
-    "ngram-mod": {"n_match": "--spec-ngram-mod-n-match", "n_min": "--spec-ngram-mod-n-min"},
-    "ngram-cache": {},
-}
+# Each type's own parameters (`params`) are rows of the declaration (specfleet/settings.py ARM_PARAMS:
+# their bounds llama.cpp's, their flags; declared.TYPE_PARAMS: type -> key -> flag).
 # Flags that name what the sweep names elsewhere, or what the agent decides.
 MODEL_FLAGS = {"-m", "--model"}
 DRAFT_FLAGS = {"-md", "--model-draft", "--spec-draft-model"}
@@ -253,14 +244,16 @@ def _llama_server_arm(c, where: str, entry: dict, models: dict[str, str]) -> lis
         return []
     flags = list(flags_of(c, f"{where}.flags", entry.get("flags")))
     params = entry.get("params") or {}
-    allowed = {k: f for t in method.split(",") for k, f in TYPE_PARAMS[t].items()}
+    types = method.split(",")
+    allowed = {s.sweep.rpartition(".")[2]: s for s in declared.ARM_PARAMS for t in types if t in s.spec_types}
     if not isinstance(params, dict):
         c.fail(f"{where}.params", "must be a mapping of the type's parameters")
         params = {}
     c.unknown_keys(f"{where}.params.", params, set(allowed))
     for key, value in params.items():
-        if key in allowed and c.number(f"{where}.params.{key}", value, 0, 1_000_000) is not None:
-            flags += [allowed[key], str(value)]
+        row = allowed.get(key)
+        if row and c.valid(f"{where}.params.{key}", setting_type(row, optional=False), value) is not None:
+            flags += [row.server_flags[0], str(value)]
     if "draft-simple" in method.split(",") and not models.get("draft"):
         c.fail(f"{where}.spec_type", "draft-simple needs models.llama-server.draft")
     least = least_depth("llama-server", method)  # draft types: n_max 0 loads the drafter, an arm of its own
@@ -385,7 +378,7 @@ def notes(engine: str, arms: list[Arm]) -> list[str]:
 
 def _free(flags: tuple[str, ...]) -> tuple[str, ...]:
     """Flags other than the spec types' own parameters."""
-    spec = {f for params in TYPE_PARAMS.values() for f in params.values()}
+    spec = {f for params in declared.TYPE_PARAMS.values() for f in params.values()}
     out, skip = [], False
     for word in flags:
         if skip:

@@ -25,12 +25,13 @@ declared by their store column; their values stay where the record keeps them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
 # Where a setting's value comes from.
 SWEEP = "sweep"  # a sweep file field (scalar, or a list: a dimension of the matrix)
+JOB = "job"  # a sweep file field the job spec carries as its own (max_new_tokens, warmup, repeats, ...)
+ARM = "arm"  # a llama-server arm's parameter (arms[].params.<key>): a flag of the arm that names its type
 SERVER = "server"  # read from the server a run measured (its command line, its --version)
 MEASURED = "measured"  # read by the agent on the machine (backend, power mode, versions)
 RECORD = "record"  # a field of the run record itself (sampler, models, prompts, context)
@@ -48,17 +49,22 @@ KV_CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"
 # How a server arm's runs are measured (setting server_state): servers kept up and warmed alike, or a
 # server started for every measured run and warmed up after the start.
 SERVER_STATES = ("warm", "fresh")
+# llama-server's model-drafted --spec-types (specfleet/record.py SERVER_SPEC_TYPES).
+DRAFT_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash")
+_ARM = dict(recorded=False, checked=False, engines=("llama-server",), since=2, core=True)  # an arm's flag, no column
 
 
 @dataclass(frozen=True)
 class Setting:
     name: str  # the run record's and store's column; the job spec's and request's field
     type: type  # int | float | str | bool
-    source: str  # SWEEP | SERVER | MEASURED | RECORD
+    source: str  # SWEEP | JOB | ARM | SERVER | MEASURED | RECORD
     label: str  # how pages and metrics name it
     doc: str
     default: Any = None  # what a sweep that omits it gets; None: nothing set (unknown, or not applicable)
-    sweep: str = ""  # the sweep file's field, dotted ("ngram_mod.n_match"); "" when not a sweep field
+    # The sweep file's key, dotted ("ngram_mod.n_match"; "samplers[].top_p": a field of each list entry;
+    # "arms[].params.n_match": a llama-server arm's parameter); "" when not a sweep field.
+    sweep: str = ""
     lo: float | None = None
     hi: float | None = None
     choices: tuple[str, ...] = ()
@@ -71,51 +77,58 @@ class Setting:
     llama_cparams: tuple[str, ...] = ()  # llama_context_params fields it sets in-process
     llama_enum: str = ""  # the llama_cpp constant prefix its value names ("GGML_TYPE_" + "Q8_0")
     core: bool = False  # a field of the run record's own (sampler, models, ...), not carried in Settings
-    unset: Any = None  # a sweep value that leaves it to the agent (threads 0): no flag, no parameter
+    unset: Any = None  # a value that leaves it to the engine or the agent (threads 0, top_k 0): no flag, no sampler
+    part: str = ""  # the record's part it is a field of ("sampler": Sampler's field <name minus "sampler_">)
+    spec_types: tuple[str, ...] = ()  # ARM: the llama-server --spec-type values it is a parameter of
+    # SAMPLER rows, how each engine applies the value: llama.cpp's llama_sampler_init_<llama_sampler>(value,
+    # *llama_args) at place `chain` of the chain (in process); llama-server's `samplers` entry and the request's
+    # JSON key (llama-server and OpenAI-compatible servers); mlx-lm's make_sampler keyword.
+    llama_sampler: str = ""
+    llama_args: tuple = ()
+    chain: int = 0
+    server_sampler: str = ""
+    request_key: str = ""
+    mlx_sampler: str = ""
+    short: str = ""  # how a sampler label writes it ("T" of "T=0.7"); its label when ""
 
-    def check(self, value) -> str | None:
-        """Why `value` is not a valid value of this setting, or None."""
-        if value is None:
-            return None
-        if self.type is bool:
-            return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
-        if self.type in (int, float):
-            integer = self.type is int
-            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-                return f"must be {'an integer' if integer else 'a number'}, got {value!r}"
-            if (
-                not math.isfinite(value)
-                or (self.lo is not None and value < self.lo)
-                or (self.hi is not None and value > self.hi)
-            ):
-                return f"must be between {self.lo:g} and {self.hi:g}, got {value!r}"
-            return None
-        if not isinstance(value, str):
-            return f"must be a string, got {value!r}"
-        if self.choices and value not in self.choices:
-            return f"must be one of {', '.join(self.choices)}, got {value!r}"
-        return None
+    @property
+    def key(self) -> str:
+        """Its field in its record part (Sampler.top_p) or in Settings (its name)."""
+        return self.name[len(self.part) + 1 :] if self.part else self.name
 
 
 DECLARED: tuple[Setting, ...] = (
     # ---- the run record's own fields (their values stay where the record keeps them)
     Setting("target_digest", str, RECORD, "model", "The target weights' SHA-256", since=1, core=True),
     Setting("draft_digest", str, RECORD, "draft", "The draft weights' SHA-256", since=1, core=True),
-    Setting("engine", str, RECORD, "engine", "The engine that ran it", condition=True, since=1, core=True),
+    Setting("engine", str, RECORD, "engine", "The engine that ran it", choices=ENGINES, condition=True, since=1,
+            core=True),
     Setting("engine_version", str, MEASURED, "engine version", "Every library version of the engine", since=1,
             core=True),
     Setting("system", str, RECORD, "system", "The system under test: specfleet, llama-server, or a server's name",
             condition=True, since=2, core=True),
-    Setting("sampler_temperature", float, RECORD, "temperature", "Sampling temperature (0: greedy)", since=1,
-            core=True),
-    Setting("sampler_top_p", float, RECORD, "top_p", "Nucleus truncation", since=1, core=True),
-    Setting("sampler_top_k", int, RECORD, "top_k", "Top-k truncation (0: none)", since=1, core=True),
-    Setting("sampler_seed", int, RECORD, "seed", "The sweep's seed", since=1, core=True),
+    # The sampler (the record's Sampler part; a sweep's `samplers` entries), in the record's field order; each
+    # engine applies every row from here (`chain`: llama.cpp's order, top-k before top-p, temperature last).
+    Setting("sampler_temperature", float, RECORD, "temperature", "Sampling temperature (0: greedy)", default=0.0,
+            sweep="samplers[].temperature", lo=0, hi=10, since=1, core=True, part="sampler", llama_sampler="temp",
+            chain=8, server_sampler="temperature", request_key="temperature", mlx_sampler="temp", short="T"),
+    Setting("sampler_top_p", float, RECORD, "top_p", "Nucleus truncation (1: none)", default=1.0, unset=1.0,
+            sweep="samplers[].top_p", lo=0.0001, hi=1, since=1, core=True, part="sampler", llama_sampler="top_p",
+            llama_args=(1,), chain=2, server_sampler="top_p", request_key="top_p", mlx_sampler="top_p"),
+    Setting("sampler_top_k", int, RECORD, "top_k", "Top-k truncation (0: none)", default=0, unset=0,
+            sweep="samplers[].top_k", lo=0, hi=1_000_000, since=1, core=True, part="sampler", llama_sampler="top_k",
+            chain=1, server_sampler="top_k", request_key="top_k", mlx_sampler="top_k"),
+    Setting("sampler_seed", int, RECORD, "seed",
+            "The sweep's seed; a sampled run's own seed is derived from it, the repeat and the prompt", default=0,
+            sweep="samplers[].seed", lo=0, hi=2**32 - 1, since=1, core=True, part="sampler", llama_sampler="dist",
+            chain=9, request_key="seed"),
     Setting("prompt_set_digest", str, RECORD, "prompts", "SHA-256 of the prompts and context documents read",
             since=1, core=True),
-    Setting("context_tokens", int, RECORD, "context", "Tokens of documents before the prompt", condition=True,
-            since=1, core=True),
-    Setting("max_new_tokens", int, RECORD, "new tokens", "Tokens generated per run", since=1, core=True),
+    Setting("context_tokens", int, RECORD, "context",
+            "Tokens of distinct documents before the prompt (llama-bench -d); a list in a sweep: a dimension",
+            default=0, sweep="context_tokens", lo=0, hi=131072, condition=True, since=1, core=True),
+    Setting("max_new_tokens", int, JOB, "new tokens", "Tokens generated per run (end-of-generation banned)",
+            default=128, sweep="max_new_tokens", lo=1, hi=16384, since=1, core=True),
     Setting("power_mode", str, MEASURED, "power mode", "macOS energy mode or Linux platform profile", since=2,
             core=True),
     Setting("backend", str, MEASURED, "backend", "The compute backend the engine ran on (cpu, cuda, metal)",
@@ -183,6 +196,44 @@ DECLARED: tuple[Setting, ...] = (
             "settings'), an OpenAI-compatible server's baseline command without its binary, model paths, host and "
             "port; an arm's own flags are its method and depth",
             engines=SERVERS),
+    # ---- the job's own parameters (the job spec's fields; not settings of a run's record)
+    Setting("prompts", int, JOB, "prompts per set", "The first N prompts of each prompt set; unset: all",
+            sweep="prompts", lo=1, hi=10_000, recorded=False, checked=False, since=1, core=True),
+    Setting("warmup", int, JOB, "warm-up cap",
+            "Warm-up runs per arm and prompt before the measured ones, until two consecutive runs agree within 5%; "
+            "at most this many (0: none)", default=10, sweep="warmup", lo=0, hi=20, recorded=False, checked=False,
+            since=1, core=True),
+    Setting("repeats", int, JOB, "repeats",
+            "Measured runs per arm and prompt, rounded up to complete the arms' Williams design", default=3,
+            sweep="repeats", lo=1, hi=1000, recorded=False, checked=False, since=1, core=True),
+    Setting("max_attempts", int, JOB, "attempts", "Attempts of a job before it fails (a lease lost, a worker crashed)",
+            default=3, sweep="max_attempts", lo=1, hi=20, recorded=False, checked=False, since=1, core=True),
+    Setting("deadline_seconds", float, JOB, "deadline", "Seconds a job may run before the agent stops it",
+            default=3600.0, sweep="deadline_seconds", lo=10, hi=7 * 86400, recorded=False, checked=False, since=1,
+            core=True),
+    Setting("cooldown_seconds", float, JOB, "cool-down", "Rest before every measured run (thermal recovery)",
+            default=0.0, sweep="cooldown_seconds", lo=0, hi=3600, checked=False, since=1, core=True),
+    # ---- llama-server's spec-type parameters (arms[].params.<key>): flags of the arm that names the type,
+    # bounded as llama.cpp's common/arg.cpp bounds them; unset: llama.cpp's default
+    Setting("spec_draft_n_min_param", int, ARM, "draft n_min", "Shortest draft worth verifying",
+            sweep="arms[].params.n_min", lo=0, hi=1024, spec_types=DRAFT_TYPES, server_flags=("--spec-draft-n-min",),
+            **_ARM),
+    Setting("spec_draft_p_min", float, ARM, "draft p_min", "Least probability of a drafted token (greedy drafts)",
+            sweep="arms[].params.p_min", lo=0, hi=1, spec_types=DRAFT_TYPES, server_flags=("--spec-draft-p-min",),
+            **_ARM),
+    *(Setting(f"spec_{t.replace('-', '_')}_size_n", int, ARM, f"{t} size_n", "Length of the key n-gram looked up",
+              sweep="arms[].params.size_n", lo=1, hi=1024, spec_types=(t,), server_flags=(f"--spec-{t}-size-n",),
+              **_ARM) for t in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")),
+    *(Setting(f"spec_{t.replace('-', '_')}_min_hits", int, ARM, f"{t} min_hits",
+              "Times a key must have been seen before its value is proposed", sweep="arms[].params.min_hits", lo=1,
+              hi=1024, spec_types=(t,), server_flags=(f"--spec-{t}-min-hits",), **_ARM)
+      for t in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")),
+    Setting("spec_ngram_mod_n_match", int, ARM, "ngram-mod n_match", "Tokens hashed to look up the next",
+            sweep="arms[].params.n_match", lo=1, hi=1024, spec_types=("ngram-mod",),
+            server_flags=("--spec-ngram-mod-n-match",), **_ARM),
+    Setting("spec_ngram_mod_n_min", int, ARM, "ngram-mod n_min", "Shortest draft worth proposing",
+            sweep="arms[].params.n_min", lo=0, hi=1024, spec_types=("ngram-mod",),
+            server_flags=("--spec-ngram-mod-n-min",), **_ARM),
 )  # fmt: skip
 
 BY_NAME = {s.name: s for s in DECLARED}
@@ -190,10 +241,18 @@ assert len(BY_NAME) == len(DECLARED), "a setting is declared twice"
 
 # The settings that Settings carries (every declared setting that is not a field of the record's own).
 CARRIED = tuple(s for s in DECLARED if not s.core)
-SWEEP_SETTINGS = tuple(s for s in DECLARED if s.sweep)
+SWEEP_SETTINGS = tuple(s for s in CARRIED if s.sweep)  # Settings' fields a sweep sets: scalar or a dimension
+SAMPLER = tuple(s for s in DECLARED if s.part == "sampler")  # Sampler's fields, in order
+JOB_FIELDS = tuple(s for s in DECLARED if s.source == JOB)  # the job spec's own sweep fields
+ARM_PARAMS = tuple(s for s in DECLARED if s.source == ARM)
+# Each llama-server --spec-type's own parameters: sweep key -> its flag.
+TYPE_PARAMS = {
+    t: {s.sweep.rpartition(".")[2]: s.server_flags[0] for s in ARM_PARAMS if t in s.spec_types}
+    for t in dict.fromkeys(t for s in ARM_PARAMS for t in s.spec_types)
+}
 CHECKED = tuple(s.name for s in DECLARED if s.checked)
 CONDITIONS = tuple(s for s in DECLARED if s.condition)
-OWNED_SERVER_FLAGS = {flag: s for s in DECLARED for flag in s.server_flags}
+OWNED_SERVER_FLAGS = {flag: s for s in CARRIED for flag in s.server_flags}
 
 Settings = dataclasses.make_dataclass(
     "Settings",
@@ -231,6 +290,46 @@ def llama_cparams(settings) -> dict[str, tuple[Any, str]]:
             for field in s.llama_cparams:
                 out[field] = (value, s.llama_enum)
     return out
+
+
+def sampler_chain(sampler) -> list[tuple[Setting, Any]]:
+    """(row, value) of the sampler's rows that llama.cpp chains (`llama_sampler`), in `chain`
+    order, leaving out those at their `unset` value or unknown (None)."""
+    rows = sorted((s for s in SAMPLER if s.llama_sampler), key=lambda s: s.chain)
+    return [(s, v) for s in rows if (v := getattr(sampler, s.key)) is not None and v != s.unset]
+
+
+def sampler_request(sampler) -> dict[str, Any]:
+    """The sampler as a server's JSON request names it (`request_key`), unknown values left out."""
+    return {s.request_key: v for s in SAMPLER if s.request_key and (v := getattr(sampler, s.key)) is not None}
+
+
+def sampler_label(sampler) -> str:
+    """The sampler's label, "greedy" or "T=0.7 top_p=0.9": the temperature when it samples, then
+    every other sampler field set to other than its default ("greedy top_k=20"); `sampler_label_sql`
+    is the same in SQL."""
+    first, *rest = SAMPLER
+    temperature = getattr(sampler, first.key)
+    out = f"{first.short}={temperature:g}" if temperature else "greedy"
+    for s in rest:
+        value = getattr(sampler, s.key)
+        if value is not None and value != s.default:
+            out += f" {s.short or s.label}={value:g}" if s.type is float else f" {s.short or s.label}={value}"
+    return out
+
+
+def sampler_label_sql(prefix: str = "") -> str:
+    """SQL: `sampler_label` of a run's sampler columns (`prefix` qualifies them: "g.")."""
+    first, *rest = SAMPLER
+    shown = " || ".join(
+        f"CASE WHEN {c} IS NOT NULL AND {c} != {s.default!r} THEN ' {s.short or s.label}=' || "
+        + (f"printf('%g', {c})" if s.type is float else f"CAST({c} AS VARCHAR)")
+        + " ELSE '' END"
+        for s in rest
+        for c in [f"{prefix}{s.name}"]
+    )
+    t = f"{prefix}{first.name}"
+    return f"(CASE WHEN {t} != 0 THEN '{first.short}=' || printf('%g', {t}) ELSE 'greedy' END || {shown})"
 
 
 def is_missing(value) -> bool:

@@ -46,29 +46,20 @@ from specfleet.record import (
 
 ARM_METHODS = tuple(m for m in METHODS + REFERENCE_METHODS if m != "baseline")  # baseline is always an arm
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# The file's own structure, and every declared row's key (its first part: "ngram", "samplers", "arms").
 TOP_KEYS = {
     "name",
     "target",
     "models",
     "engines",
-    "samplers",
     "prompt_sets",
-    "prompts",
-    "context_tokens",
     "methods",
-    *{s.sweep.split(".")[0] for s in declared.SWEEP_SETTINGS},  # the declared settings' fields and sections
     "server",
-    "arms",
     "verify_cost",
-    "max_new_tokens",
-    "warmup",
-    "repeats",
-    "max_attempts",
-    "deadline_seconds",
-    "cooldown_seconds",
+    *{re.split(r"[.\[]", s.sweep)[0] for s in declared.DECLARED if s.sweep},
 }
 MAX_YAML_BYTES = 256 * 1024
-MAX_CONTEXT_TOKENS = 131072
+MAX_CONTEXT_TOKENS = declared.BY_NAME["context_tokens"].hi
 MAX_PROBLEM_CHARS = 300  # one problem, as reported
 MAX_MESSAGE_CHARS = 2000  # the whole message: a gRPC status travels in metadata (8 KiB at most)
 
@@ -171,7 +162,7 @@ class Sweep:
                                 verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES else None,
                                 server=server,
                                 max_new_tokens=self.max_new_tokens,
-                                warmup_cap=self.warmup,
+                                warmup=self.warmup,
                                 repeats=self.repeats,
                                 deadline_seconds=self.deadline_seconds,
                                 cooldown_seconds=self.cooldown_seconds,
@@ -227,20 +218,23 @@ class Sweep:
 @functools.cache
 def _bounded(integer: bool, lo, hi):
     """A number's annotation, made once per bounds (pydantic's adapters are cached by it)."""
-    return Annotated[schemas.Int if integer else schemas.Float, schemas.within(lo, hi)]
+    return schemas.bounded(schemas.Int if integer else schemas.Float, lo, hi)
 
 
 class _Part(BaseModel):
     model_config = schemas.CONFIG
 
 
-class SamplerFields(_Part):
-    """One entry of `samplers`."""
-
-    temperature: _bounded(False, 0, 10) = 0.0
-    top_p: _bounded(False, 0.0001, 1) = 1.0
-    top_k: _bounded(True, 0, 1_000_000) = 0
-    seed: _bounded(True, 0, 2**31 - 1) = 0
+# One entry of `samplers` and the job's own fields (max_new_tokens, warmup, repeats, ...), generated
+# from the declaration (specfleet/settings.py SAMPLER, JOB_FIELDS): their types, bounds and defaults.
+SamplerFields = pydantic.create_model(
+    "SamplerFields", __config__=schemas.CONFIG, **schemas.fields_of(declared.SAMPLER, lambda s: False)
+)
+JobFields = pydantic.create_model(
+    "JobFields",
+    __config__=schemas.CONFIG,
+    **{s.sweep: (schemas.setting_type(s, s.default is None), s.default) for s in declared.JOB_FIELDS},
+)
 
 
 class VerifyCostFields(_Part):
@@ -278,7 +272,11 @@ class ModelFields(_Part):
 
 @functools.cache
 def _adapter(annotation) -> pydantic.TypeAdapter:
-    return pydantic.TypeAdapter(annotation)
+    """An annotation's adapter under the file's config (no NaN, no infinity); a model its own."""
+    try:
+        return pydantic.TypeAdapter(annotation, config=schemas.CONFIG)
+    except pydantic.PydanticUserError:
+        return pydantic.TypeAdapter(annotation)
 
 
 def _given(mapping: dict) -> dict:
@@ -445,18 +443,12 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
     for ps in sets:
         if ps not in known_sets:
             c.fail("prompt_sets", f"unknown prompt set {ps!r} (known: {', '.join(known_sets)})")
-    prompts = None
-    if doc.get("prompts") is not None:
-        prompts = c.number("prompts", doc.get("prompts"), 1, 10_000, integer=True)
-
     contexts = doc.get("context_tokens", [0])
     if not isinstance(contexts, list) or not contexts:
         c.fail("context_tokens", "must be a non-empty list of context depths in tokens, e.g. [512, 4096]")
         contexts = []
-    contexts = [
-        c.number(f"context_tokens[{i}]", d, 0, MAX_CONTEXT_TOKENS, integer=True, default=0)
-        for i, d in enumerate(contexts)
-    ]
+    context = schemas.setting_type(declared.BY_NAME["context_tokens"], optional=False)
+    contexts = [c.valid(f"context_tokens[{i}]", context, d, 0) for i, d in enumerate(contexts)]
     if len(set(contexts)) != len(contexts):
         c.fail("context_tokens", "lists a depth twice")
 
@@ -484,6 +476,7 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
     if "arms" in doc and not serving:
         c.fail("arms", "server arms apply to engines llama-server and openai; in-process engines take methods")
 
+    job = c.valid("", JobFields, _given({k: doc[k] for k in JobFields.model_fields if k in doc}), JobFields())
     sweep = Sweep(
         name=name if isinstance(name, str) else "",
         target=target.model_dump(exclude_unset=True) if target is not None else {},
@@ -491,23 +484,11 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
         engines=engines,
         samplers=clean_samplers,
         prompt_sets=sets,
-        prompts=prompts,
         context_tokens=contexts,
         arms=arms,
         settings=settings,
         verify_cost=verify_cost,
-        max_new_tokens=c.number(
-            "max_new_tokens", doc.get("max_new_tokens"), 1, 16384, integer=True, default=JobSpec.max_new_tokens
-        ),
-        warmup=c.number("warmup", doc.get("warmup"), 0, 20, integer=True, default=JobSpec.warmup_cap),
-        repeats=c.number("repeats", doc.get("repeats"), 1, 1000, integer=True, default=JobSpec.repeats),
-        max_attempts=c.number("max_attempts", doc.get("max_attempts"), 1, 20, integer=True, default=3),
-        deadline_seconds=float(
-            c.number("deadline_seconds", doc.get("deadline_seconds"), 10, 7 * 86400, default=JobSpec.deadline_seconds)
-        ),
-        cooldown_seconds=float(
-            c.number("cooldown_seconds", doc.get("cooldown_seconds"), 0, 3600, default=JobSpec.cooldown_seconds)
-        ),
+        **job.model_dump(),
         server=server,
         server_arms=serving,
     )

@@ -77,9 +77,9 @@ def test_a_bad_sweep_file_prints_every_problem_and_stores_nothing(coord, tmp_pat
         result,
         "4 problem(s)",
         "engines: unknown engine 'vllm'",
-        "repeats: must be between 1 and 1000, got 0",
+        "repeats: must be at least 1, got 0",
         "prompt_sets: unknown prompt set 'poetry'",
-        "methods.draft[0]: must be between 1 and 64, got 99",
+        "methods.draft[0]: must be at most 64, got 99",
     )
     assert len(result.stderr.strip().splitlines()) == 5  # the summary, then one line per problem
     assert admin(coord, "sweep", "list").stdout == before

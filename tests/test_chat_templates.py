@@ -10,6 +10,7 @@ import pytest
 from agent import prompts
 from specfleet import settings as declared
 from specfleet.record import SCHEMA_VERSION
+from specfleet.schemas import setting_problem
 from specfleet.settings import Settings
 
 # SmolLM2-135M-Instruct's template (its GGUF's tokenizer.chat_template), ChatML with a default system message.
@@ -114,9 +115,9 @@ def test_settings_declare_the_prompt_format_rows():
     for s in rows.values():
         assert s.recorded and s.checked and s.since == 4 <= SCHEMA_VERSION and s.sweep == s.name  # record schema 4
         assert s.name in declared.CHECKED
-    assert rows["prompt_format"].check("chat") is None
-    assert "must be one of" in rows["prompt_format"].check("markdown")
-    assert "must be one of" in rows["reasoning"].check("maybe")
+    assert setting_problem(rows["prompt_format"], "chat") == ""
+    assert "must be one of auto, chat, raw, got 'markdown'" == setting_problem(rows["prompt_format"], "markdown")
+    assert "must be one of on, off" in setting_problem(rows["reasoning"], "maybe")
     assert dataclasses.replace(Settings(), prompt_format="raw").prompt_format == "raw"
 
 

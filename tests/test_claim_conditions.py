@@ -15,6 +15,7 @@ from scipy import stats as sps
 from dashboard import claims
 from specfleet import settings as declared
 from specfleet.record import ModelIdentity, Sampler
+from specfleet.schemas import setting_problem
 from specfleet.settings import Settings
 from specfleet.sweeps import parse_sweep
 from tests.support.claims import GOOD
@@ -127,4 +128,4 @@ def test_the_agent_records_its_machines_memory_in_gib():
     assert worker.resolved(cell, 24 * 2**30).settings.memory_gb == 24  # an M4 Pro 24 GB's hw.memsize
     assert worker.resolved(cell, int(15.6 * 2**30)).settings.memory_gb == 16  # Linux MemTotal, under the DIMMs
     assert worker.resolved(cell, None).settings.memory_gb is None  # unknown: recorded as unknown
-    assert declared.BY_NAME["memory_gb"].check(worker.resolved(cell, 2**28).settings.memory_gb) is None
+    assert setting_problem(declared.BY_NAME["memory_gb"], worker.resolved(cell, 2**28).settings.memory_gb) == ""

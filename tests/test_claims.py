@@ -697,8 +697,8 @@ def test_every_claims_sweep_warms_up_as_the_default_does(claim):
     text = claims.sweep_yaml(claim)
     assert "warmup" not in yaml.safe_load(text)  # no cap of its own (the generated sweeps' was 3)
     sweep = parse_sweep(text)
-    assert sweep.warmup == JobSpec.warmup_cap == 10
-    assert {cell.warmup_cap for cell in sweep.cells()} == {10}
+    assert sweep.warmup == JobSpec.warmup == 10
+    assert {cell.warmup for cell in sweep.cells()} == {10}
 
 
 def test_a_claim_of_a_depth_its_server_cannot_set_is_refused():

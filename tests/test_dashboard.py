@@ -362,7 +362,8 @@ def test_sampler_labels_name_every_checked_sampler_key():
         for s in samplers
     ]
     assert labels[0] == "greedy" and len(set(labels)) == len(samplers)
-    assert labels[3] == samplers[3].label() + " seed=1"  # specfleet's label, and the seed
+    assert labels[3] == "T=0.7 top_p=0.9 top_k=20 seed=1"
+    assert labels == [s.label() for s in samplers]  # one label, in SQL and in Python, from the declaration
 
 
 @pytest.mark.parametrize(

@@ -192,7 +192,7 @@ def _job(margins: Margins) -> list[RunRecord]:
         prompts=(Prompt("p1", "hello"),),
         arms=(Arm("baseline"), Arm("draft", 3)),
         max_new_tokens=4,
-        warmup_cap=2,
+        warmup=2,
         repeats=2,
     )
     runs: list[RunRecord] = []

@@ -110,7 +110,7 @@ def test_a_job_records_backend_and_energy_per_token(tiny_models):
         prompts=(Prompt("p1", "What is speculative decoding?"),),
         arms=(Arm("baseline"),),
         max_new_tokens=16,
-        warmup_cap=1,
+        warmup=1,
         repeats=1,
     )
     start = time.perf_counter()

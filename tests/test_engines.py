@@ -11,7 +11,7 @@ from agent.engines import llamacpp, make_engine
 from agent.engines.base import MAX_DEPTH, EngineError, Request, Sampler, Settings
 from agent.engines.ngram import ngram_propose
 from cli import tinymodels
-from specfleet.record import IN_PROCESS_ENGINES
+from specfleet.record import IN_PROCESS_ENGINES, InvalidRecord
 from specfleet.record import SPECULATIVE_METHODS as SPECULATIVE
 
 pytestmark = [pytest.mark.engine]
@@ -325,9 +325,21 @@ BAD_REQUESTS = [
     ({"prompt_tokens": ()}, r"prompt is empty"),
     ({"prompt_tokens": (1, 100_000)}, r"outside the vocabulary of 512: \[100000\]"),
     ({"max_new_tokens": 0}, r"max_new_tokens must be at least 1"),
-    ({"sampler": Sampler(temperature=-1.0)}, r"bad sampler"),
-    ({"sampler": Sampler(temperature=1.0, top_p=0.0)}, r"bad sampler"),
 ]
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"temperature": -1.0}, r"sampler: temperature: must be at least 0, got -1.0"),
+        ({"temperature": 1.0, "top_p": 0.0}, r"sampler: top_p: must be at least 0.0001, got 0.0"),
+    ],
+)
+def test_a_bad_sampler_never_reaches_an_engine(fields, message):
+    """The sampler's bounds are the declaration's (specfleet/settings.py SAMPLER), checked where a
+    Sampler is made: no request can hold one out of bounds, so the engines check none."""
+    with pytest.raises(InvalidRecord, match=message):
+        Sampler(**fields)
 
 
 @pytest.mark.parametrize("change,message", BAD_REQUESTS)

@@ -102,7 +102,7 @@ def spec(state: str = "warm", **overrides) -> JobSpec:
         prompts=tuple(Prompt(f"p{i}", f"prompt number {i}, a distinct one") for i in range(4)),
         arms=ARMS,
         max_new_tokens=16,
-        warmup_cap=10,
+        warmup=10,
         repeats=6,
         settings=Settings(server_state=state),
     )
@@ -165,7 +165,7 @@ def test_blocks_pairs_are_adjacent_in_time_so_drift_cancels():
     """A machine slowing 1% a request: a pair a whole block apart would read about 0.9x; adjacent
     pairs, each on a server started for it and warmed up after the start, read 1.00x."""
     engine = StatefulServers("blocks", drift=0.01, noise=0.0)
-    runs = measure(engine, spec("warm", warmup_cap=3))
+    runs = measure(engine, spec("warm", warmup=3))
     # Every measured run comes right after its own warm-up on a server started for it (served
     # counts 0, 1, 2 the warm-up, 3 the measured run), and its pair partner follows the next one.
     served = [n for _, n, _ in engine.log[2 * 3 :]]  # after the first prompt's settling warm-ups
@@ -185,13 +185,13 @@ def test_warm_servers_are_topped_up_to_the_same_count_and_unsteady_warm_up_is_fl
             return gen
 
     engine = Unsteady("rotated")
-    runs = measure(engine, spec("warm", warmup_cap=4, repeats=2))
+    runs = measure(engine, spec("warm", warmup=4, repeats=2))
     assert {r.warmup_runs for r in runs} == {4}  # the baseline's 3 topped up to ngram-mod's 4
     for base, arm in pairs(runs):
         assert base.settings.server_requests == arm.settings.server_requests
     assert {r.settings.warmup_converged for r in runs if r.method == "ngram-mod"} == {False}
     assert {r.settings.warmup_converged for r in runs if r.method == "baseline"} == {True}
-    none = measure(StatefulServers("rotated"), spec("warm", warmup_cap=0, repeats=2))
+    none = measure(StatefulServers("rotated"), spec("warm", warmup=0, repeats=2))
     assert {r.settings.warmup_converged for r in none} == {None}  # no warm-up asked: unknown
 
 
@@ -215,7 +215,7 @@ def test_real_llama_server_ngram_mod_that_cannot_draft_measures_1x(tiny_models, 
         "Numbers add up when you count them.",
     ]
     restarts = memory < 2**30 or state == "fresh"  # a server started for every run: fewer runs
-    s = spec(state, model={"target": str(tiny_models.gguf_target)}, warmup_cap=3, repeats=2 if restarts else 4,
+    s = spec(state, model={"target": str(tiny_models.gguf_target)}, warmup=3, repeats=2 if restarts else 4,
              prompts=tuple(Prompt(f"p{i}", t) for i, t in enumerate(texts[:3])))  # fmt: skip
     runs = []
     run_job(s, engine, runs.append, "job", 1, target, sample=lambda: {}, sleep=lambda _: None)

@@ -336,7 +336,7 @@ def test_a_job_in_blocks_through_the_protocol_gives_valid_records(engine, tiny_m
         arms=(Arm("baseline"), Arm("draft-mtp", 2)),
         server=ServerSpec(flags=("-c", "1024")),
         max_new_tokens=12,
-        warmup_cap=1,
+        warmup=1,
         repeats=2,
     )
     e = engine(memory_bytes=2**20, flags=spec.server.flags)

@@ -341,10 +341,10 @@ def test_default_parameters_are_lossless(engine, method):
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"method": "ngram-mod", "ngram_mod_n_match": 0}, r"ngram_mod_n_match: must be between 1 and 1024, got 0"),
-        ({"method": "ngram-mod", "ngram_mod_n_min": -1}, r"ngram_mod_n_min: must be between 0 and 1024, got -1"),
-        ({"method": "ngram-map-k4v", "ngram_map_size_n": 1025}, r"ngram_map_size_n: must be between 1 and 1024"),
-        ({"method": "ngram-map-k4v", "ngram_map_min_hits": 0}, r"ngram_map_min_hits: must be between 1 and 1024"),
+        ({"method": "ngram-mod", "ngram_mod_n_match": 0}, r"ngram_mod_n_match: must be at least 1, got 0"),
+        ({"method": "ngram-mod", "ngram_mod_n_min": -1}, r"ngram_mod_n_min: must be at least 0, got -1"),
+        ({"method": "ngram-map-k4v", "ngram_map_size_n": 1025}, r"ngram_map_size_n: must be at most 1024"),
+        ({"method": "ngram-map-k4v", "ngram_map_min_hits": 0}, r"ngram_map_min_hits: must be at least 1"),
     ],
 )
 @pytest.mark.engine

@@ -53,7 +53,7 @@ def test_warmup_per_prompt_stops_when_two_runs_agree_within_5_percent_or_at_the_
 
 
 def test_measured_runs_follow_the_williams_design_and_paired_runs_are_adjacent():
-    _, log, runs = run(spec(warmup_cap=0))
+    _, log, runs = run(spec(warmup=0))
     repeats = rounded_repeats(3, 3)
     assert repeats == 6 and len(runs) == repeats * 2 * 3
     design = williams(3)
@@ -70,7 +70,7 @@ def test_measured_runs_follow_the_williams_design_and_paired_runs_are_adjacent()
 
 
 def test_cooldown_before_every_measured_run_and_environment_around_each():
-    _, log, runs = run(spec(warmup_cap=1, arms=ARMS[:2], repeats=2, cooldown_seconds=1.5))
+    _, log, runs = run(spec(warmup=1, arms=ARMS[:2], repeats=2, cooldown_seconds=1.5))
     generates = [i for i, e in enumerate(log) if e[0] == "generate"]
     measured = generates[2:6] + generates[8:12]  # each prompt: 2 warm-up runs, then 2 repeats x 2 arms
     assert len(measured) == len(runs) == 2 * 2 * 2
@@ -79,20 +79,20 @@ def test_cooldown_before_every_measured_run_and_environment_around_each():
     assert sum(1 for e in log if e[0] == "sleep") == len(runs)  # never during warm-up
     assert runs[0].cooldown_seconds == 1.5
 
-    _, log, _ = run(spec(warmup_cap=0))
+    _, log, _ = run(spec(warmup=0))
     assert not any(e[0] == "sleep" for e in log)
 
 
 def test_runs_carry_typed_environment_readings_and_the_jobs_identity():
     battery = {"power_source": "battery", "thermal": "nominal"}
     unknown = {"thermal": "nominal"}  # no power reading at all
-    _, _, runs = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1]), samples=[battery, {}, unknown, unknown])
+    _, _, runs = run(spec(warmup=0, repeats=1, arms=ARMS[:1]), samples=[battery, {}, unknown, unknown])
     first, second = runs
     assert first.env_nominal is False and "before: on battery power" in first.env_reasons
     assert first.env_before.power_source == "battery" and first.env_after.power_source is None
     assert first.env_before.low_power_mode is None  # unavailable is None, never a guess
     assert second.env_nominal is None and second.env_reasons == ()  # unknown, not nominal
-    _, _, quiet = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1]))
+    _, _, quiet = run(spec(warmup=0, repeats=1, arms=ARMS[:1]))
     assert all(r.env_nominal is True for r in quiet)
     assert first.target == TARGET and first.engine_version == "fake=1" and first.attempt == 2
     assert first.job_id == "job-1" and first.prompt_set_digest == "cd" * 32 and first.load_seconds == 0.25
@@ -107,7 +107,7 @@ def test_sweep_cooldown_reaches_every_job_and_bad_values_are_named():
     try:
         parse_sweep(base + "cooldown_seconds: -1\n")
     except SweepError as e:
-        assert "line 5: cooldown_seconds: must be between 0 and 3600, got -1" in e.problems, e.problems
+        assert "line 5: cooldown_seconds: must be at least 0, got -1" in e.problems, e.problems
     else:
         raise AssertionError("a negative cool-down was accepted")
 
@@ -123,14 +123,14 @@ def test_context_depth_puts_distinct_documents_before_every_prompt():
     assert prompts.build(engine.tokenize, "hello", ()) == engine.tokenize("hello")
     with pytest.raises(prompts.NotEnoughText, match="context of 500 tokens was asked for"):
         prompts.context(engine.tokenize, docs, 500)
-    _, _, runs = run(spec(warmup_cap=0, repeats=1, arms=ARMS[:1], documents=docs, context_tokens=25))
+    _, _, runs = run(spec(warmup=0, repeats=1, arms=ARMS[:1], documents=docs, context_tokens=25))
     assert {r.prompt_tokens for r in runs} == {30, 31} and all(r.context_tokens == 25 for r in runs)
 
 
 def test_a_context_longer_than_the_models_own_limit_is_refused_with_the_reason():
     small = ModelIdentity(reference="t", digest="ab" * 32, context_length=12)
     with pytest.raises(ContextTooLong, match="needs 14 positions .* holds at most 12 .its own context length."):
-        run(spec(warmup_cap=0, repeats=1), target=small)
+        run(spec(warmup=0, repeats=1), target=small)
 
 
 def _rounds(drafted: int, accepted: int, count: int) -> list[Round]:
@@ -147,7 +147,7 @@ def test_runs_whose_drafted_proposals_collapse_are_flagged_with_the_causes(monke
         return gen
 
     monkeypatch.setattr(FakeEngine, "generate", with_rounds)
-    _, _, runs = run(spec(warmup_cap=0, repeats=1))
+    _, _, runs = run(spec(warmup=0, repeats=1))
     by_method = {r.method: r for r in runs}
     assert by_method["draft"].acceptance_collapsed is True
     assert by_method["draft"].acceptance_reason.startswith("0 of 20 draft proposals accepted (0.0%, below 3%)")
@@ -182,7 +182,7 @@ def test_inter_token_gaps_are_between_arrivals_and_rounds_have_their_own_latency
 
 def test_sampled_repeats_take_derived_seeds_and_are_checked_against_the_same_seed_baseline():
     sampled = Sampler(temperature=0.8, top_p=0.9, seed=11)
-    _, _, runs = run(spec(warmup_cap=0, repeats=2, arms=ARMS[:2], sampler=sampled))
+    _, _, runs = run(spec(warmup=0, repeats=2, arms=ARMS[:2], sampler=sampled))
     seeds = {(r.prompt_id, r.repeat): {x.run_seed for x in runs if (x.prompt_id, x.repeat) == (r.prompt_id, r.repeat)}
              for r in runs}  # fmt: skip
     assert all(len(s) == 1 for s in seeds.values())  # the arms of one repeat share a seed: pairs
@@ -200,12 +200,12 @@ def test_sampled_repeats_take_derived_seeds_and_are_checked_against_the_same_see
             return gen
 
     log, runs = [], []
-    run_job(spec(engine="llama.cpp", warmup_cap=0, repeats=2, sampler=sampled), SeededEngine(log, {}), runs.append,
+    run_job(spec(engine="llama.cpp", warmup=0, repeats=2, sampler=sampled), SeededEngine(log, {}), runs.append,
             job_id="job-1", attempt=1, target=TARGET, sample=lambda: {})  # fmt: skip
     by_method = {m: [r for r in runs if r.method == m] for m in ("baseline", "draft", "ngram")}
     assert all(r.lossless is True and r.lossless_check == "same-seed baseline" for r in by_method["draft"])
     assert all(r.lossless is False for r in by_method["ngram"])  # it changed the sampled output: a defect
-    greedy = run(spec(warmup_cap=0, repeats=1))[2]
+    greedy = run(spec(warmup=0, repeats=1))[2]
     assert all(r.lossless_check == "greedy reference" and r.run_seed == 0 for r in greedy)
 
 
@@ -255,7 +255,7 @@ SERVER_ARMS = (Arm("baseline"), Arm("draft-mtp", 3), Arm("ngram-mod", 64, ("--sp
 def run_server(plan: str, server_tps: float = 100.0):
     log, runs = [], []
     engine = FakeServerEngine(log, plan, server_tps)
-    s = spec(engine="llama-server", arms=SERVER_ARMS, warmup_cap=1, repeats=2)
+    s = spec(engine="llama-server", arms=SERVER_ARMS, warmup=1, repeats=2)
     run_job(s, engine, runs.append, job_id="j", attempt=1, target=TARGET, sample=lambda: {}, sleep=lambda _: None)
     return engine, log, runs
 
@@ -266,7 +266,7 @@ def test_server_arms_that_cannot_stay_up_together_still_run_pairs_back_to_back_w
     assert engine.closed == 1
     assert {r.interleaving for r in runs} == {"blocks"} and len(runs) == 3 * 2 * repeats
     # Only one server can be up, so every measured run gets a server of its own, warmed up after
-    # its start (warmup_cap 1: one warm-up run of the same arm and prompt right before it), and
+    # its start (warmup 1: one warm-up run of the same arm and prompt right before it), and
     # the arms of a prompt and repeat run back to back in their Williams order: pairs adjacent.
     generates = [e for e in log if e[0] == "generate"]
     order = [SERVER_ARMS[i].method for i in williams(3)[0]]

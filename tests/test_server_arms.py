@@ -110,7 +110,7 @@ def test_a_running_openai_server_is_one_arm():
     [
         ({"arms": [{"spec_type": "medusa"}]}, r"arms\[0\]\.spec_type: must be one of draft-simple"),
         ({"arms": [{"spec_type": "ngram-mod,ngram-mod"}]}, r"arms\[0\]\.spec_type: must be one of"),
-        ({"arms": [{"spec_type": "ngram-mod", "depths": [65]}]}, r"arms\[0\]\.depths\[0\]: must be between 1 and 64"),
+        ({"arms": [{"spec_type": "ngram-mod", "depths": [65]}]}, r"arms\[0\]\.depths\[0\]: must be at most 64, got 65"),
         ({"arms": [{"spec_type": "ngram-mod", "params": {"size_n": 3}}]}, r"arms\[0\]\.params\.size_n: unknown field"),
         ({"arms": [{"spec_type": "draft-simple"}]}, r"draft-simple needs models.llama-server.draft"),
         ({"arms": [{"spec_type": "draft-mtp", "flags": "--port 9000"}]}, r"must not hold --port"),

@@ -126,7 +126,7 @@ def test_server_jobs_records_carry_text_samples(tmp_path, tiny_models, engine_na
         arms=(Arm("baseline"),),
         server=server,
         max_new_tokens=12,
-        warmup_cap=0,
+        warmup=0,
         repeats=2,
     )
     records = []

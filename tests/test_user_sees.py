@@ -52,7 +52,7 @@ class Decoding(FakeEngine):
 
 def _interleaving(**overrides) -> list[tuple]:
     log: list = []
-    s = spec(warmup_cap=2, repeats=3, **overrides)
+    s = spec(warmup=2, repeats=3, **overrides)
     engine = Decoding(log, {})
     emit = lambda record: log.append(("emit", record.method, record.repeat))  # noqa: E731
     run_job(s, engine, emit, "job-1", 1, TARGET, sample=lambda: {}, sleep=lambda s: None)

@@ -402,6 +402,7 @@ class LlamaServerEngine:
 
     def _body(self, request: Request) -> dict:
         s = request.sampler
+        chain = sorted((row for row in declared.SAMPLER if row.server_sampler), key=lambda row: row.chain)
         body = {
             "prompt": list(request.prompt_tokens),
             "n_predict": request.max_new_tokens,
@@ -409,14 +410,15 @@ class LlamaServerEngine:
             "cache_prompt": False,
             "stream": True,
             "return_tokens": True,
-            "seed": s.seed,
-            # Only the cell's truncations, in llama.cpp's own order; min_p (0.05 by default) off.
-            "samplers": ["top_k", "top_p", "temperature"],
+            # Only the declared sampler rows, in llama.cpp's own order (min_p, 0.05 by default, off unless
+            # the cell sets it), each at the cell's value.
+            "samplers": [row.server_sampler for row in chain],
             "min_p": 0.0,
+            **declared.sampler_request(s),
         }
         if s.greedy:  # temperature 0 and the single most likely token: argmax, whatever the chain
             return {**body, "temperature": 0.0, "top_k": 1, "top_p": 1.0}
-        return {**body, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
+        return body
 
     def generate(self, request: Request) -> Generation:
         self._check(request)

@@ -344,13 +344,10 @@ class _Chain:
             ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
         if sampler.greedy:
             ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_greedy())
-        else:
-            if sampler.top_k > 0:
-                ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_top_k(sampler.top_k))
-            if sampler.top_p < 1.0:
-                ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_top_p(sampler.top_p, 1))
-            ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_temp(sampler.temperature))
-            ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_dist(sampler.seed))
+        else:  # the declared sampler rows in llama.cpp's order (top-k, top-p, ..., temperature, dist(seed))
+            for row, value in declared.sampler_chain(sampler):
+                init = getattr(ll, f"llama_sampler_init_{row.llama_sampler}")
+                ll.llama_sampler_chain_add(self.chain, init(value, *row.llama_args))
 
     def sample(self, context: _Context, row: int = -1) -> int:
         if not self.in_place:

@@ -27,6 +27,8 @@ from mlx_lm.generate import generation_stream, stream_generate, wired_limit
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from specfleet import settings as declared
+
 from .. import prompts
 from . import ENGINE_METHODS, ngram
 from .base import (
@@ -73,7 +75,9 @@ def _sample_fn(sampler: Sampler, banned: Sequence[int] = ()) -> SampleFn:
     ban = _ban(banned)
     if sampler.greedy:
         return lambda logits: mx.argmax(ban(logits), axis=-1)
-    chain = make_sampler(temp=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k)
+    chain = make_sampler(  # every declared sampler row mlx-lm takes (specfleet/settings.py SAMPLER)
+        **{s.mlx_sampler: v for s in declared.SAMPLER if s.mlx_sampler and (v := getattr(sampler, s.key)) is not None}
+    )
 
     def sample(logits: mx.array) -> mx.array:
         logits = ban(logits)

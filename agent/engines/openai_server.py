@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from specfleet import settings as declared
 from specfleet.record import MAX_DEPTH, OPENAI_METHODS, ServerSpec
 from specfleet.server_arms import recorded_flags
 
@@ -431,18 +432,23 @@ class OpenAIServerEngine:
         else:
             params = self._params(endpoint, self._prompt(endpoint, request.prompt_tokens), request.max_new_tokens)
         path = "/v1/chat/completions" if chat else "/v1/completions"
+        # The declared sampler rows by their request keys, those at their "none" value (top_k 0) left
+        # out; greedy: temperature 0 and no truncation.
+        sampling = {
+            row.request_key: v
+            for row in declared.SAMPLER
+            if row.request_key and (v := getattr(s, row.key)) is not None and (row.unset is None or v != row.unset)
+        }
+        if s.greedy:
+            sampling = {"temperature": 0.0, "top_p": 1.0, "seed": s.seed}
         body = {
             **params,
-            "temperature": s.temperature,
-            "top_p": s.top_p if not s.greedy else 1.0,
-            "seed": s.seed,
+            **sampling,
             "stream": True,
             "stream_options": {"include_usage": True},
             "ignore_eos": True,
             "cache_prompt": False,
         }
-        if s.top_k and not s.greedy:
-            body["top_k"] = s.top_k
         arrivals, pieces, usage, timings, finish = [], [], None, None, None
 
         def stream() -> None:

@@ -58,7 +58,7 @@ def spec(**overrides) -> JobSpec:
         prompts=(Prompt("p1", "hello"), Prompt("p2", "world!")),
         arms=ARMS,
         max_new_tokens=5,
-        warmup_cap=3,
+        warmup=3,
         repeats=3,
     )
     fields.update(overrides)
