@@ -35,6 +35,7 @@ from agent.engines.base import Request, Settings  # noqa: E402
 from agent.engines.llama_server import PROJECT_BUILD  # noqa: E402
 from agent.summary import summarise  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
+from cli.demo import NGRAM_MOD  # noqa: E402  (the tiny models' ngram-mod parameters, as the demo runs them)
 from cli.tinymodels import make_tiny  # noqa: E402
 
 PROMPT = (
@@ -43,7 +44,6 @@ PROMPT = (
 )
 LLAMA_BENCH = PROJECT_BUILD.with_name("llama-bench")
 WARMUP_RUNS = 2
-NGRAM_MOD = {"n_match": 4, "n_min": 1}  # the tiny model's text repeats only in short n-grams
 
 
 def tps(gen) -> float:

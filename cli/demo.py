@@ -66,6 +66,8 @@ SMALL_VERIFY_COST = {"context_tokens": [128], "max_rows": 4, "repeats": 2}
 
 # llama-server as the in-process llama.cpp engine runs: its context, flash attention, one slot.
 SERVER_FLAGS = "-c 4096 -fa on --parallel 1"
+# The tiny models' ngram-mod parameters (their text repeats only in short n-grams: the declared defaults,
+# 24 and 48, draft nothing in their outputs); bench/servers.py and bench/overhead.py import them.
 NGRAM_MOD = {"n_match": 4, "n_min": 1}
 
 
