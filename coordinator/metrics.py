@@ -32,6 +32,7 @@ from coordinator import figures, version_figures
 from coordinator.interceptors import WrappingInterceptor, stream_handler, unary_handler
 from coordinator.scheduler import Scheduler
 from coordinator.states import JobState
+from specfleet import settings as declared
 from specfleet import speedup
 from specfleet.record import CHECKED_KEYS
 
@@ -160,9 +161,10 @@ def _result_families(arm_speeds, speedups, groups, version_changes=None, outlier
         labels=["comparable", "model", "draft", "sampler", "prompt_set", *INFO_LABELS.values()],
     )
     for g in groups.to_dict("records"):
-        sampler = (
-            f"temperature={g['sampler_temperature']:g},top_p={g['sampler_top_p']:g},"
-            f"top_k={g['sampler_top_k']},seed={g['sampler_seed']}"
+        sampler = ",".join(  # every declared sampler row known (specfleet/settings.py SAMPLER)
+            f"{s.label}={declared.shown_value(s, g[s.name]) if s.type is int else format(g[s.name], 'g')}"
+            for s in declared.SAMPLER
+            if not declared.is_missing(g.get(s.name))
         )
         names = [g["comparable"], g["target_reference"], g["draft_reference"], sampler, g["prompt_set"]]
         info.add_metric(names + [_label_value(key, g[key]) for key in INFO_LABELS], 1)

@@ -130,7 +130,7 @@ SERVER_PRESETS = {
         "mtp": "optiq serve --model {model} --mtp --port {port}",
     },
 }
-SAMPLER_KEYS = ("temperature", "top_p", "top_k", "seed")
+SAMPLER_KEYS = tuple(s.key for s in declared.SAMPLER)
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,79}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 SWEEP_REPEATS = 5
@@ -360,7 +360,7 @@ def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
             fail(f"conditions.{name}", why)
     sampler = cond.get("sampler", {})
     if not isinstance(sampler, dict):
-        fail("conditions.sampler", "must be a mapping of temperature, top_p, top_k, seed")
+        fail("conditions.sampler", f"must be a mapping of {', '.join(SAMPLER_KEYS)}")
         sampler = {}
     for key, value in sampler.items():
         if key not in SAMPLER_KEYS:

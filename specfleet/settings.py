@@ -82,13 +82,14 @@ class Setting:
     spec_types: tuple[str, ...] = ()  # ARM: the llama-server --spec-type values it is a parameter of
     # SAMPLER rows, how each engine applies the value: llama.cpp's llama_sampler_init_<llama_sampler>(value,
     # *llama_args) at place `chain` of the chain (in process); llama-server's `samplers` entry and the request's
-    # JSON key (llama-server and OpenAI-compatible servers); mlx-lm's make_sampler keyword.
+    # JSON key (llama-server and OpenAI-compatible servers); the keyword of mlx-lm's make_sampler and of
+    # llama-cpp-python's Llama.generate (the reference arms).
     llama_sampler: str = ""
     llama_args: tuple = ()
     chain: int = 0
     server_sampler: str = ""
     request_key: str = ""
-    mlx_sampler: str = ""
+    keyword: str = ""
     short: str = ""  # how a sampler label writes it ("T" of "T=0.7"); its label when ""
 
     @property
@@ -111,13 +112,13 @@ DECLARED: tuple[Setting, ...] = (
     # engine applies every row from here (`chain`: llama.cpp's order, top-k before top-p, temperature last).
     Setting("sampler_temperature", float, RECORD, "temperature", "Sampling temperature (0: greedy)", default=0.0,
             sweep="samplers[].temperature", lo=0, hi=10, since=1, core=True, part="sampler", llama_sampler="temp",
-            chain=8, server_sampler="temperature", request_key="temperature", mlx_sampler="temp", short="T"),
+            chain=8, server_sampler="temperature", request_key="temperature", keyword="temp", short="T"),
     Setting("sampler_top_p", float, RECORD, "top_p", "Nucleus truncation (1: none)", default=1.0, unset=1.0,
             sweep="samplers[].top_p", lo=0.0001, hi=1, since=1, core=True, part="sampler", llama_sampler="top_p",
-            llama_args=(1,), chain=2, server_sampler="top_p", request_key="top_p", mlx_sampler="top_p"),
+            llama_args=(1,), chain=2, server_sampler="top_p", request_key="top_p", keyword="top_p"),
     Setting("sampler_top_k", int, RECORD, "top_k", "Top-k truncation (0: none)", default=0, unset=0,
             sweep="samplers[].top_k", lo=0, hi=1_000_000, since=1, core=True, part="sampler", llama_sampler="top_k",
-            chain=1, server_sampler="top_k", request_key="top_k", mlx_sampler="top_k"),
+            chain=1, server_sampler="top_k", request_key="top_k", keyword="top_k"),
     Setting("sampler_seed", int, RECORD, "seed",
             "The sweep's seed; a sampled run's own seed is derived from it, the repeat and the prompt", default=0,
             sweep="samplers[].seed", lo=0, hi=2**32 - 1, since=1, core=True, part="sampler", llama_sampler="dist",
@@ -297,6 +298,12 @@ def sampler_chain(sampler) -> list[tuple[Setting, Any]]:
     order, leaving out those at their `unset` value or unknown (None)."""
     rows = sorted((s for s in SAMPLER if s.llama_sampler), key=lambda s: s.chain)
     return [(s, v) for s in rows if (v := getattr(sampler, s.key)) is not None and v != s.unset]
+
+
+def sampler_keywords(sampler) -> dict[str, Any]:
+    """The sampler as mlx-lm's make_sampler and llama-cpp-python's Llama.generate take it (`keyword`),
+    unknown values left out."""
+    return {s.keyword: v for s in SAMPLER if s.keyword and (v := getattr(sampler, s.key)) is not None}
 
 
 def sampler_request(sampler) -> dict[str, Any]:

@@ -428,7 +428,7 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
 
     samplers = doc.get("samplers") or [{}]
     if not isinstance(samplers, list):
-        c.fail("samplers", "must be a list of {temperature, top_p, top_k, seed}")
+        c.fail("samplers", f"must be a list of {{{', '.join(s.key for s in declared.SAMPLER)}}}")
         samplers = []
     clean_samplers = [
         Sampler(**fields.model_dump())

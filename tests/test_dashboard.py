@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from specfleet import settings as declared
 from specfleet.record import Sampler
 from tests.support.dashboard import (
     APP,
@@ -353,11 +354,10 @@ def test_sampler_labels_name_every_checked_sampler_key():
         Sampler(temperature=0.7, top_p=0.9, top_k=20, seed=2),
     ]
     con = duckdb.connect()
+    columns = ", ".join(f"? AS {row.name}" for row in declared.SAMPLER)  # the record's sampler columns
     labels = [
         con.execute(
-            f"SELECT {sampler_label()} FROM (SELECT ? AS sampler_temperature, ? AS sampler_top_p,"
-            " ? AS sampler_top_k, ? AS sampler_seed)",
-            [s.temperature, s.top_p, s.top_k, s.seed],
+            f"SELECT {sampler_label()} FROM (SELECT {columns})", [getattr(s, row.key) for row in declared.SAMPLER]
         ).fetchone()[0]
         for s in samplers
     ]

@@ -22,6 +22,7 @@ from agent.engines.llama_server import (
     version_label,
 )
 from agent.summary import summarise
+from specfleet import settings as declared
 from specfleet.record import Arm, Sampler
 from tests.support.processes import FAKE_SERVER as FAKE
 from tests.support.processes import gone, needs_llama_server
@@ -146,7 +147,9 @@ def test_greedy_is_argmax_and_sampled_runs_take_the_cells_sampler(engine):
     assert greedy["ignore_eos"] and not greedy["cache_prompt"] and greedy["return_tokens"] and greedy["stream"]
     sampled = e._body(Request((1, 2), 4, sampler=Sampler(temperature=0.7, top_p=0.9, top_k=20, seed=5)))
     assert (sampled["temperature"], sampled["top_k"], sampled["top_p"], sampled["seed"]) == (0.7, 20, 0.9, 5)
-    assert sampled["samplers"] == ["top_k", "top_p", "temperature"]
+    # llama.cpp's order: the truncations, then the temperature; every declared row llama-server samples by.
+    assert sampled["samplers"][:2] == ["top_k", "top_p"] and sampled["samplers"][-1] == "temperature"
+    assert set(sampled["samplers"]) == {row.server_sampler for row in declared.SAMPLER if row.server_sampler}
 
 
 # ---------------------------------------------------------------- with the real server

@@ -734,10 +734,7 @@ class LlamaCppEngine:
         start = time.perf_counter()
         for token in llm.generate(
             list(request.prompt_tokens),
-            top_k=s.top_k,
-            top_p=s.top_p,
-            min_p=0.0,
-            temp=s.temperature,
+            **{"min_p": 0.0, **declared.sampler_keywords(s)},  # the declared sampler rows; min_p off unless set
             repeat_penalty=1.0,
             logits_processor=[ban],
         ):

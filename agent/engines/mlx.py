@@ -75,9 +75,7 @@ def _sample_fn(sampler: Sampler, banned: Sequence[int] = ()) -> SampleFn:
     ban = _ban(banned)
     if sampler.greedy:
         return lambda logits: mx.argmax(ban(logits), axis=-1)
-    chain = make_sampler(  # every declared sampler row mlx-lm takes (specfleet/settings.py SAMPLER)
-        **{s.mlx_sampler: v for s in declared.SAMPLER if s.mlx_sampler and (v := getattr(sampler, s.key)) is not None}
-    )
+    chain = make_sampler(**declared.sampler_keywords(sampler))  # every declared sampler row (settings.py SAMPLER)
 
     def sample(logits: mx.array) -> mx.array:
         logits = ban(logits)
@@ -408,7 +406,7 @@ class MlxEngine:
             self._tokenizer,
             list(request.prompt_tokens),
             max_tokens=request.max_new_tokens,
-            sampler=make_sampler(temp=s.temperature, top_p=s.top_p, top_k=s.top_k),
+            sampler=make_sampler(**declared.sampler_keywords(s)),
             logits_processors=[lambda history, logits: ban(logits)],
             **extra,
         ):
