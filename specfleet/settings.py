@@ -1,25 +1,36 @@
-"""Every setting that can change a measurement, declared once.
+"""Every setting that can change a measurement, and every key of a sweep file, declared once.
 
 A `Setting` says what a setting is (type, bounds or choices, default), where its value comes from
-(`source`: a sweep field, an arm, the server's command line, or measured by the agent), and what
-the fleet does with it: whether runs record it, whether it is a checked key (two runs pool only
-when equal on every one), whether a claim may select on it, and how pages and metrics name it.
+(`source`: a sweep field, the job's own parameter, a llama-server arm's parameter, the server's
+command line, measured by the agent, or a field of the run record), and what the fleet does with it:
+whether runs record it, whether it is a checked key (two runs pool only when equal on every one),
+whether a claim may select on it, and how pages and metrics name it.
 
 Derived from `DECLARED`, never listed again by hand:
-- the sweep parser's fields (specfleet/sweeps.py `parse_settings`): scalar or a list (a dimension
-  of the matrix), checked against the bounds and choices here;
+- the one checker: each row's pydantic annotation (specfleet/schemas.py `setting_type`: its strict
+  type, its choices a Literal, its bounds pydantic's own Field(ge, le)), used by the sweep file, the
+  job spec, the record and the engines alike;
+- the sweep file: its declared settings (`parse_settings`: a scalar or a list, a dimension of the
+  matrix), its `samplers` entries (`SamplerFields`), the job's own fields (`JobFields`: max_new_tokens,
+  warmup, repeats, ...), a llama-server arm's `params` (`ARM_PARAMS`, `TYPE_PARAMS`), and its
+  reference page docs/sweeps.md (specfleet/sweep_reference.py);
 - `Settings`, the one frozen record of a cell's settings that the job spec, the engines' request and
-  the run record carry (its fields are record and store columns of the same names);
-- the engines' knobs: a setting's llama-server flags and llama.cpp context parameters are applied by
-  the engines from this table (`server_argv`, `llama_cparams`), and free server flags that a
-  setting owns are refused in a sweep, naming the setting;
+  the run record carry (its fields are record and store columns of the same names); the record's
+  `Sampler` (`SAMPLER`); the job spec's defaults;
+- the engines' knobs: a setting's llama-server flags and llama.cpp context parameters
+  (`server_argv`, `llama_cparams`), and the sampler as each engine applies it (llama.cpp's chain
+  `sampler_chain`, a server's request `sampler_request`, mlx-lm's `sampler_keywords`); free server
+  flags that a setting owns are refused in a sweep, naming the setting;
+- the record's schema history (specfleet/record.py FIELDS_SINCE: each row's `since`);
 - `CHECKED_KEYS` (specfleet/record.py), the claims' condition keys, the `/metrics` group info
-  labels and the dashboard's group label (`describe`).
+  labels, the sampler's label (`sampler_label`, `sampler_label_sql`) and the dashboard's group label
+  (`describe`).
 
 Adding a setting: a row here (its `since` the next record schema, which moves SCHEMA_VERSION), a
-numbered store migration adding its column, and (only if it needs one) the page that draws it.
-Settings that are the run record's own fields (`core`: sampler, models, context, versions, ...) are
-declared by their store column; their values stay where the record keeps them.
+numbered store migration adding its column, docs/sweeps.md regenerated, and (only if it needs one)
+the page that draws it. Settings that are the run record's own fields (`core`: sampler, models,
+context, versions, ...) are declared by their store column; their values stay where the record
+keeps them.
 """
 
 from __future__ import annotations
