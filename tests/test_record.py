@@ -22,7 +22,7 @@ from specfleet.record import (
     differences,
 )
 from specfleet.record import FIELDS_SINCE as RECORD_FIELDS_SINCE
-from tests.support.fleet import run_record, setting_changes
+from tests.support.fleet import another_value, as_schema, run_record, setting_changes
 
 
 def full_record() -> RunRecord:
@@ -211,10 +211,7 @@ KEY_CHANGES = {
     "engine": {"engine": "llama.cpp"},
     "engine_version": {"engine_version": "mlx=0.1"},
     "system": {"system": "OptiQ"},  # from an MTPLX run: two OpenAI-compatible servers, one engine
-    "sampler_temperature": {"sampler": Sampler(temperature=0.7)},
-    "sampler_top_p": {"sampler": Sampler(top_p=0.9)},
-    "sampler_top_k": {"sampler": Sampler(top_k=40)},
-    "sampler_seed": {"sampler": Sampler(seed=1)},
+    **{s.name: {"sampler": Sampler(**{s.key: another_value(s)})} for s in declared.SAMPLER},  # every sampler row
     "prompt_set_digest": {"prompt_set_digest": "99" * 32},
     "context_tokens": {"context_tokens": 4096},
     "max_new_tokens": {"max_new_tokens": 256},
@@ -264,7 +261,7 @@ def test_a_newer_record_is_held_not_faulty():
 def test_an_older_record_reads_with_what_it_predates_unknown():
     """A schema 2 record (before the declared settings) reads with every setting None (unknown),
     never the declaration's defaults; a schema 1 record also lacks the systems and accelerator."""
-    data = {k: v for k, v in full_record().to_dict().items() if RECORD_FIELDS_SINCE.get(k, 1) <= 3}
+    data = as_schema(full_record().to_dict(), 3)
     since = {s.name: s.since for s in declared.CARRIED}
     settings3 = {k: v if since[k] <= 3 else None for k, v in data["settings"].items()}
     schema3 = RunRecord.from_dict({**data, "settings": settings3, "schema": 3})  # before divergence, text sample

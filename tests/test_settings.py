@@ -12,10 +12,10 @@ import pytest
 
 from agent import worker
 from specfleet import settings as declared
-from specfleet.record import CHECKED_KEYS, FIELDS_SINCE, SCHEMA_VERSION, JobSpec, RunRecord, Settings
+from specfleet.record import CHECKED_KEYS, SCHEMA_VERSION, JobSpec, RunRecord, Settings
 from specfleet.server_arms import recorded_flags as server_flags
 from specfleet.sweeps import SweepError, parse_sweep
-from tests.support.fleet import another_value, run_record
+from tests.support.fleet import another_value, as_schema, run_record
 
 BASE = """name: s
 engines: [llama.cpp, llama-server, mlx]
@@ -116,10 +116,7 @@ def test_in_process_llama_cpp_runs_with_the_declared_kv_cache(tiny_models):
 def test_the_record_version_moves_with_a_declared_setting():
     assert SCHEMA_VERSION >= max(s.since for s in declared.DECLARED)
     previous = SCHEMA_VERSION - 1
-    data = run_record("job-1").to_dict()
-    older = {k: v for k, v in data.items() if FIELDS_SINCE.get(k, 1) <= previous}
-    older["settings"] = {s.name: data["settings"][s.name] for s in declared.CARRIED if s.since <= previous}
-    read = RunRecord.from_dict({**older, "schema": previous})
+    read = RunRecord.from_dict(as_schema(run_record("job-1").to_dict(), previous))
     for s in declared.CARRIED:  # what the older record predates is unknown, never the default
         assert (getattr(read.settings, s.name) is None) >= (s.since > previous), s.name
     assert read.schema == SCHEMA_VERSION and dataclasses.replace(read).schema == SCHEMA_VERSION
