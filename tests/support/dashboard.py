@@ -14,8 +14,9 @@ import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet import settings as declared
 from specfleet.record import ModelIdentity, RunRecord, Sampler
-from tests.support.fleet import admin_for, enrol, run_record, setting_changes
+from tests.support.fleet import admin_for, another_value, enrol, run_record, setting_changes
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")  # AppTest.from_file
 
@@ -103,10 +104,7 @@ VARIANTS = {
     "engine": dict(engine="llama.cpp", engine_version=VERSIONS["mlx"]),
     "engine_version": dict(engine_version="mlx=0.30.0 mlx-lm=0.29.0"),
     "system": dict(engine="openai", engine_version=VERSIONS["mlx"], system="MTPLX"),
-    "sampler_temperature": dict(sampler=Sampler(temperature=0.7)),
-    "sampler_top_p": dict(sampler=Sampler(top_p=0.9)),
-    "sampler_top_k": dict(sampler=Sampler(top_k=20)),
-    "sampler_seed": dict(sampler=Sampler(seed=1)),
+    **{s.name: dict(sampler=Sampler(**{s.key: another_value(s)})) for s in declared.SAMPLER},  # every sampler row
     "prompt_set_digest": dict(prompt_set_digest=sha("code, second edition")),
     "context_tokens": dict(context_tokens=4096),
     "max_new_tokens": dict(max_new_tokens=128),
