@@ -134,6 +134,11 @@ DECLARED: tuple[Setting, ...] = (
             "The sweep's seed; a sampled run's own seed is derived from it, the repeat and the prompt", default=0,
             sweep="samplers[].seed", lo=0, hi=2**32 - 1, since=1, core=True, part="sampler", llama_sampler="dist",
             chain=9, request_key="seed"),
+    Setting("sampler_min_p", float, RECORD, "min_p",
+            "Min-p truncation: tokens less likely than min_p times the likeliest are cut (0: none; llama.cpp's "
+            "--min-p, mlx-lm's min_p)", default=0.0, unset=0.0, sweep="samplers[].min_p", lo=0, hi=1, since=6,
+            core=True, part="sampler", llama_sampler="min_p", llama_args=(1,), chain=3, server_sampler="min_p",
+            request_key="min_p", keyword="min_p"),
     Setting("prompt_set_digest", str, RECORD, "prompts", "SHA-256 of the prompts and context documents read",
             since=1, core=True),
     Setting("context_tokens", int, RECORD, "context",
