@@ -205,6 +205,22 @@ def test_draft_and_verify_truncate_alike(engine, prompts):
     assert [r.accepted for r in gen.rounds] == [r.accepted for r in greedy.rounds]
 
 
+def test_min_p_reaches_the_engines_sampler_from_the_declaration(engine, prompts):
+    """min_p, added as one row of specfleet/settings.py, reaches each engine's sampler from the
+    table: min_p 1 keeps only the likeliest token, so sampling at temperature 1 decodes as greedy
+    does, in our loop (draft and verify alike) and in the library's own (the reference arm); min_p 0
+    leaves the run sampled."""
+    greedy = engine.generate(Request(prompts[0], NEW_TOKENS, method="draft", depth=3))
+    likeliest = Sampler(temperature=1.0, min_p=1.0, seed=3)
+    gen = engine.generate(Request(prompts[0], NEW_TOKENS, method="draft", depth=3, sampler=likeliest))
+    assert gen.tokens == greedy.tokens
+    assert engine.generate(Request(prompts[0], NEW_TOKENS, method="ref-baseline", sampler=likeliest)).tokens == (
+        engine.generate(Request(prompts[0], NEW_TOKENS)).tokens
+    )
+    sampled = engine.generate(Request(prompts[0], NEW_TOKENS, sampler=Sampler(temperature=1.0, min_p=0.0, seed=3)))
+    assert sampled.tokens != engine.generate(Request(prompts[0], NEW_TOKENS)).tokens
+
+
 def test_reference_arms_are_lossless(engine, prompts):
     baseline = engine.generate(Request(prompts[0], NEW_TOKENS)).tokens
     speculative = "ref-draft" if "ref-draft" in engine.methods else "ref-ngram"

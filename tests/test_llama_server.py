@@ -150,6 +150,8 @@ def test_greedy_is_argmax_and_sampled_runs_take_the_cells_sampler(engine):
     # llama.cpp's order: the truncations, then the temperature; every declared row llama-server samples by.
     assert sampled["samplers"][:2] == ["top_k", "top_p"] and sampled["samplers"][-1] == "temperature"
     assert set(sampled["samplers"]) == {row.server_sampler for row in declared.SAMPLER if row.server_sampler}
+    assert sampled["min_p"] == 0.0  # llama-server's own default, 0.05, off unless the cell sets it
+    assert e._body(Request((1, 2), 4, sampler=Sampler(temperature=0.7, min_p=0.1)))["min_p"] == 0.1
 
 
 # ---------------------------------------------------------------- with the real server
