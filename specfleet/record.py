@@ -3,11 +3,11 @@
 One module, imported by all three, so that no package imports another for a name. A run is a
 `RunRecord`: immutable, validated in its constructor, schema-versioned (pyperf's `Run`). It and
 the job spec's parts are strict pydantic dataclasses (specfleet/schemas.py `model`): each field's
-type and bounds are its annotation, the rules between fields are `_rules`, and one InvalidRecord
+type and bounds are its annotation, the rules between fields are `RULES`, and one InvalidRecord
 names every faulty field. The worker builds it once; the spool, the protocol
 (`ReportResultRequest.record_json`), ingest, the store (one column per leaf field,
-`RunRecord.row()`) and the export carry it unchanged. A job's cell is a `JobSpec`, with every
-default in one place.
+`RunRecord.row()`) and the export carry it unchanged. A job's cell is a `JobSpec`, its defaults the
+declaration's.
 
 A setting (anything that can change a measurement) is declared in specfleet/settings.py; the
 record carries the declared settings in its `settings` part (one store column each, named as the
@@ -386,14 +386,14 @@ RULES = (
 class RunRecord:
     """One measured generation (one arm, prompt and repeat of a job), or one verify-cost curve.
     Its constructor checks every field's type and bounds (the annotations: specfleet/schemas.py)
-    and then the rules between fields (`_rules`), naming every faulty one in one InvalidRecord."""
+    and the rules between fields (`RULES`), naming every faulty one in one InvalidRecord."""
 
     run_id: Id
     job_id: Id
     attempt: Tokens
     engine: setting_type(declared.BY_NAME["engine"], optional=False)
     engine_version: Text  # every library version of the engine, "k=v k=v", sorted
-    method: Method  # known to some engine; `_rules`: known to this one
+    method: Method  # known to some engine; RULES: known to this one
     depth: Int  # draft depth K; 0 for baseline and verify-cost
     target: ModelIdentity
     sampler: Sampler

@@ -2,15 +2,18 @@
 sweep file, and the problems they name.
 
 `model(error, what, rules)` makes a frozen pydantic dataclass of a class: its constructor (and so
-`dataclasses.replace`) checks every field against its annotation and raises `error` naming every
-faulty field at once, then, when the fields are sound, the cross-field `rules`. Scalars are strict
-(an int is never a string or a bool; ints may stand for floats, as JSON writes them); lists are read
-into tuples; nested parts may be given as mappings; an unknown field is refused.
+`dataclasses.replace`) checks every field against its annotation and raises one `error` naming
+every faulty field and every broken rule between fields (`rules`: each judged on the sound fields,
+unless it reads a faulty one). Scalars are strict (an int is never a string or a bool; ints may
+stand for floats, as JSON writes them); lists are read into tuples; nested parts may be given as
+mappings; an unknown field is refused.
 
-Bounds are annotations (`between`, `within`, `text`, `one_of`, `sha256`); a declared setting's are generated
-from specfleet/settings.py (`setting_type`, `SettingsField`), so the record, the job spec and the
-sweep file check a setting as its declaration says. `problems` turns pydantic's errors into the
-fleet's wording: `<field>: must be an integer, got '2'`, `<field> = -1.0 is not in [0, 604800.0]`.
+A declared setting's annotation is generated from its row of specfleet/settings.py
+(`setting_type`: its choices a Literal, its bounds pydantic's own Field(ge, le); `SettingsField`),
+the one checker of the record, the job spec, the sweep file and the engines; the record's other
+fields use `between`, `text`, `one_of`, `sha256`. `problems` turns pydantic's errors into the
+fleet's wording: `<field>: must be an integer, got '2'`, `<field>: must be at least 1, got 0`,
+`<field> = -1.0 is not in [0, 604800.0]`.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ agent, so every speedup is a ratio measured on one machine with the arms interle
 
 Validation collects every problem, each naming its line of the file and its field
 (`line 12: arms[2].depth: must be ...`), before anything is stored. Types and bounds are checked
-by pydantic (strict: specfleet/schemas.py): the file's parts (`SamplerFields`, `VerifyCostFields`,
-`TargetFields`, `ModelFields`), its numbers (`_Checker.number`) and the declared settings (their
-types generated from specfleet/settings.py); what relates one field to another (an engine's
-methods, a model per engine) is checked here by hand.
+by pydantic (strict: specfleet/schemas.py): the declared rows (specfleet/settings.py: the settings,
+`SamplerFields` and `JobFields`, generated from them), the file's other parts (`VerifyCostFields`,
+`TargetFields`, `ModelFields`) and its numbers (`_Checker.number`); what relates one field to
+another (an engine's methods, a model per engine) is checked here by hand, in the same pass.
 """
 
 from __future__ import annotations
