@@ -179,3 +179,62 @@ def test_a_missing_value_is_missing_whatever_its_type(value):
 @pytest.mark.parametrize("value", [0, 4, "", "high", False, 0.0])
 def test_a_set_value_is_not_missing(value):
     assert not declared.is_missing(value)
+
+
+# ---------------------------------------------------------------- rows that are not Settings' fields
+
+
+@pytest.mark.parametrize("row", declared.SAMPLER, ids=lambda s: s.name)
+def test_every_sampler_row_is_parsed_recorded_labelled_and_sent(row):
+    """A sampler row alone makes a sampler field: the sweep's samplers entry, Sampler, the job spec,
+    the record's column, the label, and each engine's request (llama.cpp's chain, a server's body)."""
+    import duckdb
+
+    from agent.engines.base import Request
+    from agent.engines.llama_server import LlamaServerEngine
+
+    other = another_value(row)
+    fields = {**({"temperature": 0.7} if row.key != "temperature" else {}), row.key: other}
+    entry = ", ".join(f"{k}: {v!r}" for k, v in fields.items())
+    (cell,) = parse_sweep(
+        BASE.replace("llama.cpp, llama-server, mlx", "llama.cpp") + f"samplers: [{{{entry}}}]\n"
+    ).cells()
+    assert getattr(cell.sampler, row.key) == other and JobSpec.from_json(cell.to_json()).sampler == cell.sampler
+    record = run_record("job-1", sampler=cell.sampler)
+    assert record.row()[row.name] == other and RunRecord.from_json(record.to_json()) == record
+    assert row.name in CHECKED_KEYS
+    columns = ", ".join(f"{getattr(cell.sampler, s.key)!r} AS {s.name}" for s in declared.SAMPLER)
+    label = duckdb.connect().execute(f"SELECT {declared.sampler_label_sql()} FROM (SELECT {columns})").fetchone()[0]
+    assert label == cell.sampler.label() and f"{row.short or row.label}=" in label
+    if row.llama_sampler:
+        assert (row, other) in declared.sampler_chain(cell.sampler)
+    if row.request_key:
+        assert LlamaServerEngine._body(None, Request((1, 2), 4, sampler=cell.sampler))[row.request_key] == other
+    with pytest.raises(SweepError, match=re.escape(f"samplers[0].{row.key}: must be")):
+        parse_sweep(BASE + f"samplers: [{{{row.key}: {row.hi * 2 if row.hi else 'x'}}}]\n")
+
+
+@pytest.mark.parametrize("row", declared.JOB_FIELDS, ids=lambda s: s.name)
+def test_every_job_row_is_parsed_defaulted_and_bounded_by_its_row(row):
+    sweep = parse_sweep(BASE)
+    assert getattr(sweep, row.name) == row.default  # what a sweep that omits it gets
+    if row.default is not None and row.name in {f.name for f in dataclasses.fields(JobSpec)}:
+        assert getattr(JobSpec, row.name) == row.default  # the job spec's default is the row's
+        other = another_value(row) if row.hi is None or another_value(row) <= row.hi else row.lo
+        assert {getattr(c, row.name) for c in parse_sweep(BASE + f"{row.sweep}: {other}\n").cells()} == {other}
+    for bad, why in ((row.lo - 1, "at least"), (".nan", "finite" if row.type is float else "an integer")):
+        with pytest.raises(SweepError, match=re.escape(f"{row.sweep}: must be {why}")):
+            parse_sweep(BASE + f"{row.sweep}: {bad}\n")
+
+
+@pytest.mark.parametrize("row", declared.ARM_PARAMS, ids=lambda s: s.name)
+def test_every_spec_type_parameter_is_its_arms_flag_within_llama_cpps_bounds(row):
+    key, spec_type = row.sweep.rpartition(".")[2], row.spec_types[0]
+    arms = f"arms: [{{spec_type: {spec_type}, depths: [2], params: {{{key}: {row.lo + 1}}}}}]\n"
+    models = "models: {llama-server: {target: t.gguf, draft: d.gguf}}\n"
+    sweep = parse_sweep(f"name: s\nengines: [llama-server]\n{models}prompt_sets: [qa]\n{arms}")
+    (arm,) = [a for a in sweep.arms_of("llama-server") if a.method == spec_type]
+    assert arm.flags[arm.flags.index(row.server_flags[0]) + 1] == str(row.lo + 1)
+    too_big = arms.replace(f"{key}: {row.lo + 1}", f"{key}: {row.hi + 1}")
+    with pytest.raises(SweepError, match=re.escape(f"arms[0].params.{key}: must be at most {row.hi:g}")):
+        parse_sweep(f"name: s\nengines: [llama-server]\n{models}prompt_sets: [qa]\n{too_big}")
