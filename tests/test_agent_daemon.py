@@ -145,3 +145,9 @@ def test_allow_battery_takes_jobs_anyway(tmp_path, coordinator):
     agent = Agent(config, allow_battery=True, sample_environment=lambda: {"power_source": "battery"})
     with Running(agent):
         wait_until(lambda: sweep(coordinator, sweep_id).jobs_failed == 1, "the job to be taken")
+        # Taken on battery and refused for its model (not held back for the power source), and the
+        # agent never said it was not starting jobs.
+        assert "does not exist on this agent" in sweep(coordinator, sweep_id).failures[0]
+        assert agent.state.not_starting == ""
+        listed = admin_for(coordinator).ListAgents(pb.ListAgentsRequest()).agents
+        assert [a.status for a in listed if a.status.startswith("not starting jobs")] == []

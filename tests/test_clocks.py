@@ -12,16 +12,9 @@ from agent.daemon import Agent
 from coordinator.ingest import CLOCK_BOUND_SECONDS
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.support.agents import identity_for
-from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run, start_coordinator
+from tests.support.fleet import SWEEP_YAML, admin_for, enrol, make_run
 
 TEN_MINUTES = 600.0
-
-
-@pytest.fixture
-def coordinator(tmp_path):
-    c = start_coordinator(tmp_path / "coordinator")
-    yield c
-    c.stop()
 
 
 def test_runs_carry_the_receive_time_and_impossible_agent_times_are_flagged(coordinator):

@@ -20,20 +20,11 @@ from tests.support.dashboard import (
     expected_speedup,
     frame,
     group_ids,
-    seed_fleet,
+    seed_fleet,  # noqa: F401 - what the `fleet` fixture seeds (tests/support/fixtures.py)
     texts,
 )
 from tests.support.fleet import admin_for, start_coordinator
 from tests.support.ports import free_port
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
-    truth = seed_fleet(coordinator)
-    token = admin_for(coordinator)._metadata[0][1].removeprefix("Bearer ")
-    yield coordinator, token, truth
-    coordinator.stop()
 
 
 @pytest.fixture

@@ -79,13 +79,12 @@ def curve(job_id: str, slope: float, **fields):
     )
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    """Three machines on one chip; on each, one cell of the base group (two repeats) and one
-    of a group per checked key (one repeat), each differing from the base in that key only.
-    Verify-cost curves: the base target's and another build's (the target_digest variant).
-    The machines report side by side (a thread each): the coordinator batches their streams."""
-    coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
+def seed_fleet(coordinator):
+    """The `fleet` fixture's runs (tests/support/fixtures.py). Three machines on one chip; on each,
+    one cell of the base group (two repeats) and one of a group per checked key (one repeat),
+    each differing from the base in that key only. Verify-cost curves: the base target's and
+    another build's (the target_digest variant). The machines report side by side (a thread
+    each): the coordinator batches their streams."""
     jobs = {}  # group name -> job ids
 
     def machine(index: int, name: str) -> dict[str, str]:
@@ -125,9 +124,7 @@ def fleet(tmp_path_factory):
         speedups=speedup.speedups(con).set_index("comparable"),
         runs=con.execute(f"SELECT *, {speedup.COMPARABLE_ID} AS comparable FROM runs").df(),
     )
-    token = admin._metadata[0][1].removeprefix("Bearer ")
-    yield coordinator, token, truth
-    coordinator.stop()
+    return truth
 
 
 def test_every_group_is_offered_and_the_page_says_what_differs(page):

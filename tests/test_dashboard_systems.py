@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support.dashboard import GGUF_9B, MLX_27B, fingerprint, frame, group_ids, record, run_job, texts
-from tests.support.fleet import admin_for, enrol, start_coordinator
+from tests.support.fleet import enrol
 
 PROMPTS, REPEATS = 3, 2
 LLAMA_SERVER = dict(
@@ -55,12 +55,11 @@ def cell(job_id, rng, method, depth, base_tps, ratio, server=None, disagree=(), 
     return out
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    """An M1 Max running the bug report's GGUF three ways: llama-server draft-mtp at n_max 2
-    (a loss, two runs whose timings disagree), llama-server ngram-mod (a warm drafter), our own
-    llama.cpp MTP loop (a gain); and an M4 Pro running MTPLX's server."""
-    coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
+def seed_fleet(coordinator):
+    """The `fleet` fixture's runs (tests/support/fixtures.py). An M1 Max running the bug report's
+    GGUF three ways: llama-server draft-mtp at n_max 2 (a loss, two runs whose timings disagree),
+    llama-server ngram-mod (a warm drafter), our own llama.cpp MTP loop (a gain); and an M4 Pro
+    running MTPLX's server."""
     rng = np.random.default_rng(3)
     mbp = enrol(coordinator, "mbp", fingerprint("mbp", "Apple M1 Max", 24, 32))
     mbp.name = "mbp"
@@ -83,9 +82,7 @@ def fleet(tmp_path_factory):
     job(mbp, "ngram-mod", lambda j: cell(j, rng, "ngram-mod", 64, 25.3, 1.1, LLAMA_SERVER, warm=True))
     job(mbp, "ours", lambda j: cell(j, rng, "mtp", 2, 25.3, 1.05, engine="llama.cpp"))
     job(mini, "mtplx", lambda j: cell(j, rng, "mtp", 3, 12.0, 2.4, MTPLX, target=MLX_27B))
-    token = admin_for(coordinator)._metadata[0][1].removeprefix("Bearer ")
-    yield coordinator, token, truth
-    coordinator.stop()
+    return truth
 
 
 def median(records, method, field="decode_tokens_per_second"):

@@ -1,4 +1,4 @@
-"""`specfleet import` end to end: real llama-bench output (conftest's llama_bench_output) and an
+"""`specfleet import` end to end: real llama-bench output (the llama_bench_output fixture) and an
 mtplx run directory imported by the CLI, a separate process, into a coordinator process over
 gRPC with the admin token; the rows read back through the admin read path with their
 provenance; bad files and bad requests refused whole; imported results never in `runs` and

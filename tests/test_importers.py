@@ -1,5 +1,5 @@
 """The importers (cli/importers) on real llama-bench output (the project's build, run once
-per session by conftest's llama_bench_output), on small captured copies of it
+per session by tests/support/fixtures.py's llama_bench_output), on small captured copies of it
 (tests/captured/llama-bench-cpu-target.*), on mtplx files written from MTPLX's documented
 fields (tests/importer_fixtures: written by hand, no MTPLX output was captured), and on bad
 files: each refused with one line naming the file, line and field."""
@@ -14,8 +14,8 @@ import pytest
 
 from cli.importers import llama_bench, mtplx
 from cli.importers.result import BadFile
-from tests.conftest import LLAMA_BENCH
 from tests.support.captured import CAPTURED, MTPLX_RUN
+from tests.support.fixtures import LLAMA_BENCH
 
 FORMATS = ("json", "jsonl", "csv", "sql")
 

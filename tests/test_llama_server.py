@@ -1,7 +1,7 @@
 """Engine llama-server against the real llama-server built from the locked llama.cpp
 (scripts/build-llama-cpp.sh), on the tiny models: the command line of every arm, the streamed
 run and the server's own accounting, a server's state kept until the protocol restarts it, rotation or blocks,
-and every way a server can fail. tests/fake_server.py stands in only for servers that answer
+and every way a server can fail. tests/support/fake_server.py stands in only for servers that answer
 what a real llama-server never would."""
 
 import os

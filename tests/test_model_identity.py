@@ -1,4 +1,4 @@
-"""agent/model_identity.py on the project's real tiny models (tests/conftest.py's tiny_models,
+"""agent/model_identity.py on the project's real tiny models (tests/support/fixtures.py's tiny_models,
 from SPECFLEET_TINY_DIR when set): both formats of one model agree, MTP is seen where the
 weights hold it, quantised MLX copies count logical parameters, references carry no paths."""
 

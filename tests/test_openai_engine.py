@@ -1,6 +1,6 @@
 """Engine openai against real OpenAI-compatible servers: llama-server's /v1 endpoints (started
 from command templates, or already running at a loopback URL) and mlx_lm.server (text prompts
-only) on the tiny models; tests/fake_server.py stands only for servers that answer wrongly."""
+only) on the tiny models; tests/support/fake_server.py stands only for servers that answer wrongly."""
 
 import sys
 from importlib import metadata

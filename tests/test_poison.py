@@ -1,4 +1,4 @@
-"""No record wedges an agent. A real coordinator and an agent whose worker (tests/poison_worker.py)
+"""No record wedges an agent. A real coordinator and an agent whose worker (tests/support/poison_worker.py)
 spools two good runs and a poisoned one: a record too big for the coordinator (RESOURCE_EXHAUSTED,
 retried within its budget), a record it refuses as invalid, spool files the agent cannot read
 (not JSON, a lone surrogate, no lease_id, an unknown field), at start and during a job. Each is
@@ -18,9 +18,9 @@ from agent.runner import parked_reason
 from agent.spool import Spool
 from agent.upload import Parked, Uploader
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.poison_worker import poisoned
 from tests.support.agents import Running, identity_for, submit, sweep
 from tests.support.fleet import admin_for, run_record
+from tests.support.poison_worker import poisoned
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.engine]
@@ -36,8 +36,8 @@ REASONS = {
 
 @pytest.fixture
 def poisoning(monkeypatch):
-    """The agent's workers are tests/poison_worker.py; retries of a record are quick."""
-    monkeypatch.setattr(runner, "WORKER_MODULE", "tests.poison_worker")
+    """The agent's workers are tests/support/poison_worker.py; retries of a record are quick."""
+    monkeypatch.setattr(runner, "WORKER_MODULE", "tests.support.poison_worker")
     monkeypatch.setattr(upload, "UPLOAD", Budget(0.01, 0.05, float("inf"), max_refusals=3))
     return monkeypatch
 

@@ -22,8 +22,12 @@ from cli.report import cell
 from dashboard import data
 from protos.specfleet.v1 import fleet_pb2 as pb
 from tests.support.browser import chromium_page
-from tests.support.dashboard import MLX_27B, expected_speedup, seed_fleet
-from tests.support.fleet import admin_for, start_coordinator
+from tests.support.dashboard import (
+    MLX_27B,
+    expected_speedup,
+    seed_fleet,  # noqa: F401 - what the `fleet` fixture seeds (tests/support/fixtures.py)
+)
+from tests.support.fleet import admin_for
 
 pytestmark = [pytest.mark.process]  # coordinators, CLI processes and Chromium
 
@@ -38,15 +42,6 @@ def report(fleet, *args: str, **env: str) -> subprocess.CompletedProcess:
     command += ["--coordinator", f"127.0.0.1:{coordinator.port}", "--admin-token", token]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     return subprocess.run(command, capture_output=True, text=True, timeout=CLI_SECONDS, cwd=ROOT, env=env)
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    """tests/test_dashboard.py's seeded fleet: its coordinator, admin token and truth."""
-    coordinator = start_coordinator(tmp_path_factory.mktemp("coordinator"))
-    truth = seed_fleet(coordinator)
-    yield coordinator, admin_for(coordinator)._metadata[0][1].removeprefix("Bearer "), truth
-    coordinator.stop()
 
 
 @pytest.fixture(scope="module")

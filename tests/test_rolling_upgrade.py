@@ -4,7 +4,7 @@ in its spool (neither sent nor parked) and uploads them once the coordinator is 
 The coordinator says the newest record schema it reads at enrolment, in every heartbeat
 answer, and in its refusal of a record too new (FAILED_PRECONDITION naming both versions).
 A coordinator "not yet upgraded" is this checkout with its SCHEMA_VERSION one lower, in its
-own process only (tests/record_schema_seam.py); the agent, its worker and the upgraded
+own process only (tests/support/record_schema_seam.py); the agent, its worker and the upgraded
 coordinator are this checkout as it is.
 """
 
@@ -85,11 +85,11 @@ def test_a_record_too_new_is_refused_as_such_and_held_then_sent_after_the_upgrad
 
 
 def start_old_coordinator(data, port: int) -> subprocess.Popen:
-    """A coordinator process that reads records up to NOW - 1 (tests/record_schema_seam.py)."""
+    """A coordinator process that reads records up to NOW - 1 (tests/support/record_schema_seam.py)."""
     data.mkdir(parents=True, exist_ok=True)
     (data / "coordinator.json").unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.record_schema_seam", "coordinator", "serve", "--data-dir", str(data),
+        [sys.executable, "-m", "tests.support.record_schema_seam", "coordinator", "serve", "--data-dir", str(data),
          "--port", str(port), "--metrics-port", "0"],
         stdout=open(data / "coordinator.log", "a"), stderr=subprocess.STDOUT, cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "SPECFLEET_TEST_RECORD_SCHEMA": str(NOW - 1)},

@@ -229,10 +229,17 @@ def test_a_batch_of_reports_refuses_only_the_bad_ones(scheduler_two_agents):
 
 
 def test_a_restarted_scheduler_hands_out_the_queued_jobs(scheduler_two_agents):
-    scheduler, clock, a1, _ = scheduler_two_agents
-    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    scheduler, clock, a1, a2 = scheduler_two_agents
+    sweep_id, _ = scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    with scheduler.store.tx() as con:
+        queued = con.execute("SELECT job_id, agent_id FROM jobs WHERE state = 'queued'").fetchall()
     again = Scheduler(scheduler.store, clock=clock, lease_seconds=30)  # what a coordinator restart builds
-    assert again.acquire(a1) is not None
+    assert again.acquire(a2) is None  # the queued job is mac-1's (mlx) after the restart too
+    job = again.acquire(a1)
+    assert queued == [(job.job_id, a1)]  # the very job queued before the restart, to the agent it was made for
+    assert (job.sweep_id, job.attempt) == (sweep_id, 1)
+    assert [a["method"] for a in job.spec["arms"]] == ["baseline", "draft"]
+    assert job_state(again, job.job_id)[:2] == ("leased", 1)
 
 
 def test_heartbeats_extend_only_live_leases_and_the_table_gets_the_expiry_when_written(scheduler_two_agents):

@@ -1,6 +1,6 @@
 """A server subprocess: waited for until healthy, every way of failing named with its log, and
 never left running. Real llama-server where a real server is needed (the project's build of the
-locked llama.cpp); tests/fake_server.py stands for servers that are broken on purpose."""
+locked llama.cpp); tests/support/fake_server.py stands for servers that are broken on purpose."""
 
 import os
 import signal

@@ -9,9 +9,9 @@ import pytest
 
 from agent.daemon import Agent
 from agent.spool import Spool, Unreadable, read
-from tests.poison_worker import poisoned
 from tests.support.agents import identity_for, submit
 from tests.support.fleet import run_record, start_coordinator
+from tests.support.poison_worker import poisoned
 
 
 @pytest.mark.process  # the agent reads its llama-server builds' versions (`llama-server --version`)

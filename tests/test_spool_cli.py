@@ -7,9 +7,9 @@ import pytest
 from agent.daemon import Agent
 from agent.spool import Spool
 from protos.specfleet.v1 import fleet_pb2 as pb
-from tests.poison_worker import poisoned
 from tests.support.agents import identity_for
 from tests.support.fleet import SWEEP_YAML, admin_for, run_record, start_coordinator
+from tests.support.poison_worker import poisoned
 from tests.support.processes import cli
 
 pytestmark = [pytest.mark.process]

@@ -13,7 +13,7 @@ import pytest
 
 from dashboard import claims
 from specfleet import versions
-from tests.support.versions import HIT, NEW, OLD, SPARED, Db, per_prompt, stored_runs
+from tests.support.versions import HIT, NEW, OLD, SPARED, per_prompt
 
 
 def claim(version, metric: str = "speedup", low: float = 1.3, high: float = 1.5, cid: str = "c") -> claims.Claim:
@@ -35,13 +35,13 @@ def _yaml(records) -> str:
     return yaml.safe_dump(records, sort_keys=False)
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    """The fleet with mtp's speedup 10% lower under b9500 on HIT (its baseline unmoved), none on SPARED."""
+def fleet_rows():
+    """The `fleet_db` fixture's fleet (tests/support/fixtures.py): mtp's speedup 10% lower under
+    b9500 on HIT (its baseline unmoved), none on SPARED."""
     rows = per_prompt(8, factor={HIT: 1.0})
     slower = (rows["chip"] == HIT) & (rows["version"] == NEW) & (rows["method"] == "mtp")
     rows.loc[slower, "log_tps"] += math.log(0.9)
-    return Db(*stored_runs(rows))
+    return rows
 
 
 @pytest.mark.parametrize(
@@ -89,25 +89,25 @@ def test_matches_reads_builds_and_commits_as_sql_does():
         (["b1"], set()),
     ],
 )
-def test_a_version_condition_selects_only_its_runs(fleet, version, selected):
+def test_a_version_condition_selects_only_its_runs(fleet_db, version, selected):
     where, params = claims.conditions_sql(claim(version))
-    got = fleet.con.execute(f"SELECT DISTINCT engine_version FROM runs WHERE {where}", params).fetchall()
+    got = fleet_db.con.execute(f"SELECT DISTINCT engine_version FROM runs WHERE {where}", params).fetchall()
     assert {v for (v,) in got} == selected
 
 
-def test_a_range_claim_is_settled_on_its_versions_alone(fleet):
-    rows = claims.evaluate(claim(">= b9500"), fleet.con)
+def test_a_range_claim_is_settled_on_its_versions_alone(fleet_db):
+    rows = claims.evaluate(claim(">= b9500"), fleet_db.con)
     assert set(rows["chip"]) == {HIT, SPARED}
     by_chip = rows.set_index("chip")
     assert by_chip.loc[SPARED, "verdict"] == "reproduced"  # 1.4 inside [1.3, 1.5]
     assert by_chip.loc[HIT, "figure"] == pytest.approx(1.4 * 0.9, rel=0.03)  # b9500's speedup only
 
 
-def test_a_change_claim_is_settled_by_the_version_comparison(fleet):
+def test_a_change_claim_is_settled_by_the_version_comparison(fleet_db):
     """'mtp's speedup fell 10% from b9330 to b9500': reproduced on HIT (its ratio's interval
     inside [0.85, 0.95]), contradicted on SPARED (unchanged: wholly above the band)."""
     fell = claim({"from": "b9330", "to": ">= b9500"}, low=0.85, high=0.95, cid="fell")
-    rows = claims.evaluate(fell, fleet.con).set_index("chip")
+    rows = claims.evaluate(fell, fleet_db.con).set_index("chip")
     assert rows.loc[HIT, "verdict"] == "reproduced", rows.loc[HIT, "why"]
     assert rows.loc[HIT, "ci_low"] <= 0.9 <= rows.loc[HIT, "ci_high"]
     assert rows.loc[SPARED, "verdict"] == "contradicted", rows.loc[SPARED, "why"]
@@ -115,10 +115,10 @@ def test_a_change_claim_is_settled_by_the_version_comparison(fleet):
     assert rows.loc[HIT, "why"].startswith(f"{OLD} → {NEW}, K=2 (paired by machine)")
     assert rows.loc[HIT, "machines"] == 4
     unchanged = claim({"from": "b9330", "to": "b9500"}, low=1 / 1.05, high=1.05, cid="same")
-    same = claims.evaluate(unchanged, fleet.con).set_index("chip")
+    same = claims.evaluate(unchanged, fleet_db.con).set_index("chip")
     assert same.loc[SPARED, "verdict"] == "reproduced" and same.loc[HIT, "verdict"] == "contradicted"
 
 
-def test_a_change_claim_with_no_run_on_one_side_is_inconclusive(fleet):
-    rows = claims.evaluate(claim({"from": "b9330", "to": "b9999"}, low=0.9, high=1.1), fleet.con)
+def test_a_change_claim_with_no_run_on_one_side_is_inconclusive(fleet_db):
+    rows = claims.evaluate(claim({"from": "b9330", "to": "b9999"}, low=0.9, high=1.1), fleet_db.con)
     assert set(rows["verdict"]) == {"inconclusive"} and "both sides" in rows["why"].iloc[0]

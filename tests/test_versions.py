@@ -7,10 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
-
 from specfleet import versions
-from tests.support.versions import HIT, NEW, OLD, PLANTED, SPARED, Db, per_prompt, stored_runs
+from tests.support.versions import HIT, NEW, OLD, PLANTED, SPARED, per_prompt
 
 APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
 
@@ -72,19 +70,19 @@ def test_coverage_of_the_ratio_interval_on_simulated_fleets():
 # ---------------------------------------------------------------- through the dashboard's query
 
 
-@pytest.fixture(scope="module")
-def db():
-    return Db(*stored_runs(per_prompt(5)))
+def fleet_rows():
+    """The `fleet_db` fixture's fleet (tests/support/fixtures.py): tests/support/versions.py's, five prompts."""
+    return per_prompt(5)
 
 
-def test_the_dashboards_query_finds_the_planted_regression_alone(db):
+def test_the_dashboards_query_finds_the_planted_regression_alone(fleet_db):
     from dashboard import queries
 
-    per = queries.version_per_prompt(db, queries.Filters())
+    per = queries.version_per_prompt(fleet_db, queries.Filters())
     assert set(per["version"]) == {OLD, NEW} and per["setting"].nunique() == 1
     settings = queries.version_settings(per)
     assert settings["versions"].tolist() == [f"{OLD} → {NEW}"]
-    rows = queries.version_changes(db, queries.Filters())
+    rows = queries.version_changes(fleet_db, queries.Filters())
     assert rows["system_label"].nunique() == 1 and set(rows["engine"]) == {"llama.cpp"}
     called = versions.summary(rows)
     assert called[["chip", "old", "new", "change"]].values.tolist() == [[HIT, OLD, NEW, versions.REGRESSION]]
@@ -96,20 +94,20 @@ def test_the_dashboards_query_finds_the_planted_regression_alone(db):
     assert set(speeds["change"]) == {versions.UNCHANGED}
 
 
-def test_comparable_groups_still_split_by_version(db):
+def test_comparable_groups_still_split_by_version(fleet_db):
     """A version is a checked key: Compare pools no two versions; the Versions page pairs them."""
     from dashboard import queries
 
-    groups = queries.groups(db, queries.Filters())
+    groups = queries.groups(fleet_db, queries.Filters())
     assert len(groups) == 2 and set(groups["engine_version"]) == {OLD, NEW}
 
 
-def test_the_versions_page_shows_the_one_regression(db, monkeypatch):
+def test_the_versions_page_shows_the_one_regression(fleet_db, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     from dashboard import data
 
-    monkeypatch.setattr(data, "mirror", lambda address, token: db)
+    monkeypatch.setattr(data, "mirror", lambda address, token: fleet_db)
     monkeypatch.setenv("SPECFLEET_COORDINATOR", "versions-test:1")
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     at.switch_page("views/versions.py").run()
@@ -121,11 +119,11 @@ def test_the_versions_page_shows_the_one_regression(db, monkeypatch):
     assert set(shown[shown["change"] == versions.REGRESSION]["chip"]) == {HIT}
 
 
-def test_the_reports_section_names_the_one_regression(db):
+def test_the_reports_section_names_the_one_regression(fleet_db):
     from cli import report
     from dashboard import queries
 
-    blocks = report._versions(queries, db)
+    blocks = report._versions(queries, fleet_db)
     said = [b.text for b in blocks if isinstance(b, report.Text)]
     assert [t for t in said if t.startswith("Regression")] == [
         f"Regression on {HIT}: {OLD} -> {NEW} (setting {blocks[-1].frame['setting'][0]}):"

@@ -110,8 +110,8 @@ def gone(pid: int, timeout: float = 0.0) -> bool:
         time.sleep(0.05)
 
 
-# A fake OpenAI-compatible / llama-server-like server (tests/fake_server.py), run as a program.
-FAKE_SERVER = str(Path(__file__).resolve().parents[1] / "fake_server.py")
+# A fake OpenAI-compatible / llama-server-like server (tests/support/fake_server.py), run as a program.
+FAKE_SERVER = str(Path(__file__).resolve().parent / "fake_server.py")
 
 
 def specfleet(*args: str, home: Path, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""A stand-in for agent.worker (`python -m tests.poison_worker JOB.json SPOOL_DIR ...`): it spools
+"""A stand-in for agent.worker (`python -m tests.support.poison_worker JOB.json SPOOL_DIR ...`): it spools
 two valid runs of its job, then the poisoned records SPECFLEET_POISON names (comma-separated),
 and prints the count of all it wrote, as a worker whose own records went bad would.
 
