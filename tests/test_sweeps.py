@@ -216,11 +216,14 @@ def test_target_selector(target, matches):
 def test_the_readme_sweep_example_is_accepted():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    example = readme.split("A sweep file:")[1].split("```yaml")[1].split("```")[0]
+    root = Path(__file__).resolve().parent.parent
+    running = (root / "docs" / "running.md").read_text()
+    example = running.split("## A sweep file")[1].split("```yaml")[1].split("```")[0]
     sweep = parse_sweep(example)
     assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a.method, a.depth) for a in sweep.arms}
     assert sweep.context_tokens == [512, 4096, 16384, 32768]
+    short = parse_sweep((root / "README.md").read_text().split("```yaml")[1].split("```")[0])  # README's own
+    assert {("mtp", 3), ("draft", 4), ("ngram", 3)} <= {(a.method, a.depth) for a in short.arms}
 
 
 @pytest.mark.parametrize(
