@@ -20,7 +20,7 @@ from pathlib import Path
 from agent import doctor, environment, heartbeat, poll, retry, runner, settings
 from agent.credentials import AgentIdentity
 from agent.engines.llama_server import build_versions, find_binary, find_builds
-from agent.fingerprint import available_engines, fingerprint
+from agent.fingerprint import available_engines, engine_problems, fingerprint
 from agent.metrics import AgentMetrics
 from agent.models import HashCache
 from agent.spool import Spool
@@ -75,7 +75,10 @@ class Agent:
         self.hf_cache, self.allow_downloads = hf_cache, allow_downloads
         self.fingerprint = fingerprint()  # taken at start: sent once, and the memory that models must fit
         self.llama_server = llama_server
-        self.engines = available_engines(llama_server)
+        problems = engine_problems()
+        for engine, problem in problems.items():  # named, never just missing from the engines
+            log.warning("engine %s cannot run here; this agent runs no job of it: %s", engine, problem)
+        self.engines = available_engines(llama_server, problems)
         # Its llama-server binaries by build (sweeps pin arms to one): reported in the fingerprint.
         default = find_binary(str(llama_server) if llama_server else None)
         self.llama_builds = find_builds(default, settings.llama_server_builds(config_dir))

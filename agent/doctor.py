@@ -29,7 +29,7 @@ from agent.credentials import AgentIdentity
 from agent.engines.base import EngineError
 from agent.engines.llama_server import find_binary, read_version, version_label
 from agent.environment import UNAVAILABLE
-from agent.fingerprint import engine_versions, run_command
+from agent.fingerprint import IN_PROCESS_ENGINES, engine_versions, run_command
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import client as api
 
@@ -42,7 +42,6 @@ DISK_WARN_BYTES = 20 * 2**30
 CLOCK_WARN_SECONDS = 1.0  # runs' start times are the agent's clock; the dashboard orders them
 CLOCK_FAIL_SECONDS = 30.0
 PING_TIMEOUT_SECONDS = 5.0
-ENGINE_MODULES = {"mlx": ("mlx.core", "mlx_lm"), "llama.cpp": ("llama_cpp",)}
 
 
 @dataclass(frozen=True)
@@ -194,9 +193,10 @@ def check_thermal(sample: environment.Sample) -> Check:
 
 
 def check_engines(versions: dict[str, str], import_module: Callable = importlib.import_module) -> list[Check]:
-    """One check per in-process engine: its libraries import, and their versions."""
+    """One check per in-process engine: its libraries import, and their distributions report
+    versions (fingerprint.engine_problems: without either the agent enrols without the engine)."""
     checks = []
-    for engine, modules in ENGINE_MODULES.items():
+    for engine, (modules, dists) in IN_PROCESS_ENGINES.items():
         try:
             for module in modules:
                 import_module(module)
@@ -207,6 +207,18 @@ def check_engines(versions: dict[str, str], import_module: Callable = importlib.
                     FAIL,
                     f"{module} does not import: {type(e).__name__}: {e}",
                     "reinstall specfleet's dependencies (`uv sync`); jobs for this engine are refused meanwhile",
+                )
+            )
+            continue
+        missing = [dist for dist in dists if dist not in versions]
+        if missing:
+            checks.append(
+                Check(
+                    f"engine {engine}",
+                    FAIL,
+                    f"{', '.join(modules)} import, but {', '.join(missing)} has no installed metadata (dist-info): "
+                    "its runs would record no version, so the agent enrols without this engine",
+                    "install the distribution with its dist-info (`uv sync`; scripts/device-payload.sh copies it)",
                 )
             )
             continue

@@ -175,6 +175,16 @@ def cuda_build() -> bool:
     return any(any(library_dir(Path(where)).glob("libggml-cuda*")) for where in locations or ())
 
 
+# The in-process engines this checkout is installed with (pyproject's dependencies): the modules
+# each imports and the distributions whose versions its runs record.
+IN_PROCESS_ENGINES = {
+    "mlx": (("mlx.core", "mlx_lm"), ("mlx", "mlx-lm")),
+    "llama.cpp": (("llama_cpp",), ("llama-cpp-python",)),
+}
+IMPORT_PROBE_SECONDS = 120.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def engine_versions() -> dict[str, str]:
     out = {}
     for dist in ("mlx", "mlx-lm", "llama-cpp-python"):
@@ -187,19 +197,70 @@ def engine_versions() -> dict[str, str]:
     return out
 
 
-def available_engines(llama_server: Path | None = None) -> list[str]:
+def import_problem(modules: tuple[str, ...]) -> str:
+    """Why `modules` do not import in a fresh Python process (this one's interpreter and
+    environment; llama.cpp pointed at this checkout's build as the engines point it), or ""
+    where they do. A child process, because a native library that fails to load can take the
+    process with it, and importing the engines' libraries here would load them for nothing."""
+    code = (
+        "import importlib, sys\n"
+        "from agent.engines.llamacpp_lib import use_project_build\n"
+        "use_project_build()\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except BaseException as e:\n"
+        "        sys.exit(f'{name} does not import: {type(e).__name__}: {e}')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *modules],
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_PROBE_SECONDS,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{', '.join(modules)} did not import within {IMPORT_PROBE_SECONDS:g} s"
+    if done.returncode == 0:
+        return ""
+    lines = (done.stderr.strip() or f"exited with status {done.returncode}").splitlines()
+    return lines[-1] if lines[-1].startswith(modules) else f"{', '.join(modules)} do not import: {lines[-1]}"
+
+
+def engine_problems(engines: dict = IN_PROCESS_ENGINES, probe=import_problem) -> dict[str, str]:
+    """Why each in-process engine cannot run on this machine, by name; engines that can run are
+    absent. An engine runs where its distributions have installed metadata (its runs record their
+    versions, and the fingerprint's engine_versions come from it) and its modules import: a
+    package copied without its dist-info imports but reports no version, and one whose native
+    library will not load has metadata but does not import; both are named here, with the import
+    error, instead of the engine simply missing from enrolment."""
+    problems = {}
+    for engine, (modules, dists) in engines.items():
+        missing = []
+        for dist in dists:
+            try:
+                importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                missing.append(dist)
+        reasons = [f"no installed metadata (dist-info) for {', '.join(missing)}"] if missing else []
+        if problem := probe(modules):
+            reasons.append(problem)
+        if reasons:
+            problems[engine] = "; ".join(reasons)
+    return problems
+
+
+def available_engines(llama_server: Path | None = None, problems: dict[str, str] | None = None) -> list[str]:
     """The engines this machine runs, as enrolment tells the coordinator: the in-process ones
-    whose libraries import, llama-server where a binary is found (`llama_server`, the agent's
-    --llama-server; else PATH; else this checkout's build), and openai, a client that needs only
-    what its jobs' command templates name."""
+    without a problem (engine_problems, unless given), llama-server where a binary is found
+    (`llama_server`, the agent's --llama-server; else PATH; else this checkout's build), and
+    openai, a client that needs only what its jobs' command templates name."""
     from agent.engines.llama_server import find_binary  # cheap: no engine library is imported
 
-    versions = engine_versions()
-    engines = []
-    if "mlx" in versions and "mlx-lm" in versions:
-        engines.append("mlx")
-    if "llama-cpp-python" in versions:
-        engines.append("llama.cpp")
+    problems = engine_problems() if problems is None else problems
+    engines = [engine for engine in IN_PROCESS_ENGINES if engine not in problems]
     binary = find_binary(str(llama_server) if llama_server else None)
     if binary is not None and os.access(binary, os.X_OK):
         engines.append("llama-server")

@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # The runs on the lent NVIDIA H200 machine (bench/README.md, "NVIDIA H200"), from the repository
-# root there, with what .gpu/ carries (git-excluded, made on this machine as the README says: the
-# llama.cpp source of the lock, stripped of models, docs, tests and other backends; llama-cpp-
-# python's Python package from .venv, without its CPU libraries; the wheels the image lacks or has
-# too old, unpacked into .gpu/site-core.tar.xz (duckdb, gguf, grpcio, grpcio-health-checking,
-# protobuf, diskcache), .gpu/site-pydantic.tar.xz (pydantic, pydantic-core's CPython 3.12 wheel,
-# annotated-types, typing-inspection, typing-extensions) and .gpu/site-mlx.tar.xz (mlx, mlx-cpu,
-# mlx-lm: MLX on the CPU), or as
-# .gpu/whl*/ wheels;
-# and .gpu/build/, the parts of a CUDA build that `pack` returned). The machine reaches no
-# network, and everything on it is gone 30 s after a call. Everything printed goes to $OUT/log.txt.
+# root there, with what .gpu/ carries: made on this machine by scripts/device-payload.sh (its header
+# says what it holds: the stripped llama.cpp source of the lock or the CUDA build a `pack` stage
+# returned, llama-cpp-python's package with its dist-info, and the locked wheels for the device's
+# Python unpacked into .gpu/site-*.tar.xz). The machine reaches no network, and everything on it is
+# gone 30 s after a call. Everything printed goes to $OUT/log.txt.
+#   bench/h200.sh check     what the runs import, their versions, and the engines the agent would enrol with
 #   bench/h200.sh capture   nvidia-smi, NVML and powercap readings into $OUT (tests/captured/)
 #   bench/h200.sh build     scripts/build-llama-cpp.sh with SPECFLEET_ACCEL=cuda for sm_90 (about 5 min on 16
 #                           cores), with the image's own CC/CXX/CUDAHOSTCXX, and what the build links (NCCL)
@@ -17,6 +13,7 @@
 #   bench/h200.sh unpack    a build packed by an earlier call, from .gpu/build/, checked again
 #   bench/h200.sh crash     issue 28's crash, tried as a user would: protobuf first, numpy first, nothing first
 #   bench/h200.sh lossless  bench/h200/lossless.py: our greedy arms against the baseline, in place and through the chain
+#   bench/h200.sh parity    bench/h200/parity.py: our greedy baseline against llama-server's, setting by setting
 #   bench/h200.sh tiny      the tiny models alone
 #   bench/h200.sh models    the tiny models (deterministic: the same digests as anywhere) and bench/shaped.py's
 #   bench/h200.sh tests     the project's engine tests on the GPU (tests/test_engines.py, its MTP, n-gram
@@ -30,12 +27,7 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 export PYTHONUNBUFFERED=1 SPECFLEET_CACHE=/tmp/specfleet-cache NCCL_NVLS_ENABLE=0
 export PYTHONPATH="$PWD:$PWD/.gpu/py:/tmp/site" SPECFLEET_TINY_DIR=/tmp/tiny SHAPED=/tmp/shaped
 mkdir -p /tmp/site
-if ls .gpu/site*.tar.xz >/dev/null 2>&1; then
-    for site in .gpu/site*.tar.xz; do tar -xJf "$site" -C /tmp/site || echo "h200: $site unpack failed"; done
-else
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .gpu/whl/*.whl $(ls .gpu/whl2/*.whl 2>/dev/null) >/dev/null 2>&1 || echo "h200: wheel install failed"
-fi
+for site in .gpu/site*.tar.xz; do tar -xJf "$site" -C /tmp/site || echo "h200: $site unpack failed"; done
 sha=$(python3 -c 'import tomllib; p=[p for p in tomllib.load(open("uv.lock","rb"))["package"] if p["name"]=="llama-cpp-python"][0]; print(p["sdist"]["hash"][7:23])')
 build="$SPECFLEET_CACHE/llama.cpp/$sha-cuda"
 export LLAMA_CPP_LIB_PATH="$build/bin" PATH="$build/bin:$PATH"
@@ -44,6 +36,29 @@ for stage in "$@"; do
     echo "=== $stage $(date -u +%T) ($(left) s left)"
     if [ "$(left)" -lt 45 ]; then echo "h200: $stage skipped: the call's time is nearly out"; continue; fi
     case "$stage" in
+    check)
+        python3 - <<'PY'
+import importlib, importlib.metadata as md, sys
+print("python", sys.version.split()[0])
+for module, dist in (("duckdb", "duckdb"), ("grpc", "grpcio"), ("google.protobuf", "protobuf"), ("pydantic", "pydantic"),
+                     ("pydantic_core", "pydantic-core"), ("gguf", "gguf"), ("numpy", "numpy"), ("mlx.core", "mlx"),
+                     ("mlx_lm", "mlx-lm"), ("transformers", "transformers"), ("llama_cpp", "llama-cpp-python")):
+    try:
+        importlib.import_module(module)
+        where = "imports"
+    except Exception as e:
+        where = f"DOES NOT IMPORT: {type(e).__name__}: {e}"
+    try:
+        version = md.version(dist)
+    except md.PackageNotFoundError:
+        version = "NO METADATA"
+    print(f"  {module:16} {dist} {version}: {where}")
+from agent.fingerprint import available_engines, engine_problems
+print("engines the agent enrols with:", available_engines())
+for engine, problem in engine_problems().items():
+    print(f"  {engine}: {problem}")
+PY
+        ;;
     capture)
         {
             nvidia-smi
@@ -53,13 +68,13 @@ for stage in "$@"; do
             nproc; uname -r
         } >"$OUT/captures.txt" 2>&1 ;;
     build)
-        mkdir -p /tmp/src && tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp/src
+        mkdir -p /tmp/src && tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp/src  # scripts/device-payload.sh
         echo "image compilers: CC=${CC:-} CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-}"
         for c in "${CXX:-c++}" /usr/bin/g++; do
             echo "$c: $("$c" --version 2>&1 | head -1); libstdc++.so: $("$c" -print-file-name=libstdc++.so)"
         done
         SPECFLEET_ACCEL=cuda SPECFLEET_CUDA_ARCHITECTURES=90-real CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-            SPECFLEET_LLAMA_SRC=/tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp SPECFLEET_LLAMA_COMMIT=0c1e570 \
+            SPECFLEET_LLAMA_SRC=/tmp/src/llama.cpp SPECFLEET_LLAMA_COMMIT="$(cat .gpu/llama.cpp.commit)" \
             scripts/build-llama-cpp.sh || echo "h200: BUILD FAILED ($?)"
         ls -la "$build/bin"; cat "$build/version.txt"
         scripts/build-llama-cpp.sh --check "$build/bin" dynamic; echo "check status $?"
@@ -92,6 +107,8 @@ PY
         done ;;
     lossless)
         timeout 60 python3 bench/h200/lossless.py "$SPECFLEET_TINY_DIR" ;;
+    parity)
+        timeout 150 python3 bench/h200/parity.py "$SPECFLEET_TINY_DIR" ;;
     tiny)
         python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null ;;
     models)

@@ -285,6 +285,8 @@ def cmd_sweep_submit(args) -> int:
     print(f"sweep {resp.sweep_id}: {resp.jobs} job(s) queued")
     for note in resp.notes:
         print(f"  note: {note}")
+    for line in resp.uncovered:
+        print(f"  not run: {line}")
     return 0
 
 
@@ -295,6 +297,8 @@ def print_sweep(s) -> None:
         f"(queued {s.jobs_queued}, running {s.jobs_running}, done {s.jobs_done}, failed {s.jobs_failed}), "
         f"{s.runs} runs"
     )
+    for line in s.uncovered:
+        print(f"    not run: {line}")
     for failure in s.failures:
         print(f"    failed {one_line(failure)}")  # a job stored before reasons were one line, too
 
@@ -344,7 +348,7 @@ def cmd_sweep_cancel(args) -> int:
 def cmd_agent_enrol(args) -> int:
     from agent import retry
     from agent.credentials import AgentIdentity
-    from agent.fingerprint import available_engines, fingerprint
+    from agent.fingerprint import available_engines, engine_problems, fingerprint
     from specfleet import client as api
 
     labels = {}
@@ -356,7 +360,11 @@ def cmd_agent_enrol(args) -> int:
     fp = fingerprint()
     name = args.name or fp.hostname.split(".")[0]
     client = api.AgentApi(api.channel(args.coordinator, **_tls_files(args)))
-    resp = retry.call(lambda: client.enrol(args.token, name, fp, labels, available_engines()), retry.ENROL, "enrol")
+    problems = engine_problems()  # an engine this machine cannot load is named, never just left out
+    for engine, problem in problems.items():
+        print(f"warning: engine {engine} cannot run here, so this agent enrols without it: {problem}", file=sys.stderr)
+    engines = available_engines(problems=problems)
+    resp = retry.call(lambda: client.enrol(args.token, name, fp, labels, engines), retry.ENROL, "enrol")
     path = AgentIdentity(
         coordinator=args.coordinator,
         agent_id=resp.agent_id,

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from coordinator import coverage
 from coordinator.states import (
     AGENTS,
     JOBS,
@@ -174,7 +175,7 @@ class Scheduler:
                 "SELECT agent_id, name, chip, memory_bytes, labels, engines, fingerprint FROM agents"
                 " WHERE state IN ('enrolled', 'idle', 'busy')"
             ).fetchall()
-            jobs = []
+            jobs, matched = [], []  # matched: the agents the target selects (coverage.uncovered)
             cells = sweep.cells()
             fleet_builds: dict[str, set[str]] = {}  # llama-server build -> the matching agents that have it
             for agent_id, name, chip, memory_bytes, labels, engines, fingerprint in agents:
@@ -188,6 +189,7 @@ class Scheduler:
                 }
                 if not agent_matches(sweep.target, info):
                     continue
+                matched.append(info)
                 for build in info["llama_server_builds"]:
                     fleet_builds.setdefault(build, set()).add(name)
                 jobs.extend((agent_id, cell) for cell in cells if agent_can_run(cell, info))
@@ -203,8 +205,9 @@ class Scheduler:
                     f"({', '.join(needs)}); nothing was stored"
                 )
             con.execute(
-                "INSERT INTO sweeps VALUES (?, ?, ?, 'running', ?, ?)",
-                [sweep_id, sweep.name, yaml_text, now, next_seq(con)],
+                "INSERT INTO sweeps (sweep_id, name, yaml, state, created_at, seq, uncovered)"
+                " VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                [sweep_id, sweep.name, yaml_text, now, next_seq(con), coverage.uncovered(cells, matched)],
             )
             for agent_id, cell in jobs:
                 con.execute(

@@ -53,7 +53,7 @@ REPORT_LINGER_SECONDS = 0.005
 EXPORT_COLUMNS = {
     "runs": "*",
     "jobs": "job_id, sweep_id, agent_id, state, attempt, max_attempts, reason, created_at, updated_at, spec, seq",
-    "sweeps": "sweep_id, name, state, created_at, yaml, seq",
+    "sweeps": "sweep_id, name, state, created_at, yaml, seq, uncovered",
     "agents": "agent_id, name, chip, memory_bytes, state, status, current_job_id, labels, engines, fingerprint,"
     " enrolled_at, last_seen, seq",
     "imported_results": "*",
@@ -415,7 +415,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NoMatchingAgents as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs, notes=sweep.notes())
+        (status,) = await self.db.run(self._statuses, sweep_id)
+        return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs, notes=sweep.notes(), uncovered=status.uncovered)
 
     async def GetSweep(self, request, context):
         await bounded(request, context)
@@ -510,7 +511,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " count(j.job_id) FILTER (WHERE j.state IN ('failed', 'refused')),"
                 " (SELECT count(*) FROM runs r WHERE r.sweep_id = s.sweep_id),"
                 " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state IN ('failed', 'refused')),"
-                " count(j.job_id) FILTER (WHERE j.state = 'refused')"
+                " count(j.job_id) FILTER (WHERE j.state = 'refused'), s.uncovered"
                 f" FROM sweeps s LEFT JOIN jobs j USING (sweep_id) {where}"
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,
@@ -529,6 +530,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 jobs_done=r[7],
                 jobs_failed=r[8],
                 jobs_refused=r[11],
+                uncovered=r[12] or [],
                 runs=r[9],
                 failures=r[10] or [],
                 runs_expected=more[r[0]].runs_expected if r[0] in more else r[9],

@@ -242,7 +242,8 @@ def sweeps(db) -> pd.DataFrame:
         " count(j.job_id) FILTER (WHERE j.state = 'done') AS done,"
         " count(j.job_id) FILTER (WHERE j.state = 'failed') AS failed,"
         " count(j.job_id) FILTER (WHERE j.state = 'refused') AS refused,"
-        " count(j.job_id) FILTER (WHERE j.state = 'cancelled') AS cancelled"
+        " count(j.job_id) FILTER (WHERE j.state = 'cancelled') AS cancelled,"
+        " s.uncovered"  # cells no agent could run (coordinator/coverage.py)
         " FROM sweeps s LEFT JOIN jobs j USING (sweep_id) GROUP BY ALL ORDER BY created_at DESC",
     )
     if out.empty:

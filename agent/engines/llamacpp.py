@@ -79,6 +79,18 @@ MAX_ROW_VIEWS = 4 * (MAX_DEPTH + 1)  # numpy views of logits rows a chain keeps 
 _log = logging.getLogger(__name__)
 
 
+def _address_of(function):
+    """`function` (llama_get_logits_ith, llama_get_sampled_logits_ith: context, row -> float *)
+    called through a prototype that returns the address as a Python int (0 for NULL), not a
+    ctypes pointer object that `ctypes.addressof(pointer.contents)` must then take apart."""
+    prototype = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+    return prototype(ctypes.cast(function, ctypes.c_void_p).value)
+
+
+_logits_address = _address_of(ll.llama_get_logits_ith)
+_sampled_logits_address = _address_of(ll.llama_get_sampled_logits_ith)
+
+
 @ll.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs every load and context creation; keep only errors, through logging.
@@ -356,30 +368,33 @@ class _Chain:
             token = ll.llama_get_sampled_token_ith(context.ctx, row)
             if token >= 0 and token not in self.banned:
                 return token
-            logits = self.logits(context, row, ll.llama_get_sampled_logits_ith)
+            logits = self.logits(context, row, _sampled_logits_address)
         else:
             logits = self.logits(context, row)
         token = int(logits.argmax())
-        if token in self.banned:
-            masked = logits.copy()
-            masked[self._banned_ids[self._banned_ids < len(masked)]] = -np.inf
-            token = int(masked.argmax())
-        return token
+        return self.unbanned(logits) if token in self.banned else token
 
-    def logits(self, context, row: int = -1, getter=ll.llama_get_logits_ith) -> np.ndarray:
+    def unbanned(self, logits: np.ndarray) -> int:
+        """The argmax of a logits row whose own argmax is banned: the row copied, the banned ids
+        set to -inf, as the logit-bias sampler would have it."""
+        masked = logits.copy()
+        masked[self._banned_ids[self._banned_ids < len(masked)]] = -np.inf
+        return int(masked.argmax())
+
+    def logits(self, context, row: int = -1, getter=_logits_address) -> np.ndarray:
         """Output row `row` of the context's last decode as a float32 view of llama.cpp's buffer
-        (`getter`: the raw logits, or llama_get_sampled_logits_ith's where a sampler runs in the
-        graph): valid until the context decodes again. Views are kept per address, so a row
-        costs one call and a dictionary lookup."""
-        pointer = getter(context.ctx, row)
-        if not pointer:
+        (`getter`: the raw logits, or the sampled logits where a sampler runs in the graph, as an
+        address, _address_of): valid until the context decodes again. Views are kept per
+        address, so a row costs one call and a dictionary lookup."""
+        address = getter(context.ctx, row)
+        if not address:
             raise EngineError(f"llama.cpp holds no logits for output row {row}")
-        key = (ctypes.addressof(pointer.contents), getattr(context, "n_vocab", 0) or self._vocab_size(context))
+        key = (address, getattr(context, "n_vocab", 0) or self._vocab_size(context))
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= MAX_ROW_VIEWS:  # the buffer moved (it grew): forget the old rows
                 self._views.clear()
-            view = self._views[key] = np.ctypeslib.as_array((ctypes.c_float * key[1]).from_address(key[0]))
+            view = self._views[key] = np.ctypeslib.as_array((ctypes.c_float * key[1]).from_address(address))
         return view
 
     def _vocab_size(self, context) -> int:
@@ -437,6 +452,58 @@ class _DraftModel:
         """Nothing to do after a verify: propose() catches up with the context itself."""
 
 
+def _argmax_loop(
+    target: _Context, chain: _Chain, n: int, start: float, synchronous: bool
+) -> tuple[list[int], list[float]]:
+    """The greedy baseline's decode loop with the argmax taken on the host (_Chain), after the
+    prompt is decoded: `n` tokens and their times since `start`. The steps of `_Context.decode`
+    of one token and `_Chain.sample`, written out with everything bound to locals first, because
+    after a forward pass has streamed a large output matrix through the caches every operation of
+    the step runs cold (bench/overhead.py sets the loop's time against one argmax over the same
+    row): per token, the token and its position stored into the batch's row 0 (its other fields
+    are set once), one `llama_decode`, and the argmax of a numpy view of llama.cpp's logits row.
+
+    The row of a one-token decode is the start of the context's output buffer (llama_context::
+    output_reserve puts the logits first and reallocates only to grow, which one-row decodes
+    never need), so its view is made once from the prompt's row. Where the backend is
+    `synchronous` (the CPU's: llama_decode returns with the logits copied) nothing else crosses
+    into llama.cpp per token; elsewhere `llama_synchronize` does, as llama_get_logits_ith would.
+    The row's address is asked again after the last token: had it moved, the run is refused."""
+    decode, synchronize, clock = ll.llama_decode, ll.llama_synchronize, time.perf_counter
+    ctx, batch, banned = target.ctx, target.batch, chain.banned
+    token_slot, position_slot = target._token, target._pos
+    address = _logits_address(ctx, -1)
+    if not address:
+        raise EngineError("llama.cpp holds no logits for the prompt's last row")
+    logits = np.ctypeslib.as_array((ctypes.c_float * target.n_vocab).from_address(address))
+    token = int(logits.argmax())
+    if token in banned:
+        token = chain.unbanned(logits)
+    tokens, times = [token], [clock() - start]
+    batch.n_tokens, target._logits[0] = 1, True
+    position = target.n_past
+    for _ in range(n - 1):
+        token_slot[0], position_slot[0] = token, position
+        if rc := decode(ctx, batch):
+            raise EngineError(f"llama_decode failed with status {rc} at position {position}")
+        if not synchronous:
+            synchronize(ctx)
+        position += 1
+        token = int(logits.argmax())
+        if token in banned:
+            token = chain.unbanned(logits)
+        tokens.append(token)
+        times.append(clock() - start)
+    if n > 1:
+        target.tokens += tokens[:-1]
+        target.n_past, target.last_decoded = position, 1
+        if _logits_address(ctx, -1) != address:
+            raise EngineError(
+                "llama.cpp moved its logits buffer during the decode loop; its tokens are not to be trusted"
+            )
+    return tokens, times
+
+
 class LlamaCppEngine:
     name = "llama.cpp"
     methods = ENGINE_METHODS["llama.cpp"]
@@ -469,6 +536,7 @@ class LlamaCppEngine:
         self._target_path = ""
         self._references: dict[str, object] = {}
         self._device_backend: bool | None = None  # whether GREEDY "device" applies here, read once
+        self._cpu_backend: bool | None = None  # whether llama_decode is synchronous here (_synchronous)
 
     def _open(self, path: str, snapshots: int = 0, load_mtp: bool = False) -> _Context:
         return _Context(
@@ -611,6 +679,12 @@ class LlamaCppEngine:
             if context is not None:
                 context.sample_on_device(on)
 
+    def _synchronous(self) -> bool:
+        """Whether llama_decode returns with its logits on the host (the CPU backend), read once."""
+        if self._cpu_backend is None:
+            self._cpu_backend = _backend() == "cpu"
+        return self._cpu_backend
+
     def _verify_chain(self, sampler: Sampler) -> _Chain:
         """The target's sampler chain, end-of-generation tokens banned."""
         return _Chain(sampler, self._target.end_tokens, self._target.n_vocab)
@@ -618,16 +692,19 @@ class LlamaCppEngine:
     def _baseline(self, request: Request) -> Generation:
         target, chain = self._target, self._verify_chain(request.sampler)
         try:
-            tokens, times = [], []
             start = time.perf_counter()
             target.clear()
             target.decode(list(request.prompt_tokens))
-            while True:
-                tokens.append(chain.sample(target))
-                times.append(time.perf_counter() - start)
-                if len(tokens) == request.max_new_tokens:
-                    break
-                target.decode(tokens[-1:])
+            if chain.in_place and target.device_sampler is None:
+                tokens, times = _argmax_loop(target, chain, request.max_new_tokens, start, self._synchronous())
+            else:
+                tokens, times = [], []
+                while True:
+                    tokens.append(chain.sample(target))
+                    times.append(time.perf_counter() - start)
+                    if len(tokens) == request.max_new_tokens:
+                        break
+                    target.decode(tokens[-1:])
         finally:
             chain.free()
         return make_generation(request, tokens, times)

@@ -19,6 +19,8 @@ for s in sweeps.itertuples():
         text=f"{s.done} of {s.jobs} cells done · {s.failed} failed · {s.refused} refused · "
         f"{s.in_flight} in flight · {s.queued} queued · {s.cancelled} cancelled · {s.runs} runs",
     )
+    for line in s.uncovered if s.uncovered is not None else ():
+        st.warning(f"Not run: {line}")
     mine = failures[failures["sweep_id"] == s.sweep_id] if not failures.empty else failures
     if not mine.empty:
         st.error(f"{len(mine)} cell(s) failed in {s.name}:")

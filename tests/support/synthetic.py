@@ -155,7 +155,8 @@ def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
                 con.execute("CREATE OR REPLACE TEMP TABLE cells AS SELECT * FROM read_json_auto(?)", [str(path)])
             j = f"({start_job} + j)"  # integers of ours, never user input
             con.execute(
-                "INSERT INTO sweeps SELECT sweep_id, 'synthetic', '', 'done', 1.7e9, nextval('ingest_seq')"
+                "INSERT INTO sweeps (sweep_id, name, yaml, state, created_at, seq)"
+                " SELECT sweep_id, 'synthetic', '', 'done', 1.7e9, nextval('ingest_seq')"
                 f" FROM (SELECT DISTINCT {_sweep(j)} AS sweep_id FROM range({jobs}) r(j))"
                 " WHERE sweep_id NOT IN (SELECT sweep_id FROM sweeps)"
             )

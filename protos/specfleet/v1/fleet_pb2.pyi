@@ -262,17 +262,19 @@ class SubmitSweepRequest(_message.Message):
     def __init__(self, yaml: _Optional[str] = ...) -> None: ...
 
 class SubmitSweepResponse(_message.Message):
-    __slots__ = ("sweep_id", "jobs", "notes")
+    __slots__ = ("sweep_id", "jobs", "notes", "uncovered")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    UNCOVERED_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     jobs: int
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    uncovered: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., uncovered: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepStatus(_message.Message):
-    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents", "jobs_refused")
+    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents", "jobs_refused", "uncovered")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +290,7 @@ class SweepStatus(_message.Message):
     ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     JOBS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    UNCOVERED_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     name: str
     state: str
@@ -303,7 +306,8 @@ class SweepStatus(_message.Message):
     eta_seconds: float
     agents: _containers.RepeatedCompositeFieldContainer[AgentProgress]
     jobs_refused: int
-    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ..., jobs_refused: _Optional[int] = ...) -> None: ...
+    uncovered: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ..., jobs_refused: _Optional[int] = ..., uncovered: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentProgress(_message.Message):
     __slots__ = ("agent_id", "name", "job_id", "cell", "arm", "runs", "runs_expected")
