@@ -113,7 +113,8 @@ PY
     git -C "$src" rev-parse --short=7 HEAD 2>/dev/null >"$out/llama.cpp.commit" ||
         sed -n 's/.*"commit": *"\([0-9a-f]\{7\}\).*/\1/p' "$src/../../llama_cpp/__init__.py" >"$out/llama.cpp.commit" || true
     [ -s "$out/llama.cpp.commit" ] || { echo "device-payload: cannot tell the commit of $src" >&2; exit 1; }
-    rm -rf "$src"/{.git,models,docs,tests,examples,media,gguf-py,.devops,ci,benches,prompts,grammars,scripts,pocs,licenses}
+    # scripts/ stays: tools/ui (a dependency of llama-server) runs scripts/ui-assets.cmake even with the UI off
+    rm -rf "$src"/{.git,models,docs,tests,examples,media,gguf-py,.devops,ci,benches,prompts,grammars,pocs}
     for backend in "$src"/ggml/src/ggml-*/; do
         case "$(basename "$backend")" in ggml-cpu | ggml-cuda) ;; *) rm -rf "$backend" ;; esac
     done
