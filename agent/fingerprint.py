@@ -229,10 +229,18 @@ def import_problem(modules: tuple[str, ...]) -> str:
     return lines[-1] if lines[-1].startswith(modules) else f"{', '.join(modules)} do not import: {lines[-1]}"
 
 
+def _found(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that does not import
+        return False
+
+
 def engine_problems(engines: dict = IN_PROCESS_ENGINES, probe=import_problem) -> dict[str, str]:
     """Why each in-process engine cannot run on this machine, by name; engines that can run are
     absent. An engine runs where its distributions have installed metadata (its runs record their
-    versions, and the fingerprint's engine_versions come from it) and its modules import: a
+    versions, and the fingerprint's engine_versions come from it), its native module imports and
+    its other modules are installed: a
     package copied without its dist-info imports but reports no version, and one whose native
     library will not load has metadata but does not import; both are named here, with the import
     error, instead of the engine simply missing from enrolment."""
@@ -245,8 +253,11 @@ def engine_problems(engines: dict = IN_PROCESS_ENGINES, probe=import_problem) ->
             except importlib.metadata.PackageNotFoundError:
                 missing.append(dist)
         reasons = [f"no installed metadata (dist-info) for {', '.join(missing)}"] if missing else []
-        if problem := probe(modules):
+        # The first module holds the native library, imported in a child; the rest are pure
+        # Python, found without importing them (mlx_lm's import takes seconds: transformers).
+        if problem := probe(modules[:1]):
             reasons.append(problem)
+        reasons += [f"{m} is not installed (no module of that name)" for m in modules[1:] if not _found(m)]
         if reasons:
             problems[engine] = "; ".join(reasons)
     return problems

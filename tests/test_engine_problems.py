@@ -14,15 +14,17 @@ pytestmark = [pytest.mark.process]  # the imports are tried in child processes
 def test_an_engine_that_does_not_import_or_has_no_metadata_is_named_with_why():
     engines = {
         "fine": (("json",), ("numpy",)),
-        "broken": (("json", "no_such_module_i40"), ("numpy",)),
+        "broken": (("no_such_module_i40",), ("numpy",)),
+        "partial": (("json", "no_such_module_i41"), ("numpy",)),
         "copied": (("json",), ("no-such-distribution-i40",)),
     }
     problems = engine_problems(engines)
-    assert set(problems) == {"broken", "copied"}
+    assert set(problems) == {"broken", "partial", "copied"}
     assert (
         problems["broken"]
         == "no_such_module_i40 does not import: ModuleNotFoundError: No module named 'no_such_module_i40'"
     )
+    assert problems["partial"] == "no_such_module_i41 is not installed (no module of that name)"
     assert problems["copied"] == "no installed metadata (dist-info) for no-such-distribution-i40"
 
 
