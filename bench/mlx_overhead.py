@@ -77,7 +77,7 @@ def main() -> int:
             f"one mx.argmax over {size} logits {argmax_seconds(size) * 1e6:.1f} us",
             flush=True,
         )
-        engine.close()
+        del engine
     return 0
 
 
