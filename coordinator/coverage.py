@@ -6,7 +6,7 @@ A sweep becomes one job per cell and agent that matches its target and can run t
 no such agent can run gets no job at all; where no cell gets one the sweep is refused
 (scheduler.NoMatchingAgents), and where only some do, those cells are listed here, grouped by
 reason, as "3 cells: no agent has llama.cpp". The lines are computed once, at submission, from
-the agents the coordinator then knew, and stored with the sweep (migration 015): an agent enrolled
+the agents the coordinator then knew, and stored with the sweep (migration 016): an agent enrolled
 later gets no job of the sweep either.
 """
 
