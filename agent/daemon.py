@@ -67,6 +67,7 @@ class Agent:
         self.stop = threading.Event()
         self.lock = threading.Lock()  # guards state
         self.beat = threading.Event()  # set to send a heartbeat now (the status changed)
+        self.heard = threading.Event()  # set once a heartbeat was answered (the coordinator's schema known)
         self.worker: subprocess.Popen | None = None
         self.fatal = ""  # why the agent stopped itself; "" when it did not
         self.model_dirs = [Path(d).expanduser().resolve() for d in model_dirs]

@@ -74,6 +74,7 @@ def _beat_until_stopped(agent: Agent) -> None:
             if resp.lease_valid:
                 lease_seconds = resp.lease_expires_in_seconds
             agent.uploader.coordinator_reads(resp.max_record_schema)
+            agent.heard.set()
             with agent.lock:
                 agent.state.last_contact = time.time()
                 agent.state.draining = resp.drain

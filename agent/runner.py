@@ -140,7 +140,10 @@ def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
 
 
 def run_job(agent: Agent, job) -> None:
-    """Check, run and end one job; the agent's state says so while it runs."""
+    """Check, run and end one job; the agent's state says so while it runs. A job given while
+    the coordinator cannot read this agent's records is refused, saying so."""
+    if waiting := agent.uploader.waiting_for():
+        return _fail(agent, job, waiting, refused=True)
     try:
         spec, models = preflight.check(agent, JobSpec.from_json(job.spec_json))
     except ModelRefused as e:
@@ -159,7 +162,7 @@ def run_job(agent: Agent, job) -> None:
     parked_mark = len(agent.uploader.parked)
     try:
         code, timed_out = _run_worker(agent, job_file, spec.deadline_seconds)
-        agent.uploader.flush()
+        agent.uploader.flush(wait_for_held=False)  # held runs end the job "held", not wait
         _finish(agent, job, code, timed_out, job_file.parent, agent.uploader.parked_since(parked_mark, job.job_id))
     finally:
         with agent.lock:
@@ -247,8 +250,11 @@ def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked
         return _fail(agent, job, f"{reason}: {last_line(tail)}" if tail else reason)
     if parked:
         return _fail(agent, job, parked_reason(parked, runs))
-    if _tell(f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs), agent.stop):
-        log.info("job %s done: %d runs", job.job_id, runs)
+    held = agent.uploader.held_for(job.job_id)
+    if _tell(
+        f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs, held), agent.stop
+    ):
+        log.info("job %s %s: %d runs", job.job_id, f"held ({held} runs held)" if held else "done", runs)
         agent.metrics.job_ended("done")
     else:
         _fail(agent, job, f"the coordinator would not complete it with the {runs} runs its worker measured")

@@ -191,6 +191,11 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     todo = [i for i, res in enumerate(results) if res is None]
     if not todo:
         return results
+    # A lease that lapsed while its agent was out of reach is re-claimed by its runs, unless
+    # another attempt of the job began (Scheduler.reclaim): they are then refused below.
+    for key in {(reports[i].agent_id, reports[i].job_id, reports[i].lease_id) for i in todo}:
+        if not scheduler.live(*key):
+            scheduler.reclaim(*key)
     now = time.time()
     stored = {}  # run id -> (seq, agent id, record sha256) of the runs in this batch that are stored
     # One statement inserts the new runs: it commits on its own, and the store's lock keeps
@@ -255,6 +260,10 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                     earlier,
                 ).fetchall()
             )
+    held_leases = {reports[i].lease_id for i in todo if isinstance(results[i], tuple)} - {
+        reports[i].lease_id for i in todo if scheduler.live(reports[i].agent_id, reports[i].job_id, reports[i].lease_id)
+    }
+    scheduler.settle_held(held_leases)  # a held job whose runs all arrived is done
     for i in todo:
         r, run_id = reports[i], records[i].run_id
         if isinstance(results[i], tuple) or run_id not in stored:

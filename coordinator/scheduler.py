@@ -3,7 +3,14 @@
 A job is one cell of a sweep on one agent. It is handed out with a lease; heartbeats extend
 it; an expired lease puts the job back in the queue with its attempt count, until the
 sweep's maximum, after which the job fails with the reason. A job the agent refuses is
-refused, with the agent's reason, and never retried. Every change of a job's, an agent's or a
+refused, with the agent's reason, and never retried.
+
+Every attempt is a row of `attempts` (migration 020): its lease, agent, start, last extension,
+end, outcome and reason. A lease that lapsed only because its agent could not be heard (a Wi-Fi
+drop, a sleeping Mac) is re-claimed by the agent's next heartbeat, upload or job end naming it,
+as long as no other attempt of the job has begun (the job is still queued at that attempt, and
+the agent holds no other job): the job is leased again under the same lease and attempt, so the
+runs measured meanwhile are stored and nothing runs twice (`reclaim`). Every change of a job's, an agent's or a
 sweep's state goes through coordinator/states.py's `transition` inside a transaction; leases
 in memory and wake-ups change once it committed.
 """
@@ -158,11 +165,18 @@ class Scheduler:
                     else:
                         self._leases[job_id] = lease
 
-    def _transition(self, con, job_id: str, to: JobState, now: float, **columns) -> None:
+    def _transition(self, con, job_id: str, to: JobState, now: float, outcome: str = "", **columns) -> None:
         """Move a job to `to` inside the caller's transaction (states.JOBS says which moves
-        are allowed); a lease it held ends once the transaction committed."""
+        are allowed); a lease it held ends once the transaction committed, and its attempt
+        ends with `outcome` (the new state's name unless given) and the job's new reason."""
+        (lease_id,) = con.execute("SELECT lease_id FROM jobs WHERE job_id = ?", [job_id]).fetchone() or (None,)
         if transition(con, JOBS, job_id, to, updated_at=now, **columns) == JobState.LEASED:
             self._lease_changes.append((job_id, None))
+            con.execute(
+                "UPDATE attempts SET ended_at = ?, outcome = ?, reason = ?, seq = nextval('ingest_seq')"
+                " WHERE lease_id = ?",
+                [now, outcome or to.value, columns.get("reason", ""), lease_id],
+            )
 
     # ------------------------------------------------------------------ sweeps
 
@@ -283,7 +297,7 @@ class Scheduler:
             for (job_id,) in con.execute(
                 "SELECT job_id FROM jobs WHERE agent_id = ? AND state = 'leased'", [agent_id]
             ).fetchall():
-                self._end_attempt(con, job_id, now, "agent restarted while holding the lease")
+                self._end_attempt(con, job_id, now, "agent restarted while holding the lease", outcome="abandoned")
             if agent[0] == AgentState.BUSY:
                 self._release_agent(con, agent_id)
             row = con.execute(
@@ -301,17 +315,31 @@ class Scheduler:
             self._transition(
                 con, job_id, JobState.LEASED, now, lease_id=lease_id, lease_expires_at=expires_at, attempt=attempt + 1
             )
+            con.execute(
+                "INSERT INTO attempts (lease_id, job_id, attempt, agent_id, started_at, seq)"
+                " VALUES (?, ?, ?, ?, ?, nextval('ingest_seq'))",
+                [lease_id, job_id, attempt + 1, agent_id, now],
+            )
             self._lease_changes.append((job_id, Lease(agent_id, lease_id, sweep_id, agent[1], expires_at)))
             transition(con, AGENTS, agent_id, AgentState.BUSY, current_job_id=job_id)
         return LeasedJob(job_id, lease_id, sweep_id, attempt + 1, json.loads(spec))
 
     def lease(self, con, agent_id: str, job_id: str, lease_id: str) -> Lease:
-        """`agent_id`'s live lease `lease_id` on `job_id`, or SchedulerError saying why it is not
-        (naming the job's state, read from the table when the lease is gone)."""
+        """`agent_id`'s live lease `lease_id` on `job_id` (or the lease of its attempt that ended
+        held, whose runs are still to come), or SchedulerError saying why it is not (naming the
+        job's state, read from the table when the lease is gone)."""
         with self._lock:
             lease = self._leases.get(job_id)
         if lease is not None and lease.agent_id == agent_id and lease.lease_id == lease_id:
             return lease
+        held = con.execute(
+            "SELECT j.sweep_id, ag.chip FROM attempts a JOIN jobs j USING (job_id) JOIN agents ag"
+            " ON ag.agent_id = a.agent_id WHERE a.lease_id = ? AND a.job_id = ? AND a.agent_id = ?"
+            " AND a.outcome = 'held' AND j.state = 'held'",
+            [lease_id, job_id, agent_id],
+        ).fetchone()
+        if held is not None:
+            return Lease(agent_id, lease_id, held[0], held[1], float("inf"))
         if lease is not None:
             row = (lease.agent_id, JobState.LEASED.value, lease.lease_id)
         else:
@@ -319,6 +347,60 @@ class Scheduler:
         raise lease_problem(agent_id, job_id, lease_id, row) or SchedulerError(
             f"lease {lease_id} on job {job_id} is no longer valid"  # being expired by the reaper
         )
+
+    def live(self, agent_id: str, job_id: str, lease_id: str) -> bool:
+        """Whether `lease_id` on `job_id` is `agent_id`'s live lease (in memory: no database)."""
+        with self._lock:
+            lease = self._leases.get(job_id)
+        return lease is not None and lease.agent_id == agent_id and lease.lease_id == lease_id
+
+    def reclaim(self, agent_id: str, job_id: str, lease_id: str) -> float | None:
+        """Lease `job_id` to `agent_id` again under `lease_id`, which lapsed while no other
+        attempt of the job began (see the module's docstring); the seconds until it expires, or
+        None when it cannot be re-claimed (or is live: nothing to do)."""
+        if self.live(agent_id, job_id, lease_id):
+            return self.lease_seconds
+        with self.transaction() as con:
+            lease = self._reclaim(con, agent_id, job_id, lease_id, self.clock())
+        return None if lease is None else self.lease_seconds
+
+    def _reclaim(self, con, agent_id: str, job_id: str, lease_id: str, now: float) -> Lease | None:
+        row = con.execute(
+            "SELECT j.sweep_id, ag.chip, ag.state FROM attempts a JOIN jobs j USING (job_id)"
+            " JOIN agents ag ON ag.agent_id = a.agent_id JOIN sweeps s ON s.sweep_id = j.sweep_id"
+            " WHERE a.lease_id = ? AND a.job_id = ? AND a.agent_id = ? AND a.outcome = 'expired'"
+            " AND j.state = 'queued' AND j.attempt = a.attempt AND s.state = 'running'"
+            " AND ag.current_job_id IS NULL AND ag.state NOT IN ('revoked')",
+            [lease_id, job_id, agent_id],
+        ).fetchone()
+        if row is None:
+            return None
+        sweep_id, chip, agent_state = row
+        expires_at = now + self.lease_seconds
+        self._transition(con, job_id, JobState.LEASED, now, lease_id=lease_id, lease_expires_at=expires_at)
+        con.execute(
+            "UPDATE attempts SET ended_at = NULL, outcome = NULL, reason = '', reclaims = reclaims + 1,"
+            " last_beat_at = ?, seq = nextval('ingest_seq') WHERE lease_id = ?",
+            [now, lease_id],
+        )
+        if agent_state in (AgentState.IDLE, AgentState.ENROLLED):
+            transition(con, AGENTS, agent_id, AgentState.BUSY, current_job_id=job_id)
+        else:  # draining: it finishes the job it holds
+            con.execute(
+                "UPDATE agents SET current_job_id = ?, seq = ? WHERE agent_id = ?", [job_id, next_seq(con), agent_id]
+            )
+        lease = Lease(agent_id, lease_id, sweep_id, chip, expires_at)
+        self._lease_changes.append((job_id, lease))
+        return lease
+
+    def _held_lease(self, con, agent_id: str, job_id: str, lease_id: str, now: float) -> Lease:
+        """The agent's live lease, or the one it re-claims now; SchedulerError (lease()'s) if neither."""
+        try:
+            return self.lease(con, agent_id, job_id, lease_id)
+        except SchedulerError:
+            if (lease := self._reclaim(con, agent_id, job_id, lease_id, now)) is not None:
+                return lease
+            raise
 
     def extend_lease(self, agent_id: str, job_id: str, lease_id: str) -> float | None:
         """A heartbeat naming a job: extend the agent's live lease (in memory; the table gets
@@ -383,6 +465,10 @@ class Scheduler:
                         " WHERE jobs.job_id = e.job_id AND jobs.state = 'leased' AND jobs.lease_id = e.lease_id",
                         [list(extended), [lease for lease, _ in extended.values()], [t for _, t in extended.values()]],
                     )
+                    leases = [lease for lease, _ in extended.values()]
+                    con.execute(
+                        f"UPDATE attempts SET last_beat_at = ? WHERE lease_id IN {placeholders(leases)}", [now, *leases]
+                    )
         except BaseException:
             with self._lock:  # the next write tries again
                 self._extended.update(job_id for job_id in extended if job_id in self._leases)
@@ -392,26 +478,61 @@ class Scheduler:
                 for (agent_id,) in first_contact:
                     transition(con, AGENTS, agent_id, AgentState.IDLE)
 
-    def complete(self, agent_id: str, job_id: str, lease_id: str, run_count: int) -> None:
+    def complete(self, agent_id: str, job_id: str, lease_id: str, run_count: int, held_runs: int = 0) -> None:
+        """The job's end with every run stored, or (`held_runs` > 0) with that many of its runs
+        held by the agent for a coordinator upgrade: then it ends held, and becomes done once
+        they are stored (settle_held)."""
         now = self.clock()
         with self.transaction() as con:
-            self.lease(con, agent_id, job_id, lease_id)
+            self._held_lease(con, agent_id, job_id, lease_id, now)
             stored = con.execute("SELECT count(*) FROM runs WHERE lease_id = ?", [lease_id]).fetchone()[0]
-            if stored != run_count:
+            if not 0 <= held_runs <= run_count or stored != run_count - held_runs:
+                held = f" ({held_runs} held)" if held_runs else ""
                 raise SchedulerError(
-                    f"job {job_id}: agent reports {run_count} runs but {stored} are stored; upload them first"
+                    f"job {job_id}: agent reports {run_count} runs{held} but {stored} are stored; upload them first"
                 )
-            self._transition(con, job_id, JobState.DONE, now)
+            con.execute(
+                "UPDATE attempts SET runs_reported = ?, runs_held = ? WHERE lease_id = ?",
+                [run_count, held_runs, lease_id],
+            )
+            if held_runs:
+                self._transition(
+                    con,
+                    job_id,
+                    JobState.HELD,
+                    now,
+                    lease_id=None,
+                    lease_expires_at=None,
+                    reason=f"{held_runs} of its {run_count} runs held by the agent: their record schema is newer "
+                    "than this coordinator reads; they are stored once it is upgraded",
+                )
+            else:
+                self._transition(con, job_id, JobState.DONE, now)
             self._may_have_work.add(agent_id)  # its next job, if any
             self._release_agent(con, agent_id)
             self._close_sweep_if_done(con, job_id)
         self._wake({agent_id})
 
+    def settle_held(self, lease_ids: set[str]) -> None:
+        """Held jobs among `lease_ids`'s whose held runs are all stored now become done."""
+        if not lease_ids:
+            return
+        ids = sorted(lease_ids)
+        now = self.clock()
+        with self.transaction() as con:
+            for (job_id,) in con.execute(
+                "SELECT a.job_id FROM attempts a JOIN jobs j USING (job_id) WHERE a.outcome = 'held'"
+                f" AND j.state = 'held' AND a.lease_id IN {placeholders(ids)}"
+                " AND (SELECT count(*) FROM runs r WHERE r.lease_id = a.lease_id) >= a.runs_reported",
+                ids,
+            ).fetchall():
+                self._transition(con, job_id, JobState.DONE, now, reason="")
+
     def fail(self, agent_id: str, job_id: str, lease_id: str, reason: str, retry: bool) -> bool:
         """Fail the attempt; requeue when `retry` and attempts remain. Returns whether it will retry."""
         now = self.clock()
         with self.transaction() as con:
-            self.lease(con, agent_id, job_id, lease_id)
+            self._held_lease(con, agent_id, job_id, lease_id, now)
             will_retry = self._end_attempt(con, job_id, now, reason, retry=retry)
             self._may_have_work.add(agent_id)
             self._release_agent(con, agent_id)
@@ -423,7 +544,7 @@ class Scheduler:
         hold): the job is refused with the reason, never retried, and counts as no failure."""
         now = self.clock()
         with self.transaction() as con:
-            self.lease(con, agent_id, job_id, lease_id)
+            self._held_lease(con, agent_id, job_id, lease_id, now)
             attempt, max_attempts = con.execute(
                 "SELECT attempt, max_attempts FROM jobs WHERE job_id = ?", [job_id]
             ).fetchone()
@@ -454,7 +575,7 @@ class Scheduler:
             try:
                 with self.transaction() as con:
                     for job_id, lease in expired.items():
-                        self._end_attempt(con, job_id, now, "lease expired without a heartbeat")
+                        self._end_attempt(con, job_id, now, "lease expired without a heartbeat", outcome="expired")
                         self._may_have_work.add(lease.agent_id)
                         self._release_agent(con, lease.agent_id)
             except BaseException:
@@ -466,7 +587,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ helpers
 
-    def _end_attempt(self, con, job_id: str, now: float, reason: str, retry: bool = True) -> bool:
+    def _end_attempt(self, con, job_id: str, now: float, reason: str, retry: bool = True, outcome: str = "") -> bool:
         attempt, max_attempts = con.execute(
             "SELECT attempt, max_attempts FROM jobs WHERE job_id = ?", [job_id]
         ).fetchone()
@@ -476,6 +597,7 @@ class Scheduler:
                 job_id,
                 JobState.QUEUED,
                 now,
+                outcome or "failed",
                 lease_id=None,
                 lease_expires_at=None,
                 reason=f"attempt {attempt}: {reason}",
@@ -486,6 +608,7 @@ class Scheduler:
             job_id,
             JobState.FAILED,
             now,
+            outcome or "failed",
             lease_id=None,
             lease_expires_at=None,
             reason=f"attempt {attempt} of {max_attempts}: {reason}",

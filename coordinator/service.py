@@ -209,10 +209,19 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         """An agent's heartbeat stream: one answer per beat, in order."""
         agent_id = auth.current_agent.get()
         async for request in each_bounded(requests, context):
-            yield self.beat(agent_id, request)
+            response = self.beat(agent_id, request)
+            if request.job_id and not response.lease_valid:  # lapsed while the agent was out of reach?
+                remaining = await on_db(
+                    self.db, context, self.scheduler.reclaim, agent_id, request.job_id, request.lease_id
+                )
+                if remaining is not None:
+                    log.info("agent %s re-claimed its lapsed lease on %s", agent_id, request.job_id)
+                    response.lease_valid, response.lease_expires_in_seconds = True, remaining
+            yield response
 
     def beat(self, agent_id: str, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-        """Keep the beat for the next flush and extend the agent's lease, in memory."""
+        """Keep the beat for the next flush and extend the agent's lease, in memory (the stream
+        re-claims a lapsed one: Heartbeat)."""
         fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
         self.keep_beat(Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint))
         response = pb.HeartbeatResponse(drain=agent_id in self.draining, max_record_schema=readable_schema())
@@ -294,6 +303,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 request.job_id,
                 request.lease_id,
                 request.run_count,
+                request.held_runs,
             )
         except SchedulerError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -510,7 +520,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " count(j.job_id) FILTER (WHERE j.state IN ('failed', 'refused')),"
                 " (SELECT count(*) FROM runs r WHERE r.sweep_id = s.sweep_id),"
                 " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state IN ('failed', 'refused')),"
-                " count(j.job_id) FILTER (WHERE j.state = 'refused')"
+                " count(j.job_id) FILTER (WHERE j.state = 'refused'),"
+                " count(j.job_id) FILTER (WHERE j.state = 'held'),"
+                " (SELECT coalesce(sum(a.runs_held), 0) FROM attempts a JOIN jobs h USING (job_id)"
+                "  WHERE h.sweep_id = s.sweep_id AND h.state = 'held' AND a.outcome = 'held')"
                 f" FROM sweeps s LEFT JOIN jobs j USING (sweep_id) {where}"
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,
@@ -529,6 +542,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 jobs_done=r[7],
                 jobs_failed=r[8],
                 jobs_refused=r[11],
+                jobs_held=r[12],
+                runs_held=r[13],
                 runs=r[9],
                 failures=r[10] or [],
                 runs_expected=more[r[0]].runs_expected if r[0] in more else r[9],
