@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ class AgentState:
     lease_id: str = ""
     status: str = "starting"
     last_contact: float = 0.0
-    lease_lost: bool = False
     draining: bool = False
     not_starting: str = ""  # why no job is started now (battery, low-power mode); "" when none
 
@@ -68,7 +66,7 @@ class Agent:
         self.lock = threading.Lock()  # guards state
         self.beat = threading.Event()  # set to send a heartbeat now (the status changed)
         self.heard = threading.Event()  # set once a heartbeat was answered (the coordinator's schema known)
-        self.worker: subprocess.Popen | None = None
+        self.job_runner: runner.JobRunner | None = None  # the job running now, its worker and lease
         self.fatal = ""  # why the agent stopped itself; "" when it did not
         self.model_dirs = [Path(d).expanduser().resolve() for d in model_dirs]
         self.allow_battery = allow_battery
@@ -99,10 +97,10 @@ class Agent:
         return done
 
     def kill_worker(self) -> None:
-        """SIGKILL the worker and everything in its process group (the servers it started)."""
-        worker = self.worker
-        if worker is not None and worker.poll() is None:
-            runner.kill_group(worker.pid)
+        """SIGKILL the running job's worker and its process group (the servers it started)."""
+        job_runner = self.job_runner
+        if job_runner is not None:
+            job_runner.kill()
 
     def die(self, reason: str) -> None:
         """Stop the agent for a reason it cannot live with; run() then returns FATAL_EXIT_STATUS."""

@@ -57,6 +57,52 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+class JobRunner:
+    """One job on this agent (the Buildkite agent's job runner): its ids, its worker process and
+    whether its lease was lost, behind a lock of its own. The poll loop makes one per job
+    (run_job); the heartbeat loop asks it for the lease it beats for (`ids`) and tells it when
+    the coordinator says that lease is gone (`lease_gone`, which kills the worker); a stop kills
+    its worker through `kill`. Nothing else reaches the worker."""
+
+    def __init__(self, job):
+        self.job = job
+        self._lock = threading.Lock()
+        self._worker: subprocess.Popen | None = None
+        self._lease_lost = False
+
+    @property
+    def ids(self) -> tuple[str, str]:
+        """(job id, lease id): what the heartbeat names."""
+        return self.job.job_id, self.job.lease_id
+
+    @property
+    def lease_lost(self) -> bool:
+        with self._lock:
+            return self._lease_lost
+
+    def started(self, worker: subprocess.Popen) -> None:
+        """The job's worker runs: killed at once if the lease was lost meanwhile."""
+        with self._lock:
+            self._worker = worker
+            lost = self._lease_lost
+        if lost:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and everything in its process group (the servers it started)."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None and worker.poll() is None:
+            kill_group(worker.pid)
+
+    def lease_gone(self) -> None:
+        """The coordinator says the job's lease is gone (a cancelled sweep, an expiry another
+        attempt followed): stop its worker; the job's runs stay in the spool."""
+        with self._lock:
+            self._lease_lost = True
+        self.kill()
+
+
 def _tell(what: str, rpc, stop) -> bool:
     """Send a job's end to the coordinator; False (logged) when it refuses to hear it. With
     `stop` None it is sent even while the agent stops (a failure must reach the coordinator)."""
@@ -153,49 +199,53 @@ def run_job(agent: Agent, job) -> None:
     except OSError as e:  # a model file this agent may not read, a disk error while hashing
         return _fail(agent, job, f"could not read the job's model files: {e}", refused=True)
     job_file = _job_file(agent, job, spec, models)
+    job_runner = JobRunner(job)
     with agent.lock:
-        agent.state.job_id, agent.state.lease_id, agent.state.lease_lost = job.job_id, job.lease_id, False
+        agent.job_runner = job_runner
+        agent.state.job_id, agent.state.lease_id = job.job_id, job.lease_id
         agent.state.status = f"running {job.job_id} ({spec.engine})"
     agent.beat.set()
     agent.metrics.job_began(spec.engine, time.time())
     log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec.engine, spec.model["target"])
     parked_mark = len(agent.uploader.parked)
     try:
-        code, timed_out = _run_worker(agent, job_file, spec.deadline_seconds)
+        code, timed_out = _run_worker(agent, job_runner, job_file, spec.deadline_seconds)
         agent.uploader.flush(wait_for_held=False)  # held runs end the job "held", not wait
-        _finish(agent, job, code, timed_out, job_file.parent, agent.uploader.parked_since(parked_mark, job.job_id))
+        parked = agent.uploader.parked_since(parked_mark, job.job_id)
+        _finish(agent, job_runner, code, timed_out, job_file.parent, parked)
     finally:
         with agent.lock:
+            agent.job_runner = None
             agent.state.job_id = agent.state.lease_id = ""
             agent.state.status = "idle"
-        agent.worker = None
 
 
-def _run_worker(agent: Agent, job_file: Path, deadline_seconds: float) -> tuple[int, bool]:
+def _run_worker(agent: Agent, job_runner: JobRunner, job_file: Path, deadline_seconds: float) -> tuple[int, bool]:
     """Run the job's worker to its end: (exit status, whether it ran past the deadline)."""
     workdir = job_file.parent
     alive, agent_end = os.pipe()  # the agent never writes: the worker reads until the agent is gone
     try:
         with open(workdir / "worker.out", "w") as out, open(workdir / "worker.err", "w") as err:
-            agent.worker = subprocess.Popen(
+            worker = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, str(job_file), str(agent.spool.pending.parent), str(alive)],
                 stdout=out,
                 stderr=err,
                 pass_fds=(alive,),
                 start_new_session=True,  # its own process group: the servers it starts are in it
             )
+        job_runner.started(worker)
         os.close(alive)
         alive = -1
-        (workdir / "worker.pid").write_text(str(agent.worker.pid))
+        (workdir / "worker.pid").write_text(str(worker.pid))
         deadline = time.monotonic() + deadline_seconds
-        while agent.worker.poll() is None:
+        while worker.poll() is None:
             agent.uploader.wake.set()  # let the uploader take runs as they are measured
             if time.monotonic() > deadline:
-                agent.kill_worker()
+                job_runner.kill()
             if agent.stop.wait(WORKER_CHECK_SECONDS):
-                agent.kill_worker()
-        code = agent.worker.wait()
-        kill_group(agent.worker.pid)  # whatever the worker left behind, however it ended
+                job_runner.kill()
+        code = worker.wait()
+        kill_group(worker.pid)  # whatever the worker left behind, however it ended
         return code, time.monotonic() > deadline
     finally:
         for fd in (alive, agent_end):
@@ -234,8 +284,9 @@ def _failure(agent: Agent, code: int, timed_out: bool) -> str:
     return f"worker exited with status {code}"
 
 
-def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked) -> None:
-    if agent.state.lease_lost:
+def _finish(agent: Agent, job_runner: JobRunner, code: int, timed_out: bool, workdir: Path, parked) -> None:
+    job = job_runner.job
+    if job_runner.lease_lost:
         log.warning("job %s: lease lost; its runs stay refused in the spool", job.job_id)
         agent.metrics.job_ended("failed")
         return
