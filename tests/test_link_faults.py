@@ -18,7 +18,7 @@ import yaml
 
 from agent.credentials import AgentIdentity
 from agent.spool import Spool
-from coordinator.data_dir import admin_credential
+from specfleet.data_dir import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import KEEPALIVE_SECONDS, KEEPALIVE_TIMEOUT_SECONDS, AdminApi, AgentApi, channel
