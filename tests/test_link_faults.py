@@ -18,10 +18,10 @@ import yaml
 
 from agent.credentials import AgentIdentity
 from agent.spool import Spool
-from specfleet.data_dir import admin_credential
 from coordinator.store import open_readonly
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import KEEPALIVE_SECONDS, KEEPALIVE_TIMEOUT_SECONDS, AdminApi, AgentApi, channel
+from specfleet.data_dir import admin_credential
 from tests.support.netfault import FaultProxy
 from tests.support.processes import spawn, start_coordinator, stop, wait_until
 
