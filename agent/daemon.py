@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from agent import doctor, environment, heartbeat, poll, retry, runner, settings
+from agent import doctor, environment, heartbeat, poll, retry, settings
 from agent.credentials import AgentIdentity
 from agent.engines.llama_server import build_versions, find_binary, find_builds
 from agent.fingerprint import available_engines, fingerprint
+from agent.job_runner import JobRunner
 from agent.metrics import AgentMetrics
 from agent.models import HashCache
+from agent.parts import AgentState
 from agent.spool import Spool
 from agent.upload import Uploader, UploadFailed
 from specfleet import client as api
@@ -30,16 +31,6 @@ log = logging.getLogger("specfleet.agent")
 
 FATAL_EXIT_STATUS = 2
 PARKED_REASON_STATUS_CHARS = 200  # of the last parked run's reason, in the status
-
-
-@dataclass
-class AgentState:
-    job_id: str = ""
-    lease_id: str = ""
-    status: str = "starting"
-    last_contact: float = 0.0
-    draining: bool = False
-    not_starting: str = ""  # why no job is started now (battery, low-power mode); "" when none
 
 
 class Agent:
@@ -66,7 +57,7 @@ class Agent:
         self.lock = threading.Lock()  # guards state
         self.beat = threading.Event()  # set to send a heartbeat now (the status changed)
         self.heard = threading.Event()  # set once a heartbeat was answered (the coordinator's schema known)
-        self.job_runner: runner.JobRunner | None = None  # the job running now, its worker and lease
+        self.job_runner: JobRunner | None = None  # the job running now, its worker and lease
         self.fatal = ""  # why the agent stopped itself; "" when it did not
         self.model_dirs = [Path(d).expanduser().resolve() for d in model_dirs]
         self.allow_battery = allow_battery

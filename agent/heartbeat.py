@@ -23,7 +23,7 @@ import grpc
 from agent import retry
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 log = logging.getLogger("specfleet.agent")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from agent import environment, retry, runner
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 log = logging.getLogger("specfleet.agent")
 

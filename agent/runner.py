@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING
 import grpc
 
 from agent import preflight, retry
+from agent.job_runner import JobRunner, kill_group
 from agent.models import ModelRefused
 from specfleet.record import JobSpec
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 log = logging.getLogger("specfleet.agent")
 
@@ -47,60 +48,6 @@ WORKER_OUTPUT_TAIL_CHARS = 2000
 FAILURE_REASON_CHARS = 2000  # of parked runs' names and reasons (the coordinator keeps 2000)
 STOPPING_TELL_SECONDS = 10.0  # a stopping agent tells a job's failure this long at most
 PARKED_REASON_CHARS = 300  # of each parked run's reason, in its job's failure
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL a worker's process group; nothing to do when it is empty."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class JobRunner:
-    """One job on this agent (the Buildkite agent's job runner): its ids, its worker process and
-    whether its lease was lost, behind a lock of its own. The poll loop makes one per job
-    (run_job); the heartbeat loop asks it for the lease it beats for (`ids`) and tells it when
-    the coordinator says that lease is gone (`lease_gone`, which kills the worker); a stop kills
-    its worker through `kill`. Nothing else reaches the worker."""
-
-    def __init__(self, job):
-        self.job = job
-        self._lock = threading.Lock()
-        self._worker: subprocess.Popen | None = None
-        self._lease_lost = False
-
-    @property
-    def ids(self) -> tuple[str, str]:
-        """(job id, lease id): what the heartbeat names."""
-        return self.job.job_id, self.job.lease_id
-
-    @property
-    def lease_lost(self) -> bool:
-        with self._lock:
-            return self._lease_lost
-
-    def started(self, worker: subprocess.Popen) -> None:
-        """The job's worker runs: killed at once if the lease was lost meanwhile."""
-        with self._lock:
-            self._worker = worker
-            lost = self._lease_lost
-        if lost:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL the worker and everything in its process group (the servers it started)."""
-        with self._lock:
-            worker = self._worker
-        if worker is not None and worker.poll() is None:
-            kill_group(worker.pid)
-
-    def lease_gone(self) -> None:
-        """The coordinator says the job's lease is gone (a cancelled sweep, an expiry another
-        attempt followed): stop its worker; the job's runs stay in the spool."""
-        with self._lock:
-            self._lease_lost = True
-        self.kill()
 
 
 def _tell(what: str, rpc, stop) -> bool:
