@@ -516,7 +516,7 @@ def cmd_dashboard(args) -> int:
 
 
 def cmd_models_make_tiny(args) -> int:
-    from cli.tinymodels import make_tiny
+    from cli.tiny import make_tiny
 
     models = make_tiny(Path(args.dir))
     for field, path in models.paths().items():
