@@ -71,5 +71,6 @@ def loop(agent: Agent) -> None:
         with agent.lock:
             agent.state.status = waiting or "waiting for a job"
         resp = retry.call(lambda: agent.api.acquire_job(POLL_WAIT_SECONDS, agent.stop), ACQUIRE, "acquire", agent.stop)
+        agent.uploader.coordinator_reads(resp.max_record_schema)  # the very coordinator that hands the job
         if resp.has_job:
             runner.run_job(agent, resp.job)

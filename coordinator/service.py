@@ -234,9 +234,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 woken.clear()
                 job = await self.try_acquire(agent_id, context)
         if job is None:
-            return pb.AcquireJobResponse(has_job=False)
+            return pb.AcquireJobResponse(has_job=False, max_record_schema=readable_schema())
         return pb.AcquireJobResponse(
             has_job=True,
+            max_record_schema=readable_schema(),
             job=pb.Job(
                 job_id=job.job_id,
                 lease_id=job.lease_id,

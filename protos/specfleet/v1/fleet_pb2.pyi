@@ -127,12 +127,14 @@ class AcquireJobRequest(_message.Message):
     def __init__(self, wait_seconds: _Optional[float] = ...) -> None: ...
 
 class AcquireJobResponse(_message.Message):
-    __slots__ = ("has_job", "job")
+    __slots__ = ("has_job", "job", "max_record_schema")
     HAS_JOB_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     has_job: bool
     job: Job
-    def __init__(self, has_job: _Optional[bool] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+    max_record_schema: int
+    def __init__(self, has_job: _Optional[bool] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., max_record_schema: _Optional[int] = ...) -> None: ...
 
 class ReportResultRequest(_message.Message):
     __slots__ = ("job_id", "lease_id", "record_json")
