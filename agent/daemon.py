@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from agent import doctor, environment, heartbeat, poll, retry, runner, settings
+from agent import doctor, environment, heartbeat, poll, retry, settings
 from agent.credentials import AgentIdentity
 from agent.engines.llama_server import build_versions, find_binary, find_builds
 from agent.fingerprint import available_engines, engine_problems, fingerprint
+from agent.job_runner import JobRunner
 from agent.metrics import AgentMetrics
 from agent.models import HashCache
+from agent.parts import AgentState
 from agent.spool import Spool
 from agent.upload import Uploader, UploadFailed
 from specfleet import client as api
@@ -31,17 +31,6 @@ log = logging.getLogger("specfleet.agent")
 
 FATAL_EXIT_STATUS = 2
 PARKED_REASON_STATUS_CHARS = 200  # of the last parked run's reason, in the status
-
-
-@dataclass
-class AgentState:
-    job_id: str = ""
-    lease_id: str = ""
-    status: str = "starting"
-    last_contact: float = 0.0
-    lease_lost: bool = False
-    draining: bool = False
-    not_starting: str = ""  # why no job is started now (battery, low-power mode); "" when none
 
 
 class Agent:
@@ -67,7 +56,8 @@ class Agent:
         self.stop = threading.Event()
         self.lock = threading.Lock()  # guards state
         self.beat = threading.Event()  # set to send a heartbeat now (the status changed)
-        self.worker: subprocess.Popen | None = None
+        self.heard = threading.Event()  # set once a heartbeat was answered (the coordinator's schema known)
+        self.job_runner: JobRunner | None = None  # the job running now, its worker and lease
         self.fatal = ""  # why the agent stopped itself; "" when it did not
         self.model_dirs = [Path(d).expanduser().resolve() for d in model_dirs]
         self.allow_battery = allow_battery
@@ -101,10 +91,10 @@ class Agent:
         return done
 
     def kill_worker(self) -> None:
-        """SIGKILL the worker and everything in its process group (the servers it started)."""
-        worker = self.worker
-        if worker is not None and worker.poll() is None:
-            runner.kill_group(worker.pid)
+        """SIGKILL the running job's worker and its process group (the servers it started)."""
+        job_runner = self.job_runner
+        if job_runner is not None:
+            job_runner.kill()
 
     def die(self, reason: str) -> None:
         """Stop the agent for a reason it cannot live with; run() then returns FATAL_EXIT_STATUS."""

@@ -23,7 +23,7 @@ import grpc
 from agent import retry
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 log = logging.getLogger("specfleet.agent")
 
@@ -64,7 +64,8 @@ def _beat_until_stopped(agent: Agent) -> None:
     lease_seconds = 0.0  # the lease the coordinator last answered with: what a beat extends it to
     while not agent.stop.is_set():
         with agent.lock:
-            job_id, lease_id = agent.state.job_id, agent.state.lease_id
+            job_runner = agent.job_runner  # the job beaten for: asked, never reached into
+        job_id, lease_id = job_runner.ids if job_runner is not None else ("", "")
         status = agent.status_line()
         try:
             resp = retry.call(
@@ -74,13 +75,14 @@ def _beat_until_stopped(agent: Agent) -> None:
             if resp.lease_valid:
                 lease_seconds = resp.lease_expires_in_seconds
             agent.uploader.coordinator_reads(resp.max_record_schema)
+            agent.heard.set()
             with agent.lock:
                 agent.state.last_contact = time.time()
                 agent.state.draining = resp.drain
-                if job_id and job_id == agent.state.job_id and not resp.lease_valid:
-                    agent.state.lease_lost = True
-                    log.warning("lease on %s is gone; stopping its worker", job_id)
-                    agent.kill_worker()
+                lost = job_runner is not None and job_runner is agent.job_runner and not resp.lease_valid
+            if lost:
+                log.warning("lease on %s is gone; stopping its worker", job_id)
+                job_runner.lease_gone()
         except retry.FatalApiError as e:
             agent.die(str(e))
         except (grpc.RpcError, InterruptedError) as e:

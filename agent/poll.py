@@ -10,18 +10,20 @@ Retry policy (ACQUIRE): for as long as it takes, backing off to 30 s; a stop end
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from agent import environment, retry, runner
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 log = logging.getLogger("specfleet.agent")
 
 ACQUIRE = retry.Budget(0.5, 30.0, float("inf"))
 POLL_WAIT_SECONDS = 20.0
-POWER_RECHECK_SECONDS = 15.0  # how often an agent holding back (on battery) looks again
+POWER_RECHECK_SECONDS = 15.0
+FIRST_BEAT_WAIT_SECONDS = 10.0  # how often an agent holding back (on battery) looks again
 
 
 def holding_back(agent: Agent) -> bool:
@@ -52,7 +54,12 @@ def holding_back(agent: Agent) -> bool:
 
 
 def loop(agent: Agent) -> None:
-    """Acquire and run jobs until the agent stops (InterruptedError when stopped mid-call)."""
+    """Acquire and run jobs until the agent stops (InterruptedError when stopped mid-call). The
+    first waits for the first heartbeat's answer (at most FIRST_BEAT_WAIT_SECONDS): it says which
+    record schema the coordinator reads, before any job is taken."""
+    deadline = time.monotonic() + FIRST_BEAT_WAIT_SECONDS
+    while not agent.heard.is_set() and not agent.stop.is_set() and time.monotonic() < deadline:
+        agent.heard.wait(0.2)
     while not agent.stop.is_set():
         if agent.state.draining:
             log.info("coordinator asked this agent to drain; exiting")
@@ -60,8 +67,10 @@ def loop(agent: Agent) -> None:
         if holding_back(agent):
             agent.stop.wait(POWER_RECHECK_SECONDS)
             continue
+        waiting = agent.uploader.waiting_for()  # jobs it is given are refused, saying so (agent/runner.py)
         with agent.lock:
-            agent.state.status = "waiting for a job"
+            agent.state.status = waiting or "waiting for a job"
         resp = retry.call(lambda: agent.api.acquire_job(POLL_WAIT_SECONDS, agent.stop), ACQUIRE, "acquire", agent.stop)
+        agent.uploader.coordinator_reads(resp.max_record_schema)  # the very coordinator that hands the job
         if resp.has_job:
             runner.run_job(agent, resp.job)

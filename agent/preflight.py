@@ -13,7 +13,7 @@ from agent.models import ModelRefused, check_fits, resolve
 from specfleet.record import ENGINE_METHODS, ENGINES, JobSpec, ModelIdentity, is_method
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 
 GGUF_MAGIC = b"GGUF"

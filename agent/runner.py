@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING
 import grpc
 
 from agent import preflight, retry
+from agent.job_runner import JobRunner, kill_group
 from agent.models import ModelRefused
 from specfleet.record import JobSpec
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.parts import AgentParts as Agent
 
 log = logging.getLogger("specfleet.agent")
 
@@ -47,14 +48,6 @@ WORKER_OUTPUT_TAIL_CHARS = 2000
 FAILURE_REASON_CHARS = 2000  # of parked runs' names and reasons (the coordinator keeps 2000)
 STOPPING_TELL_SECONDS = 10.0  # a stopping agent tells a job's failure this long at most
 PARKED_REASON_CHARS = 300  # of each parked run's reason, in its job's failure
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL a worker's process group; nothing to do when it is empty."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tell(what: str, rpc, stop) -> bool:
@@ -140,7 +133,10 @@ def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
 
 
 def run_job(agent: Agent, job) -> None:
-    """Check, run and end one job; the agent's state says so while it runs."""
+    """Check, run and end one job; the agent's state says so while it runs. A job given while
+    the coordinator cannot read this agent's records is refused, saying so."""
+    if waiting := agent.uploader.waiting_for():
+        return _fail(agent, job, waiting, refused=True)
     try:
         spec, models = preflight.check(agent, JobSpec.from_json(job.spec_json))
     except ModelRefused as e:
@@ -150,49 +146,53 @@ def run_job(agent: Agent, job) -> None:
     except OSError as e:  # a model file this agent may not read, a disk error while hashing
         return _fail(agent, job, f"could not read the job's model files: {e}", refused=True)
     job_file = _job_file(agent, job, spec, models)
+    job_runner = JobRunner(job)
     with agent.lock:
-        agent.state.job_id, agent.state.lease_id, agent.state.lease_lost = job.job_id, job.lease_id, False
+        agent.job_runner = job_runner
+        agent.state.job_id, agent.state.lease_id = job.job_id, job.lease_id
         agent.state.status = f"running {job.job_id} ({spec.engine})"
     agent.beat.set()
     agent.metrics.job_began(spec.engine, time.time())
     log.info("job %s attempt %d: %s on %s", job.job_id, job.attempt, spec.engine, spec.model["target"])
     parked_mark = len(agent.uploader.parked)
     try:
-        code, timed_out = _run_worker(agent, job_file, spec.deadline_seconds)
-        agent.uploader.flush()
-        _finish(agent, job, code, timed_out, job_file.parent, agent.uploader.parked_since(parked_mark, job.job_id))
+        code, timed_out = _run_worker(agent, job_runner, job_file, spec.deadline_seconds)
+        agent.uploader.flush(wait_for_held=False)  # held runs end the job "held", not wait
+        parked = agent.uploader.parked_since(parked_mark, job.job_id)
+        _finish(agent, job_runner, code, timed_out, job_file.parent, parked)
     finally:
         with agent.lock:
+            agent.job_runner = None
             agent.state.job_id = agent.state.lease_id = ""
             agent.state.status = "idle"
-        agent.worker = None
 
 
-def _run_worker(agent: Agent, job_file: Path, deadline_seconds: float) -> tuple[int, bool]:
+def _run_worker(agent: Agent, job_runner: JobRunner, job_file: Path, deadline_seconds: float) -> tuple[int, bool]:
     """Run the job's worker to its end: (exit status, whether it ran past the deadline)."""
     workdir = job_file.parent
     alive, agent_end = os.pipe()  # the agent never writes: the worker reads until the agent is gone
     try:
         with open(workdir / "worker.out", "w") as out, open(workdir / "worker.err", "w") as err:
-            agent.worker = subprocess.Popen(
+            worker = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, str(job_file), str(agent.spool.pending.parent), str(alive)],
                 stdout=out,
                 stderr=err,
                 pass_fds=(alive,),
                 start_new_session=True,  # its own process group: the servers it starts are in it
             )
+        job_runner.started(worker)
         os.close(alive)
         alive = -1
-        (workdir / "worker.pid").write_text(str(agent.worker.pid))
+        (workdir / "worker.pid").write_text(str(worker.pid))
         deadline = time.monotonic() + deadline_seconds
-        while agent.worker.poll() is None:
+        while worker.poll() is None:
             agent.uploader.wake.set()  # let the uploader take runs as they are measured
             if time.monotonic() > deadline:
-                agent.kill_worker()
+                job_runner.kill()
             if agent.stop.wait(WORKER_CHECK_SECONDS):
-                agent.kill_worker()
-        code = agent.worker.wait()
-        kill_group(agent.worker.pid)  # whatever the worker left behind, however it ended
+                job_runner.kill()
+        code = worker.wait()
+        kill_group(worker.pid)  # whatever the worker left behind, however it ended
         return code, time.monotonic() > deadline
     finally:
         for fd in (alive, agent_end):
@@ -231,8 +231,9 @@ def _failure(agent: Agent, code: int, timed_out: bool) -> str:
     return f"worker exited with status {code}"
 
 
-def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked) -> None:
-    if agent.state.lease_lost:
+def _finish(agent: Agent, job_runner: JobRunner, code: int, timed_out: bool, workdir: Path, parked) -> None:
+    job = job_runner.job
+    if job_runner.lease_lost:
         log.warning("job %s: lease lost; its runs stay refused in the spool", job.job_id)
         agent.metrics.job_ended("failed")
         return
@@ -247,8 +248,11 @@ def _finish(agent: Agent, job, code: int, timed_out: bool, workdir: Path, parked
         return _fail(agent, job, f"{reason}: {last_line(tail)}" if tail else reason)
     if parked:
         return _fail(agent, job, parked_reason(parked, runs))
-    if _tell(f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs), agent.stop):
-        log.info("job %s done: %d runs", job.job_id, runs)
+    held = agent.uploader.held_for(job.job_id)
+    if _tell(
+        f"complete {job.job_id}", lambda: agent.api.complete_job(job.job_id, job.lease_id, runs, held), agent.stop
+    ):
+        log.info("job %s %s: %d runs", job.job_id, f"held ({held} runs held)" if held else "done", runs)
         agent.metrics.job_ended("done")
     else:
         _fail(agent, job, f"the coordinator would not complete it with the {runs} runs its worker measured")

@@ -13,9 +13,13 @@ the uploader never dies silently.
 
 A record of a newer schema than the coordinator reads (it says which at enrolment, in every
 heartbeat answer, and in the refusal of such a record) is held: it stays in `pending/`, is
-neither sent nor parked, and `flush()` waits, sending the other records, until a heartbeat says
-the coordinator reads it (it was upgraded); then it goes up. The log says so once per record,
-and the status and `specfleet_agent_runs_held` say how many are held and why.
+neither sent nor parked, and the uploader's own `flush()` waits, sending the other records,
+until a heartbeat says the coordinator reads it (it was upgraded); then it goes up. The wait
+holds no lock: a job's end flushes with `wait_for_held=False` and ends the job "held" with the
+count (agent/runner.py), so a held record never keeps a job from ending. The log says so once
+per record, and the status and `specfleet_agent_runs_held` say how many are held and why.
+While the coordinator reads an older schema than this agent writes, `waiting_for()` says so:
+the agent refuses the jobs it is given (agent/runner.py) rather than measure runs it cannot store.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from prometheus_client import Gauge
 
 from agent import retry, spool
 from agent.metrics import AgentMetrics
+from specfleet import record
 from specfleet.client import AgentApi
 
 log = logging.getLogger("specfleet.agent")
@@ -83,7 +88,9 @@ class Uploader:
         self._lock = threading.Lock()  # the uploader thread and the job runner both flush
         # The newest record schema the coordinator reads, as it last said (0: it has not said).
         self.coordinator_schema = 0
+        self.record_schema = record.SCHEMA_VERSION  # the schema this agent's worker writes
         self.held: dict[str, int] = {}  # run id -> record schema, of the records held at the last pass
+        self._held_jobs: dict[str, str] = {}  # run id -> job id, of every record ever held
         self._told_held: set[str] = set()  # held records already logged
         Gauge(
             "specfleet_agent_runs_held",
@@ -100,6 +107,20 @@ class Uploader:
                 log.info("the coordinator reads record schema %d now: uploading the runs held for it", schema)
                 self.wake.set()
 
+    def waiting_for(self) -> str:
+        """Why this agent takes no job now: the coordinator reads an older record schema than it
+        writes; "" when it reads this agent's (or has not said)."""
+        if 0 < self.coordinator_schema < self.record_schema:
+            return (
+                f"waiting for the coordinator to read record schema {self.record_schema} "
+                f"(it reads up to {self.coordinator_schema}): upgrade the coordinator"
+            )
+        return ""
+
+    def held_for(self, job_id: str) -> int:
+        """How many of the job's runs are held now."""
+        return sum(1 for run_id in dict(self.held) if self._held_jobs.get(run_id) == job_id)
+
     def held_reason(self) -> str:
         """Why runs are held, for the status; "" when none is."""
         held = dict(self.held)
@@ -111,22 +132,22 @@ class Uploader:
             f"({self.coordinator_schema}); they go up when it is upgraded"
         )
 
-    def flush(self) -> int:
+    def flush(self, wait_for_held: bool = True) -> int:
         """Upload every pending record, parking those that will never go; returns the uploads.
-        While records are held for a coordinator upgrade it waits, uploading what else comes,
-        until they went up. Raises InterruptedError (stopping), FatalApiError (credential
-        refused), UploadFailed."""
-        with self._lock:
-            done = 0
-            while True:
+        While records are held for a coordinator upgrade it waits (unless `wait_for_held` is
+        False), uploading what else comes, until they went up; the wait holds no lock. Raises
+        InterruptedError (stopping), FatalApiError (credential refused), UploadFailed."""
+        done = 0
+        while True:
+            with self._lock:
                 held: dict[str, int] = {}
                 for path in self.spool.paths():
                     done += self._upload(path, held)
                 self.held = held
-                if not held:
-                    return done
-                if self.stop.wait(HELD_CHECK_SECONDS):
-                    raise InterruptedError("agent stopping with runs held")
+            if not held or not wait_for_held:
+                return done
+            if self.stop.wait(HELD_CHECK_SECONDS):
+                raise InterruptedError("agent stopping with runs held")
 
     def _upload(self, path: Path, held: dict[str, int]) -> int:
         try:
@@ -165,6 +186,7 @@ class Uploader:
 
     def _hold(self, item: spool.Spooled, schema: int, held: dict[str, int]) -> None:
         held[item.run_id] = schema
+        self._held_jobs[item.run_id] = item.job_id
         if item.run_id not in self._told_held:
             self._told_held.add(item.run_id)
             log.warning(

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.engines import make_engine  # noqa: E402
 from agent.engines.base import Request  # noqa: E402
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 
 # Prose on which the tiny target does not fall into a loop within 128 tokens (on a loop every
 # proposal is accepted, which says nothing about the loops' costs).

@@ -32,7 +32,7 @@ from google.protobuf.json_format import MessageToJson  # noqa: E402
 
 from agent.fingerprint import fingerprint  # noqa: E402
 from cli import demo  # noqa: E402
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 from coordinator.store import DB_FILENAME  # noqa: E402
 from protos.specfleet.v1 import fleet_pb2 as pb  # noqa: E402
 from specfleet.client import (  # noqa: E402

@@ -89,7 +89,7 @@ PY
         ln -sfn "$build" .data/llama.cpp
         scripts/build-llama-cpp.sh --check "$build/bin" dynamic >/dev/null; echo "check status $?" ;;
     crash)
-        python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null
+        python3 -m cli.tiny "$SPECFLEET_TINY_DIR" >/dev/null
         for first in google._upb._message numpy ""; do
             timeout 60 python3 -X faulthandler - "$first" "$SPECFLEET_TINY_DIR/gguf/target.gguf" <<'PY' 2>&1 | tail -4
 import importlib, sys
@@ -110,9 +110,9 @@ PY
     parity)
         timeout 150 python3 bench/h200/parity.py "$SPECFLEET_TINY_DIR" ;;
     tiny)
-        python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null ;;
+        python3 -m cli.tiny "$SPECFLEET_TINY_DIR" >/dev/null ;;
     models)
-        python3 -m cli.tinymodels "$SPECFLEET_TINY_DIR" >/dev/null
+        python3 -m cli.tiny "$SPECFLEET_TINY_DIR" >/dev/null
         python3 bench/shaped.py "$SHAPED" --trunk smol ;;
     tests)
         timeout $(( $(left) > 300 ? 240 : $(left) - 60 )) python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider \

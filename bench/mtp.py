@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.engines import make_engine  # noqa: E402
 from agent.engines.base import Request  # noqa: E402
 from bench.engines import PROMPT, WARMUP_RUNS, decode_tps  # noqa: E402
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 
 
 def positions(gens) -> str:

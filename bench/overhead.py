@@ -63,7 +63,7 @@ from agent.engines.base import Request  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
 from bench.servers import NGRAM_MOD, PROMPT, engines, llama_bench, paired, ratio, side_by_side, tps  # noqa: E402
 from bench.shaped import VOCABS, make_shaped  # noqa: E402
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 
 OUTSIDE_TARGET_US = 20.0
 BEYOND_ARGMAX_TARGET_US = 10.0  # issue 40: the loop's median step outside forward passes, less one argmax

@@ -36,7 +36,7 @@ from agent.engines.llama_server import PROJECT_BUILD  # noqa: E402
 from agent.summary import summarise  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
 from cli.demo import NGRAM_MOD  # noqa: E402  (the tiny models' ngram-mod parameters, as the demo runs them)
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 
 PROMPT = (
     "Speculative decoding lets a small draft model propose several tokens that the large target model then "

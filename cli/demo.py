@@ -26,7 +26,7 @@ from rich.console import Console
 
 from agent.credentials import CREDENTIAL_FILE, AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
-from cli.tinymodels import make_tiny
+from cli.tiny import make_tiny
 from cli.watch import watch
 from dashboard.serve import command as dashboard_command
 from dashboard.serve import environment as dashboard_environment

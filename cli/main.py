@@ -291,10 +291,11 @@ def cmd_sweep_submit(args) -> int:
 
 
 def print_sweep(s) -> None:
-    finished = s.jobs_done + s.jobs_failed
+    finished = s.jobs_done + s.jobs_failed + s.jobs_held
+    held = f", held {s.jobs_held} ({s.runs_held} runs held by their agents)" if s.jobs_held else ""
     print(
         f"{s.sweep_id}  {s.name:24} {s.state:9} {finished}/{s.jobs_total} jobs finished "
-        f"(queued {s.jobs_queued}, running {s.jobs_running}, done {s.jobs_done}, failed {s.jobs_failed}), "
+        f"(queued {s.jobs_queued}, running {s.jobs_running}, done {s.jobs_done}, failed {s.jobs_failed}{held}), "
         f"{s.runs} runs"
     )
     for line in s.uncovered:
@@ -523,7 +524,7 @@ def cmd_dashboard(args) -> int:
 
 
 def cmd_models_make_tiny(args) -> int:
-    from cli.tinymodels import make_tiny
+    from cli.tiny import make_tiny
 
     models = make_tiny(Path(args.dir))
     for field, path in models.paths().items():

@@ -1,10 +1,10 @@
 """Deterministic tiny Llama models for tests and the demo, built offline.
 
-`make_tiny(directory)` writes a target and a draft, each twice: as an MLX model directory
-(config.json, model.safetensors, tokenizer.json, tokenizer_config.json) that `mlx_lm.load`
-accepts, and as a GGUF of the same float32 weights that llama.cpp loads. All four share one
-byte-level BPE vocabulary learned from a built-in corpus, so token ids mean the same thing
-in every file.
+The building blocks of cli/tiny.py's `make_tiny(directory)`, which writes a target and a
+draft, each twice: as an MLX model directory (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json) that `mlx_lm.load` accepts, and as a GGUF of the same float32
+weights that llama.cpp loads. All four share one byte-level BPE vocabulary learned from a
+built-in corpus, so token ids mean the same thing in every file.
 
 The draft is the target's first `DRAFT_LAYERS` layers with the target's embedding, final
 norm and output head: a layer-skip draft. The target's deeper layers write into the residual
@@ -13,28 +13,19 @@ not always, and speculative decoding sees a realistic acceptance rate instead of
 unrelated random models) or 1 (identical models). The draft costs about half the target's
 layer compute.
 
-Everything is seeded, so a build writes the same bytes every time; a manifest records the
-builder (a digest of this file) and file hashes so that a second call on a complete directory
+Everything is seeded, so a build writes the same bytes every time; a manifest (cli/tiny.py)
+records the builder (a digest of the builders' files) and file hashes so that a second call on a complete directory
 returns at once, and models written by an older builder are rebuilt.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-# Any edit of this file or of tinymtp.py makes a new builder, so models from an older one never
-# survive a change (a rebuild takes a second or two).
-BUILDER_VERSION = hashlib.sha256(
-    Path(__file__).read_bytes() + (Path(__file__).parent / "tinymtp.py").read_bytes()
-).hexdigest()[:16]
-MANIFEST = "manifest.json"
 
 VOCAB_SIZE = 512  # 256 byte tokens + learned merges + BOS + EOS
 BOS_TOKEN = "<|begin_of_text|>"
@@ -453,85 +444,3 @@ def write_model(
         mlx_writer(directory / "mlx" / name, shape, weights, vocab),
         gguf_writer(directory / "gguf" / f"{name}.gguf", shape, weights, vocab),
     )
-
-
-# --- the pair, with a manifest -------------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _result(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> TinyModels:
-    return TinyModels(
-        mlx_target=directory / "mlx" / "target",
-        mlx_draft=directory / "mlx" / "draft",
-        gguf_target=directory / "gguf" / "target.gguf",
-        gguf_draft=directory / "gguf" / "draft.gguf",
-        mlx_mtp_dense=directory / "mlx" / "mtp-dense",
-        mlx_mtp_hybrid=directory / "mlx" / "mtp-hybrid",
-        mlx_mtp_hybrid_draft=directory / "mlx" / "mtp-hybrid-draft",
-        gguf_mtp_dense=directory / "gguf" / "mtp-dense.gguf",
-        gguf_mtp_hybrid=directory / "gguf" / "mtp-hybrid.gguf",
-        gguf_mtp_hybrid_draft=directory / "gguf" / "mtp-hybrid-draft.gguf",
-        vocab_size=vocab_size,
-        bos_id=bos_id,
-        eos_id=eos_id,
-    )
-
-
-def _complete(directory: Path) -> TinyModels | None:
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if manifest.get("builder_version") != BUILDER_VERSION:
-        return None
-    files = manifest.get("files", {})
-    if not files or any(
-        not (directory / name).is_file() or _sha256(directory / name) != digest for name, digest in files.items()
-    ):
-        return None
-    return _result(directory, manifest["vocab_size"], manifest["bos_id"], manifest["eos_id"])
-
-
-def make_tiny(directory: Path) -> TinyModels:
-    """Build (or find already built) the tiny models under `directory`."""
-    directory = Path(directory)
-    found = _complete(directory)
-    if found is not None:
-        return found
-    vocab = build_vocab()
-    target, draft, draft_shape = layer_skip_pair(TARGET_SHAPE, vocab.size, TARGET_SEED)
-    write_model(directory, "target", TARGET_SHAPE, target, vocab)
-    write_model(directory, "draft", draft_shape, draft, vocab)
-    from cli import tinymtp  # it builds on this module
-
-    tinymtp.write_all(directory, vocab)
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    # The manifest is written last, so an interrupted build is rebuilt on the next call.
-    _write_json(
-        directory / MANIFEST,
-        {
-            "builder_version": BUILDER_VERSION,
-            "vocab_size": vocab.size,
-            "bos_id": vocab.bos_id,
-            "eos_id": vocab.eos_id,
-            "files": {str(p.relative_to(directory)): _sha256(p) for p in files},
-        },
-    )
-    return _result(directory, vocab.size, vocab.bos_id, vocab.eos_id)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the deterministic tiny target and draft models.")
-    parser.add_argument("directory", type=Path)
-    args = parser.parse_args(argv)
-    models = make_tiny(args.directory)
-    for name, path in models.paths().items():
-        print(f"{name}\t{path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

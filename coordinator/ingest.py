@@ -191,6 +191,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     todo = [i for i, res in enumerate(results) if res is None]
     if not todo:
         return results
+    _reclaim_lapsed(scheduler, [reports[i] for i in todo])
     now = time.time()
     stored = {}  # run id -> (seq, agent id, record sha256) of the runs in this batch that are stored
     # One statement inserts the new runs: it commits on its own, and the store's lock keeps
@@ -255,6 +256,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                     earlier,
                 ).fetchall()
             )
+    _settle_held(scheduler, [reports[i] for i in todo if isinstance(results[i], tuple)])
     for i in todo:
         r, run_id = reports[i], records[i].run_id
         if isinstance(results[i], tuple) or run_id not in stored:
@@ -270,6 +272,19 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
         else:
             results[i] = (True, seq)  # a retry: acknowledged, never stored twice
     return results
+
+
+def _reclaim_lapsed(scheduler: Scheduler, reports: list[Report]) -> None:
+    """A lease that lapsed while its agent was out of reach is re-claimed by its runs, unless
+    another attempt of the job began (Scheduler.reclaim): they are then refused as stale."""
+    for key in {(r.agent_id, r.job_id, r.lease_id) for r in reports}:
+        if not scheduler.live(*key):
+            scheduler.reclaim(*key)
+
+
+def _settle_held(scheduler: Scheduler, stored: list[Report]) -> None:
+    """A held job whose runs have all arrived now is done (Scheduler.settle_held)."""
+    scheduler.settle_held({r.lease_id for r in stored if not scheduler.live(r.agent_id, r.job_id, r.lease_id)})
 
 
 def _insert(con, rows: list[list]) -> list[tuple[str, int]]:

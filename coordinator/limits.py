@@ -98,6 +98,7 @@ LIMITS: dict[str, Text | Items | Entries | Number | Numbers | Messages] = {
     "CompleteJobRequest.job_id": ID,
     "CompleteJobRequest.lease_id": ID,
     "CompleteJobRequest.run_count": COUNT,
+    "CompleteJobRequest.held_runs": COUNT,
     "FailJobRequest.job_id": ID,
     "FailJobRequest.lease_id": ID,
     "FailJobRequest.reason": Text(MAX_REASON_CHARS),

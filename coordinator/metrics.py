@@ -58,7 +58,7 @@ class FleetCollector:
             jobs = con.execute("SELECT state, count(*) FROM jobs GROUP BY ALL").fetchall()
             sweeps = con.execute(
                 "SELECT s.name,"
-                " count(*) FILTER (WHERE j.state IN ('done', 'failed', 'refused', 'cancelled')) / count(*)"
+                " count(*) FILTER (WHERE j.state IN ('done', 'failed', 'refused', 'cancelled', 'held')) / count(*)"
                 " FROM sweeps s JOIN jobs j USING (sweep_id) WHERE s.state = 'running' GROUP BY ALL"
             ).fetchall()
         g = GaugeMetricFamily("specfleet_agents", "Enrolled agents by state and chip", labels=["state", "chip"])

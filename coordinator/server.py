@@ -29,6 +29,18 @@ from specfleet.keys import private_key_file
 log = logging.getLogger("specfleet.coordinator")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Agents ping every specfleet/client.py KEEPALIVE_SECONDS (10 s), calls in flight or not, to
+# notice a hung link: permitted, never answered with GOAWAY "too many pings" (gRPC's default
+# wants 5 minutes between pings without data). The coordinator pings idle agents' connections
+# itself, so that a dead agent's streams are closed within a minute and a half.
+KEEPALIVE_OPTIONS = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+)
 REAPER_INTERVAL_SECONDS = 1.0
 # Garbage collection thresholds, in collections of the next younger generation (Python's
 # defaults are 10 and 10).
@@ -134,6 +146,7 @@ class Coordinator:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),  # a second coordinator on this port fails instead of sharing it
+                *KEEPALIVE_OPTIONS,
             ],
         )
         self.agent_service = AgentServicer(self.scheduler, self.metrics, self.db)

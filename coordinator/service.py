@@ -4,9 +4,10 @@ Every request, and every message of a stream, is checked against coordinator/lim
 before anything else reads it: a field out of bounds is refused with INVALID_ARGUMENT naming
 it, and nothing of the request is kept or stored.
 
-A write the store refuses for its own reasons (disk full, read-only file) answers UNAVAILABLE
-(coordinator/store.py StoreUnavailable): the agent keeps what it sent and retries; heartbeats
-are answered from memory meanwhile, and reads go on.
+Domain errors are answered with the status coordinator/errors.py's one table gives them
+(`answered`). A write the store refuses for its own reasons (disk full, read-only file) answers
+UNAVAILABLE (coordinator/store.py StoreUnavailable): the agent keeps what it sent and retries;
+heartbeats are answered from memory meanwhile, and reads go on.
 """
 
 from __future__ import annotations
@@ -24,22 +25,20 @@ from google.protobuf import json_format
 
 from coordinator import agents, auth, limits, progress
 from coordinator.batching import Batcher, Database
-from coordinator.imports import InvalidImport, store_imported
-from coordinator.ingest import InvalidRun, NewerRun, Report, ingest_many, readable_schema
+from coordinator.errors import answered
+from coordinator.imports import store_imported
+from coordinator.ingest import Report, ingest_many, readable_schema
 from coordinator.metrics import Metrics
 from coordinator.scheduler import (
     HEARTBEAT_INTERVAL_SECONDS,
     MAX_WAIT_SECONDS,
     Beat,
-    NoMatchingAgents,
     Scheduler,
-    SchedulerError,
 )
-from coordinator.states import StateError, UnknownEntity
 from coordinator.store import StoreUnavailable
 from protos.specfleet.v1 import fleet_pb2 as pb
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
-from specfleet.sweeps import SweepError, parse_sweep
+from specfleet.sweeps import parse_sweep
 
 log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
@@ -81,11 +80,6 @@ def check_lease(lease_seconds: float) -> None:
         )
 
 
-# Trailing metadata of a ReportResult refused as NewerRun: the newest record schema this
-# coordinator reads, so that the agent holds the record instead of parking it.
-READABLE_SCHEMA_KEY = "specfleet-max-record-schema"
-
-
 def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
     return json_format.MessageToDict(fp)
 
@@ -96,14 +90,6 @@ async def bounded(request, context) -> None:
     if problems:
         more = f"; and {len(problems) - MAX_SHOWN_PROBLEMS} more" if len(problems) > MAX_SHOWN_PROBLEMS else ""
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems[:MAX_SHOWN_PROBLEMS]) + more)
-
-
-async def on_db(db: Database, context, fn, *args):
-    """`db.run(fn, *args)`, a store that refuses writes answered UNAVAILABLE (retryable)."""
-    try:
-        return await db.run(fn, *args)
-    except StoreUnavailable as e:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
 
 async def each_bounded(requests, context):
@@ -181,10 +167,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     async def Enrol(self, request, context):
         await bounded(request, context)
-        try:
-            agent_id, credential = await on_db(
-                self.db,
-                context,
+        async with answered(context):
+            agent_id, credential = await self.db.run(
                 agents.enrol,
                 self.store,
                 request.token,
@@ -193,10 +177,6 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 dict(request.labels),
                 list(request.engines),
             )
-        except auth.AuthError as e:
-            await context.abort(e.code, str(e))
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.EnrolResponse(
             agent_id=agent_id,
             credential=credential,
@@ -208,11 +188,23 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Heartbeat(self, requests, context):
         """An agent's heartbeat stream: one answer per beat, in order."""
         agent_id = auth.current_agent.get()
+        async with answered(context):
+            async for response in self._beats(agent_id, requests, context):
+                yield response
+
+    async def _beats(self, agent_id: str, requests, context):
         async for request in each_bounded(requests, context):
-            yield self.beat(agent_id, request)
+            response = self.beat(agent_id, request)
+            if request.job_id and not response.lease_valid:  # lapsed while the agent was out of reach?
+                remaining = await self.db.run(self.scheduler.reclaim, agent_id, request.job_id, request.lease_id)
+                if remaining is not None:
+                    log.info("agent %s re-claimed its lapsed lease on %s", agent_id, request.job_id)
+                    response.lease_valid, response.lease_expires_in_seconds = True, remaining
+            yield response
 
     def beat(self, agent_id: str, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-        """Keep the beat for the next flush and extend the agent's lease, in memory."""
+        """Keep the beat for the next flush and extend the agent's lease, in memory (the stream
+        re-claims a lapsed one: Heartbeat)."""
         fingerprint = _fingerprint_dict(request.fingerprint) if request.HasField("fingerprint") else None
         self.keep_beat(Beat(agent_id, request.job_id, request.lease_id, request.status, fingerprint))
         response = pb.HeartbeatResponse(drain=agent_id in self.draining, max_record_schema=readable_schema())
@@ -242,9 +234,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 woken.clear()
                 job = await self.try_acquire(agent_id, context)
         if job is None:
-            return pb.AcquireJobResponse(has_job=False)
+            return pb.AcquireJobResponse(has_job=False, max_record_schema=readable_schema())
         return pb.AcquireJobResponse(
             has_job=True,
+            max_record_schema=readable_schema(),
             job=pb.Job(
                 job_id=job.job_id,
                 lease_id=job.lease_id,
@@ -258,60 +251,42 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def try_acquire(self, agent_id: str, context):
         if not self.scheduler.may_have_work(agent_id):  # most polls: answered without the database
             return None
-        return await on_db(self.db, context, self.scheduler.try_acquire, agent_id)
+        async with answered(context):  # a store refusing writes: UNAVAILABLE, retried
+            return await self.db.run(self.scheduler.try_acquire, agent_id)
 
     async def ReportResult(self, requests, context):
         """An agent's result stream: one answer per run, in order; a refused run ends it."""
         agent_id = auth.current_agent.get()
         async for request in each_bounded(requests, context):
-            try:
+            async with answered(context):  # a NewerRun is held by the agent, not parked (errors.py)
                 duplicate, seq = await self.reports.submit(
                     Report(agent_id, request.job_id, request.lease_id, request.record_json, time.time())
                 )
-            except InvalidRun as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            except NewerRun as e:  # not parked: held by the agent until this coordinator is upgraded
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    str(e),
-                    trailing_metadata=((READABLE_SCHEMA_KEY, str(e.readable)),),
-                )
-            except SchedulerError as e:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-            except StoreUnavailable as e:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             (self.metrics.runs_duplicate if duplicate else self.metrics.runs_ingested).inc()
             yield pb.ReportResultResponse(duplicate=duplicate, ingest_seq=seq)
 
     async def CompleteJob(self, request, context):
         await bounded(request, context)
-        try:
-            await on_db(
-                self.db,
-                context,
+        async with answered(context):
+            await self.db.run(
                 self.scheduler.complete,
                 auth.current_agent.get(),
                 request.job_id,
                 request.lease_id,
                 request.run_count,
+                request.held_runs,
             )
-        except SchedulerError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.CompleteJobResponse()
 
     async def FailJob(self, request, context):
         """A failed attempt (retried while attempts remain), or a refused job (never retried)."""
         await bounded(request, context)
         agent_id, reason = auth.current_agent.get(), request.reason or "no reason given"
-        try:
+        async with answered(context):
             if request.refused:
-                await on_db(self.db, context, self.scheduler.refuse, agent_id, request.job_id, request.lease_id, reason)
+                await self.db.run(self.scheduler.refuse, agent_id, request.job_id, request.lease_id, reason)
                 return pb.FailJobResponse(will_retry=False)
-            retry = await on_db(
-                self.db, context, self.scheduler.fail, agent_id, request.job_id, request.lease_id, reason, True
-            )
-        except SchedulerError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            retry = await self.db.run(self.scheduler.fail, agent_id, request.job_id, request.lease_id, reason, True)
         return pb.FailJobResponse(will_retry=retry)
 
     async def Ping(self, request, context):
@@ -369,12 +344,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def CreateToken(self, request, context):
         await bounded(request, context)
-        try:
+        async with answered(context):
             token, expires_at = await self.db.run(
                 auth.create_token, self.store, request.ttl_seconds or 3600.0, request.max_uses or 1, request.note
             )
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.CreateTokenResponse(token=token, expires_at_unix_seconds=expires_at)
 
     async def ListAgents(self, request, context):
@@ -406,15 +379,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def SubmitSweep(self, request, context):
         await bounded(request, context)
-        try:
+        async with answered(context):
             # Off the event loop: a sweep's parsing is bounded (specfleet/yaml_limits.py), but
             # heartbeats must not wait even those milliseconds.
             sweep = await asyncio.to_thread(parse_sweep, request.yaml)
             sweep_id, jobs = await self.db.run(self.scheduler.submit, sweep, request.yaml)
-        except SweepError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except NoMatchingAgents as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         (status,) = await self.db.run(self._statuses, sweep_id)
         return pb.SubmitSweepResponse(sweep_id=sweep_id, jobs=jobs, notes=sweep.notes(), uncovered=status.uncovered)
 
@@ -431,12 +400,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def CancelSweep(self, request, context):
         await bounded(request, context)
-        try:
+        async with answered(context):
             cancelled = await self.db.run(self.scheduler.cancel, request.sweep_id)
-        except UnknownEntity as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except StateError as e:  # done or cancelled already
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.CancelSweepResponse(jobs_cancelled=cancelled)
 
     async def SetAgentState(self, request, context):
@@ -445,17 +410,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         written first, so the change starts from the state the agent last reported (an agent that
         has beaten is idle, not "enrolled", though the flush was up to FLUSH_SECONDS away)."""
         await bounded(request, context)
-        try:
+        async with answered(context):
             await self.agent_service.flush_beats()
             state = await self.db.run(agents.set_state, self.scheduler, request.agent_id, request.state)
-        except StoreUnavailable as e:  # retryable: the beats not written are kept for the next flush
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except UnknownEntity as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except StateError as e:  # revoked is final
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         self.credentials.forget(request.agent_id)
         self.agent_service.set_state(request.agent_id, state)
         return pb.SetAgentStateResponse()
@@ -465,10 +422,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         whose credential the call carries."""
         await bounded(request, context)
         imported_by = auth.admin_identity(context.invocation_metadata())
-        try:
+        async with answered(context):
             stored, duplicates = await self.db.run(store_imported, self.store, request, imported_by)
-        except InvalidImport as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.ImportResultsResponse(stored=stored, duplicates=duplicates, imported_by=imported_by)
 
     async def Export(self, request, context):
@@ -511,7 +466,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " count(j.job_id) FILTER (WHERE j.state IN ('failed', 'refused')),"
                 " (SELECT count(*) FROM runs r WHERE r.sweep_id = s.sweep_id),"
                 " list(j.job_id || ': ' || j.reason) FILTER (WHERE j.state IN ('failed', 'refused')),"
-                " count(j.job_id) FILTER (WHERE j.state = 'refused'), s.uncovered"
+                " count(j.job_id) FILTER (WHERE j.state = 'refused'), s.uncovered,"
+                " count(j.job_id) FILTER (WHERE j.state = 'held'),"
+                " (SELECT coalesce(sum(a.runs_held), 0) FROM attempts a JOIN jobs h USING (job_id)"
+                "  WHERE h.sweep_id = s.sweep_id AND h.state = 'held' AND a.outcome = 'held')"
                 f" FROM sweeps s LEFT JOIN jobs j USING (sweep_id) {where}"
                 " GROUP BY ALL ORDER BY s.created_at DESC",
                 args,
@@ -531,6 +489,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 jobs_failed=r[8],
                 jobs_refused=r[11],
                 uncovered=r[12] or [],
+                jobs_held=r[13],
+                runs_held=r[14],
                 runs=r[9],
                 failures=r[10] or [],
                 runs_expected=more[r[0]].runs_expected if r[0] in more else r[9],

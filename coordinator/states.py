@@ -31,6 +31,9 @@ class JobState(enum.StrEnum):
     FAILED = "failed"
     REFUSED = "refused"  # the agent refused the job (FailJob refused=True), with its reason: not a failure
     CANCELLED = "cancelled"
+    # Ended, with runs its agent holds for a coordinator upgrade (a record schema newer than it
+    # reads): done once they are all stored.
+    HELD = "held"
 
 
 class AgentState(enum.StrEnum):
@@ -73,8 +76,9 @@ JOBS = Machine(
     {
         JobState.QUEUED: frozenset({JobState.LEASED, JobState.CANCELLED, JobState.FAILED}),
         JobState.LEASED: frozenset(
-            {JobState.QUEUED, JobState.DONE, JobState.FAILED, JobState.REFUSED, JobState.CANCELLED}
+            {JobState.QUEUED, JobState.DONE, JobState.FAILED, JobState.REFUSED, JobState.CANCELLED, JobState.HELD}
         ),
+        JobState.HELD: frozenset({JobState.DONE}),
     },
 )
 AGENTS = Machine(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from importlib import resources
@@ -52,8 +53,8 @@ def migrations() -> list[tuple[int, str]]:
             found.append((int(name.split("_", 1)[0]), entry.read_text()))
     found.sort()
     versions = [v for v, _ in found]
-    if versions != list(range(1, len(versions) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..N without gaps, found {versions}")
+    if len(set(versions)) != len(versions) or not versions or versions[0] < 1:
+        raise RuntimeError(f"migrations must have distinct numbers from 1, found {versions}")
     return found
 
 
@@ -67,15 +68,20 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Apply the migrations the file has not seen; return the resulting version."""
+    """Apply the migrations the file has not seen, in their numbers' order (numbers may have gaps:
+    branches take numbers of their own); return the resulting version, the highest number."""
     con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE)")
     current = schema_version(con)
     known = migrations()
-    if current > len(known):
+    newest = known[-1][0]
+    if current > newest:
         raise RuntimeError(
-            f"database schema version {current} is newer than this specfleet ({len(known)}): upgrade specfleet"
+            f"database schema version {current} is newer than this specfleet ({newest}): upgrade specfleet"
         )
-    for version, sql in known[current:]:
+    applied = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
+    for version, sql in known:
+        if version in applied:
+            continue
         con.execute("BEGIN")
         try:
             con.execute(sql)
@@ -84,17 +90,66 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         except Exception:
             con.execute("ROLLBACK")
             raise
-    return len(known)
+    return newest
+
+
+class DataDirUnusable(ValueError):
+    """The data directory cannot hold the coordinator's database: one line naming it and why."""
+
+
+def _read_only(path: Path) -> bool:
+    """Whether `path`, or its nearest existing parent, is on a read-only file system."""
+    for candidate in (path, *path.parents):
+        try:
+            return bool(os.statvfs(candidate).f_flag & os.ST_RDONLY)
+        except OSError:
+            continue
+    return False
+
+
+def unusable(data_dir: Path, e: BaseException) -> DataDirUnusable:
+    """Why the coordinator cannot start on `data_dir`, from the error that stopped it."""
+    path = data_dir / DB_FILENAME
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    where = f"cannot use {data_dir} as the coordinator's data directory"
+    if _read_only(data_dir):
+        why = "it is on a read-only file system (the database and admin.token are written there)"
+    elif data_dir.exists() and not data_dir.is_dir():
+        why = "it is a file, not a directory"
+    elif "Conflicting lock" in text:
+        pid = text.rsplit("(PID ", 1)[-1].split(")")[0] if "(PID " in text else "?"
+        return DataDirUnusable(
+            f"{where}: its database {path} is in use by process {pid}: is a coordinator already serving "
+            "this --data-dir? Stop it, or choose another"
+        )
+    elif "not a valid DuckDB database" in text:
+        return DataDirUnusable(
+            f"{where}: {path} is not a DuckDB database file; move it away or choose another --data-dir"
+        )
+    elif isinstance(e, OSError) and e.strerror:
+        why = e.strerror.lower()
+    else:
+        why = text
+    return DataDirUnusable(f"{where}: {why}; choose a writable --data-dir")
 
 
 class Store:
     def __init__(self, data_dir: Path):
-        data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / DB_FILENAME
-        self._con = duckdb.connect(str(self.path))
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._con = duckdb.connect(str(self.path))
+        except (OSError, duckdb.IOException, duckdb.PermissionException) as e:
+            raise unusable(data_dir, e) from None
         self.lock = threading.RLock()  # held through a transaction; re-entrant for callers that wrap one
-        migrate(self._con)
-        figures.ensure(self._con)
+        try:
+            migrate(self._con)
+            figures.ensure(self._con)
+        except duckdb.Error as e:
+            self._con.close()
+            if store_fault(e):  # a full disk, an I/O error: the directory's, not the code's
+                raise unusable(data_dir, e) from None
+            raise
         self._readers = self._con.cursor()  # what reader() opens cursors from, never used for queries
         self._readers_lock = threading.Lock()
         self.refusing = ""  # why the store refuses writes now; "" while they succeed

@@ -233,7 +233,8 @@ def chips(db) -> list[str]:
 
 def sweeps(db) -> pd.DataFrame:
     """Progress per sweep: jobs (one per cell and machine) by state, runs, failures with reasons.
-    A job an agent refused (coordinator/states.py: refused, with its reason) is finished."""
+    A job an agent refused (coordinator/states.py: refused, with its reason) is finished, as is
+    one held (its runs held by its agent for a coordinator upgrade)."""
     out = db.query(
         "SELECT s.sweep_id, s.name, s.state, to_timestamp(s.created_at) AS created_at,"
         " count(j.job_id) AS jobs,"
@@ -243,6 +244,7 @@ def sweeps(db) -> pd.DataFrame:
         " count(j.job_id) FILTER (WHERE j.state = 'failed') AS failed,"
         " count(j.job_id) FILTER (WHERE j.state = 'refused') AS refused,"
         " count(j.job_id) FILTER (WHERE j.state = 'cancelled') AS cancelled,"
+        " count(j.job_id) FILTER (WHERE j.state = 'held') AS held,"
         " s.uncovered"  # cells no agent could run (coordinator/coverage.py)
         " FROM sweeps s LEFT JOIN jobs j USING (sweep_id) GROUP BY ALL ORDER BY created_at DESC",
     )
@@ -251,7 +253,7 @@ def sweeps(db) -> pd.DataFrame:
     runs = db.query("SELECT sweep_id, count(*) AS runs FROM runs GROUP BY ALL")
     out = out.merge(runs, on="sweep_id", how="left") if not runs.empty else out.assign(runs=0)
     out["runs"] = out["runs"].fillna(0).astype(int)
-    finished = out["done"] + out["failed"] + out["refused"] + out["cancelled"]
+    finished = out["done"] + out["failed"] + out["refused"] + out["cancelled"] + out["held"]
     out["progress"] = (finished / out["jobs"].where(out["jobs"] > 0)).fillna(0)
     return out
 

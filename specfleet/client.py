@@ -17,11 +17,35 @@ from protos.specfleet.v1 import fleet_pb2 as pb
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 
 CALL_TIMEOUT_SECONDS = 30.0
+# A hung connection (a Wi-Fi drop: the TCP connection stays up, nothing arrives) is noticed
+# within KEEPALIVE_SECONDS + KEEPALIVE_TIMEOUT_SECONDS (15 s): the channel pings the coordinator
+# every KEEPALIVE_SECONDS, calls in flight or not, and closes a connection whose ping is not
+# answered in KEEPALIVE_TIMEOUT_SECONDS; its calls fail UNAVAILABLE (retried) and the channel
+# opens a new connection, retrying at most every MAX_RECONNECT_SECONDS (gRPC's own default backs
+# off to 120 s, which would keep an agent off a link that came back for two minutes); each
+# attempt waits gRPC's 20 s for the coordinator's handshake, which a slow link needs. The
+# coordinator permits these pings (coordinator/server.py KEEPALIVE_OPTIONS).
+KEEPALIVE_SECONDS = 10.0
+KEEPALIVE_TIMEOUT_SECONDS = 5.0
+MAX_RECONNECT_SECONDS = 5.0
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
+    ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+    # Every other ping (the one sent with a cancelled call's RST_STREAM) waits as long: gRPC's
+    # default of 60 s applied to it would hold off the keepalive's ping meanwhile.
+    ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),  # ping however long no data flows
+    ("grpc.initial_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", int(MAX_RECONNECT_SECONDS * 1000)),
+)
 
 
 def channel(address: str, ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> grpc.Channel:
-    """A channel to the coordinator; TLS when a CA is given, mTLS when a client cert is too."""
-    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    """A channel to the coordinator; TLS when a CA is given, mTLS when a client cert is too;
+    keepalive pings and a bounded reconnect backoff (CHANNEL_OPTIONS)."""
+    options = list(CHANNEL_OPTIONS)
     if ca is None:
         return grpc.insecure_channel(address, options=options)
     creds = grpc.ssl_channel_credentials(
@@ -142,9 +166,9 @@ class AgentApi:
         """Upload one run record (RunRecord JSON, as spooled)."""
         return self._reports.call(pb.ReportResultRequest(job_id=job_id, lease_id=lease_id, record_json=record_json))
 
-    def complete_job(self, job_id: str, lease_id: str, run_count: int) -> pb.CompleteJobResponse:
+    def complete_job(self, job_id: str, lease_id: str, run_count: int, held_runs: int = 0) -> pb.CompleteJobResponse:
         return self._stub.CompleteJob(
-            pb.CompleteJobRequest(job_id=job_id, lease_id=lease_id, run_count=run_count),
+            pb.CompleteJobRequest(job_id=job_id, lease_id=lease_id, run_count=run_count, held_runs=held_runs),
             metadata=self._metadata,
             timeout=CALL_TIMEOUT_SECONDS,
         )

@@ -38,15 +38,14 @@ def _agent():
     failed = []
     api = SimpleNamespace(fail_job=lambda job_id, lease_id, reason, refused: failed.append(reason))
     metrics = SimpleNamespace(job_ended=lambda outcome: None, jobs=None)
-    state = SimpleNamespace(lease_lost=False)
-    return SimpleNamespace(api=api, metrics=metrics, state=state, stop=threading.Event()), failed
+    return SimpleNamespace(api=api, metrics=metrics, stop=threading.Event()), failed
 
 
 def test_a_worker_crash_reaches_the_coordinator_in_one_line_and_its_traceback_the_log(tmp_path, caplog):
     (tmp_path / "worker.err").write_text(TRACEBACK)
     agent, failed = _agent()
     with caplog.at_level(logging.ERROR, logger="specfleet.agent"):
-        runner._finish(agent, SimpleNamespace(job_id="j1", lease_id="l1"), 1, False, tmp_path, [])
+        runner._finish(agent, runner.JobRunner(SimpleNamespace(job_id="j1", lease_id="l1")), 1, False, tmp_path, [])
     crash = "NotADirectoryError: [Errno 20] Not a directory: '/models/smollm2.gguf/config.json'"
     assert failed == [f"worker exited with status 1: {crash}"]
     assert 'File "mlx_lm/utils.py", line 120' in caplog.text  # the whole traceback, in the agent's log

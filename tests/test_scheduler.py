@@ -144,7 +144,7 @@ def test_restart_keeps_everything(tmp_path, scheduler_two_agents):
     reopened.close()
     assert counts == [2, 1, 1, 1]
     ro = open_readonly(path.parent)
-    assert ro.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == len(migrations())
+    assert ro.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == migrations()[-1][0]
     ro.close()
     scheduler.store = Store(path.parent)  # let the fixture close something open
 
@@ -459,3 +459,56 @@ def test_a_pinned_build_goes_only_to_agents_that_report_it_and_an_unknown_build_
     with store.tx() as con:
         assert con.execute("SELECT count(*) FROM sweeps").fetchone()[0] == 1
     store.close()
+
+
+def attempts_of(scheduler, job_id):
+    with scheduler.store.tx() as con:
+        return con.execute(
+            "SELECT attempt, outcome, reclaims FROM attempts WHERE job_id = ? ORDER BY started_at, attempt", [job_id]
+        ).fetchall()
+
+
+def test_a_lapsed_lease_is_reclaimed_when_no_other_attempt_began_and_its_runs_count(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    clock.now += 31  # the agent was out of reach for longer than its lease
+    assert scheduler.expire_leases() == 1
+    assert job_state(scheduler, job.job_id)[:2] == ("queued", 1)
+    assert attempts_of(scheduler, job.job_id) == [(1, "expired", 0)]
+    assert scheduler.reclaim("ag-someone-else", job.job_id, job.lease_id) is None  # not its lease
+    assert scheduler.reclaim(a1, job.job_id, job.lease_id) == 30  # its heartbeat is back
+    assert job_state(scheduler, job.job_id)[:2] == ("leased", 1) and scheduler.live(a1, job.job_id, job.lease_id)
+    dup, _ = ingest(scheduler, a1, job.job_id, job.lease_id, make_run(job.job_id))
+    assert not dup
+    scheduler.complete(a1, job.job_id, job.lease_id, 1)
+    assert job_state(scheduler, job.job_id)[:2] == ("done", 1)
+    assert attempts_of(scheduler, job.job_id) == [(1, "done", 1)]
+
+
+def test_a_lapsed_lease_is_reclaimed_by_its_runs_or_its_end_alone(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    job = scheduler.acquire(a1)
+    clock.now += 31
+    scheduler.expire_leases()
+    assert ingest(scheduler, a1, job.job_id, job.lease_id, make_run(job.job_id))[0] is False  # a run, first
+    clock.now += 31
+    scheduler.expire_leases()
+    scheduler.complete(a1, job.job_id, job.lease_id, 1)  # the job's end, first
+    assert job_state(scheduler, job.job_id)[:2] == ("done", 1)
+    assert attempts_of(scheduler, job.job_id) == [(1, "done", 2)]
+
+
+def test_a_lapsed_lease_stays_lost_once_another_attempt_began(scheduler_two_agents):
+    scheduler, clock, a1, _ = scheduler_two_agents
+    scheduler.submit(parse_sweep(SWEEP_YAML), SWEEP_YAML)
+    old = scheduler.acquire(a1)
+    clock.now += 31
+    scheduler.expire_leases()
+    new = scheduler.acquire(a1)  # the agent restarted and took the job again
+    assert scheduler.reclaim(a1, old.job_id, old.lease_id) is None
+    with pytest.raises(SchedulerError, match="no longer valid"):
+        scheduler.complete(a1, old.job_id, old.lease_id, 0)
+    assert job_state(scheduler, new.job_id)[:2] == ("leased", 2)
+    assert attempts_of(scheduler, old.job_id) == [(1, "expired", 0), (2, None, 0)]

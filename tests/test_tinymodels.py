@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from cli import tinymodels
-from cli.tinymodels import make_tiny
+from cli import tiny, tinymodels
+from cli.tiny import make_tiny
 
 pytestmark = [pytest.mark.engine]
 
@@ -95,6 +95,6 @@ def test_gguf_holds_the_same_weights(tiny_models):
 
 
 def test_main_prints_the_paths(tmp_path, capsys):
-    assert tinymodels.main([str(tmp_path)]) == 0
+    assert tiny.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "gguf" / "target.gguf") in out and "mlx_draft" in out

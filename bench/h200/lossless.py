@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.engines import llamacpp, make_engine  # noqa: E402
 from agent.engines.base import Request  # noqa: E402
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ LLAMA_BENCH = Path(__file__).resolve().parents[2] / ".data" / "llama.cpp" / "bin
 def tiny_models(tmp_path_factory):
     """The project's tiny target and draft, built once per test session (or reused from
     SPECFLEET_TINY_DIR, which the setup script fills)."""
-    from cli.tinymodels import make_tiny
+    from cli.tiny import make_tiny
 
     root = os.environ.get("SPECFLEET_TINY_DIR")
     directory = Path(root) if root else tmp_path_factory.mktemp("tiny")

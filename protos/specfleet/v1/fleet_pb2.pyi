@@ -127,12 +127,14 @@ class AcquireJobRequest(_message.Message):
     def __init__(self, wait_seconds: _Optional[float] = ...) -> None: ...
 
 class AcquireJobResponse(_message.Message):
-    __slots__ = ("has_job", "job")
+    __slots__ = ("has_job", "job", "max_record_schema")
     HAS_JOB_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     has_job: bool
     job: Job
-    def __init__(self, has_job: _Optional[bool] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+    max_record_schema: int
+    def __init__(self, has_job: _Optional[bool] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., max_record_schema: _Optional[int] = ...) -> None: ...
 
 class ReportResultRequest(_message.Message):
     __slots__ = ("job_id", "lease_id", "record_json")
@@ -153,14 +155,16 @@ class ReportResultResponse(_message.Message):
     def __init__(self, duplicate: _Optional[bool] = ..., ingest_seq: _Optional[int] = ...) -> None: ...
 
 class CompleteJobRequest(_message.Message):
-    __slots__ = ("job_id", "lease_id", "run_count")
+    __slots__ = ("job_id", "lease_id", "run_count", "held_runs")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HELD_RUNS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lease_id: str
     run_count: int
-    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., run_count: _Optional[int] = ...) -> None: ...
+    held_runs: int
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., run_count: _Optional[int] = ..., held_runs: _Optional[int] = ...) -> None: ...
 
 class CompleteJobResponse(_message.Message):
     __slots__ = ()
@@ -274,7 +278,7 @@ class SubmitSweepResponse(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ..., jobs: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., uncovered: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepStatus(_message.Message):
-    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents", "jobs_refused", "uncovered")
+    __slots__ = ("sweep_id", "name", "state", "jobs_total", "jobs_queued", "jobs_running", "jobs_done", "jobs_failed", "runs", "created_at_unix_seconds", "failures", "runs_expected", "eta_seconds", "agents", "jobs_refused", "uncovered", "jobs_held", "runs_held")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +295,8 @@ class SweepStatus(_message.Message):
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     JOBS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     UNCOVERED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_HELD_FIELD_NUMBER: _ClassVar[int]
+    RUNS_HELD_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     name: str
     state: str
@@ -307,7 +313,9 @@ class SweepStatus(_message.Message):
     agents: _containers.RepeatedCompositeFieldContainer[AgentProgress]
     jobs_refused: int
     uncovered: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ..., jobs_refused: _Optional[int] = ..., uncovered: _Optional[_Iterable[str]] = ...) -> None: ...
+    jobs_held: int
+    runs_held: int
+    def __init__(self, sweep_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., jobs_total: _Optional[int] = ..., jobs_queued: _Optional[int] = ..., jobs_running: _Optional[int] = ..., jobs_done: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., runs: _Optional[int] = ..., created_at_unix_seconds: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ..., runs_expected: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentProgress, _Mapping]]] = ..., jobs_refused: _Optional[int] = ..., uncovered: _Optional[_Iterable[str]] = ..., jobs_held: _Optional[int] = ..., runs_held: _Optional[int] = ...) -> None: ...
 
 class AgentProgress(_message.Message):
     __slots__ = ("agent_id", "name", "job_id", "cell", "arm", "runs", "runs_expected")
