@@ -344,7 +344,9 @@ class _Checker:
 
 def parse_sweep(text: str, source: str = "") -> Sweep:
     """Parse and validate a sweep file; raise SweepError listing every problem, each naming its
-    line (`source:N:` when `source`, the file's name, is given; else `line N:`) and its field."""
+    line (`source:N:` when `source`, the file's name, is given; else `line N:`) and its field.
+    Each part of the file is checked by a function of its own below, all into one checker, so
+    that every fault of the file is named in the one refusal."""
     if len(text.encode()) > MAX_YAML_BYTES:
         raise SweepError([f"file: larger than {MAX_YAML_BYTES} bytes"])
     try:
@@ -360,9 +362,48 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
     name = doc.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         c.fail("name", "is required: 1-100 characters of letters, digits, '_', '.', '-'")
-
     target = c.part("target", TargetFields, doc.get("target") or {})
+    engines = _engines(c, doc)
+    known_engines = [e for e in engines if e in ENGINES]
+    methods = doc.get("methods") or {}
+    if not isinstance(methods, dict):
+        c.fail("methods", "must be a mapping of method to a list of depths")
+        methods = {}
+    arms = _arms(c, methods, known_engines)
+    clean_models = _models(c, doc, known_engines, methods)
+    settings = parse_settings(c, doc)
+    if max(settings["ngram_n_min"]) > min(settings["ngram_n_max"]):
+        c.fail(
+            "ngram", f"n_min ({max(settings['ngram_n_min'])}) must not exceed n_max ({min(settings['ngram_n_max'])})"
+        )
+    verify_cost = doc.get("verify_cost")
+    if verify_cost is not None:
+        fields = c.part("verify_cost", VerifyCostFields, verify_cost)
+        verify_cost = VerifyCost(**fields.model_dump()) if fields is not None else None
+    server = server_arms.parse_server(c, doc, known_engines)
+    serving = _server_arms(c, located, source, doc, known_engines, clean_models, server)
+    job = c.valid("", JobFields, _given({k: doc[k] for k in JobFields.model_fields if k in doc}), JobFields())
+    sweep = Sweep(
+        name=name if isinstance(name, str) else "",
+        target=target.model_dump(exclude_unset=True) if target is not None else {},
+        models=clean_models,
+        engines=engines,
+        samplers=_samplers(c, doc),
+        prompt_sets=_prompt_sets(c, doc),
+        context_tokens=_contexts(c, doc),
+        arms=arms,
+        settings=settings,
+        verify_cost=verify_cost,
+        **job.model_dump(),
+        server=server,
+        server_arms=serving,
+    )
+    if c.problems:
+        raise SweepError(c.problems)
+    return sweep
 
+
+def _engines(c: _Checker, doc: dict) -> list[str]:
     engines = c.str_list("engines", doc.get("engines"))
     if not engines:
         c.fail("engines", f"is required: a list drawn from {', '.join(ENGINES)}")
@@ -371,13 +412,12 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
             c.fail("engines", f"unknown engine {e!r} (known: {', '.join(ENGINES)})")
     if len(set(engines)) != len(engines):
         c.fail("engines", "lists an engine twice")
-    known_engines = [e for e in engines if e in ENGINES]
+    return engines
 
-    methods = doc.get("methods") or {}
+
+def _arms(c: _Checker, methods: dict, known_engines: list[str]) -> list[Arm]:
+    """The in-process arms: the baseline, and each method at each of its depths."""
     arms = [Arm("baseline", 0)]
-    if not isinstance(methods, dict):
-        c.fail("methods", "must be a mapping of method to a list of depths")
-        methods = {}
     for method, depths in methods.items():
         if method == "baseline":
             continue
@@ -405,7 +445,11 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
                 arms.append(Arm(method, d))
     if len(set(arms)) != len(arms):
         c.fail("methods", "lists a depth twice for one method")
+    return arms
 
+
+def _models(c: _Checker, doc: dict, known_engines: list[str], methods: dict) -> dict[str, list[dict]]:
+    """models.<engine>: one pair, or a list of them (each a cell of its own)."""
     models = doc.get("models")
     if not isinstance(models, dict):
         c.fail("models", "is required: a mapping of engine to {target, draft} or to a list of them")
@@ -425,17 +469,22 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
                 clean_models[e].append(pair)
         if len({(p["target"], p.get("draft")) for p in clean_models[e]}) != len(clean_models[e]):
             c.fail(f"models.{e}", "lists a target and draft pair twice")
+    return clean_models
 
+
+def _samplers(c: _Checker, doc: dict) -> list[Sampler]:
     samplers = doc.get("samplers") or [{}]
     if not isinstance(samplers, list):
         c.fail("samplers", f"must be a list of {{{', '.join(s.key for s in declared.SAMPLER)}}}")
         samplers = []
-    clean_samplers = [
+    return [
         Sampler(**fields.model_dump())
         for i, s in enumerate(samplers)
         if (fields := c.part(f"samplers[{i}]", SamplerFields, s)) is not None
     ]
 
+
+def _prompt_sets(c: _Checker, doc: dict) -> list[str]:
     known_sets = prompt_library.prompt_sets()
     sets = c.str_list("prompt_sets", doc.get("prompt_sets"))
     if not sets:
@@ -443,6 +492,10 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
     for ps in sets:
         if ps not in known_sets:
             c.fail("prompt_sets", f"unknown prompt set {ps!r} (known: {', '.join(known_sets)})")
+    return sets
+
+
+def _contexts(c: _Checker, doc: dict) -> list[int]:
     contexts = doc.get("context_tokens", [0])
     if not isinstance(contexts, list) or not contexts:
         c.fail("context_tokens", "must be a non-empty list of context depths in tokens, e.g. [512, 4096]")
@@ -451,19 +504,11 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
     contexts = [c.valid(f"context_tokens[{i}]", context, d, 0) for i, d in enumerate(contexts)]
     if len(set(contexts)) != len(contexts):
         c.fail("context_tokens", "lists a depth twice")
+    return contexts
 
-    settings = parse_settings(c, doc)
-    if max(settings["ngram_n_min"]) > min(settings["ngram_n_max"]):
-        c.fail(
-            "ngram", f"n_min ({max(settings['ngram_n_min'])}) must not exceed n_max ({min(settings['ngram_n_max'])})"
-        )
 
-    verify_cost = doc.get("verify_cost")
-    if verify_cost is not None:
-        fields = c.part("verify_cost", VerifyCostFields, verify_cost)
-        verify_cost = VerifyCost(**fields.model_dump()) if fields is not None else None
-
-    server = server_arms.parse_server(c, doc, known_engines)
+def _server_arms(c: _Checker, located, source: str, doc: dict, known_engines, clean_models, server) -> dict:
+    """Each server engine's arms (specfleet/server_arms.py), checked against every model pair."""
     serving = {}
     for e in known_engines:
         if e not in IN_PROCESS_ENGINES:
@@ -475,26 +520,7 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
                 c.problems += [p for p in scratch.problems if p not in c.problems]
     if "arms" in doc and not serving:
         c.fail("arms", "server arms apply to engines llama-server and openai; in-process engines take methods")
-
-    job = c.valid("", JobFields, _given({k: doc[k] for k in JobFields.model_fields if k in doc}), JobFields())
-    sweep = Sweep(
-        name=name if isinstance(name, str) else "",
-        target=target.model_dump(exclude_unset=True) if target is not None else {},
-        models=clean_models,
-        engines=engines,
-        samplers=clean_samplers,
-        prompt_sets=sets,
-        context_tokens=contexts,
-        arms=arms,
-        settings=settings,
-        verify_cost=verify_cost,
-        **job.model_dump(),
-        server=server,
-        server_arms=serving,
-    )
-    if c.problems:
-        raise SweepError(c.problems)
-    return sweep
+    return serving
 
 
 def _model_pair(c: _Checker, where: str, m, engine: str, methods: dict) -> dict[str, Any] | None:
