@@ -105,6 +105,36 @@ def mlx_last(specs: list[dict]) -> list[dict]:
     return first + last
 
 
+def submit(admin, specs: list[dict], wanted: set[str]) -> list[tuple[str, str]]:
+    """Submit the sweeps named in `wanted` (all when empty): (name, sweep id) of those accepted."""
+    submitted = []
+    for spec in specs:
+        if wanted and spec["name"] not in wanted:
+            continue
+        try:
+            sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
+        except grpc.RpcError as e:
+            print(f"sweep {spec['name']} refused: {e.details()}", flush=True)
+            continue
+        print(f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s); notes {list(sweep.notes)}", flush=True)
+        submitted.append((spec["name"], sweep.sweep_id))
+    return submitted
+
+
+def report(admin, submitted: list[tuple[str, str]], procs: list, stop_at: float) -> None:
+    """Wait until every sweep ended, a process died or the deadline passed; print each sweep's end."""
+    states = []
+    while time.monotonic() < stop_at:
+        states = [admin.GetSweep(pb.GetSweepRequest(sweep_id=sid)) for _, sid in submitted]
+        if all(s.state != "running" for s in states) or any(p.poll() is not None for p in procs):
+            break
+        time.sleep(2.0)
+    for (name, _), s in zip(submitted, states):
+        print(f"sweep {name}: {s.state}, {s.jobs_done}/{s.jobs_total} jobs done, {s.jobs_failed} failed, {s.runs} runs")
+        for failure in s.failures:
+            print(f"  failed {failure}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=Path, default=Path(".data/tiny"))
@@ -143,32 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         admin = AdminApi(channel(address), admin_credential(coordinator_dir))
         demo._enrol(address, admin, agent_dir)
         start("agent", demo._specfleet("agent", "run", "--config-dir", str(agent_dir)))
-        submitted = []
-        wanted = set(filter(None, args.sweeps.split(",")))
-        for spec in mlx_last(sweeps(models, engines)):
-            if wanted and spec["name"] not in wanted:
-                continue
-            try:
-                sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
-            except grpc.RpcError as e:
-                print(f"sweep {spec['name']} refused: {e.details()}", flush=True)
-                continue
-            print(
-                f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s); notes {list(sweep.notes)}", flush=True
-            )
-            submitted.append((spec["name"], sweep.sweep_id))
-        while time.monotonic() < stop_at:
-            states = [admin.GetSweep(pb.GetSweepRequest(sweep_id=sid)) for _, sid in submitted]
-            if all(s.state != "running" for s in states) or any(p.poll() is not None for p in procs):
-                break
-            time.sleep(2.0)
-        for (name, _), s in zip(submitted, states):
-            print(
-                f"sweep {name}: {s.state}, {s.jobs_done}/{s.jobs_total} jobs done, "
-                f"{s.jobs_failed} failed, {s.runs} runs"
-            )
-            for failure in s.failures:
-                print(f"  failed {failure}")
+        submitted = submit(admin, mlx_last(sweeps(models, engines)), set(filter(None, args.sweeps.split(","))))
+        report(admin, submitted, procs, stop_at)
         runs, _ = fetch_table(admin, "runs")
         jobs, _ = fetch_table(admin, "jobs")
         agents, _ = fetch_table(admin, "agents")
