@@ -189,6 +189,22 @@ def check_thermal(sample: environment.Sample) -> Check:
     return Check("thermal state", FAIL, state, "let the machine cool down (and give it air) before measuring")
 
 
+def check_thermal_pressure(sample: environment.Sample, platform: str) -> Check:
+    """thermald's pressure level (agent/environment.py): the SoC's, GPU included, which pmset's CPU
+    limit does not show; anything but nominal fails, as the protocol flags such a run."""
+    level = sample.get("thermal_pressure", UNAVAILABLE)
+    if level == UNAVAILABLE:
+        return Check("thermal pressure", NOT_AVAILABLE, NOT_HERE if platform != "darwin" else "notifyutil gave none")
+    if level == "nominal":
+        return Check("thermal pressure", OK, "nominal")
+    return Check(
+        "thermal pressure",
+        FAIL,
+        f"{level}: macOS is throttling the SoC (GPU included)",
+        "let the machine cool down (and give it air) before measuring",
+    )
+
+
 # ---------------------------------------------------------------- software
 
 
@@ -403,6 +419,7 @@ def run_checks(
         check_low_power(sample, platform),
         check_power_mode(sample, platform, platform == "darwin" and has_high_power_mode()),
         check_thermal(sample),
+        check_thermal_pressure(sample, platform),
         *check_engines(engine_versions()),
         server,
         check_metal(platform),
@@ -435,9 +452,16 @@ def report(checks: list[Check]) -> str:
 def machine_checks(
     paths: list[Path], exclude: set[int], sample: Callable[[], environment.Sample] = environment.sample
 ) -> list[Check]:
-    """The machine-state checks: other processes on the CPU, swap, free disk at `paths`, thermal."""
+    """The machine-state checks: other processes on the CPU, swap, free disk at `paths`, thermal
+    state and thermal pressure."""
     reading = sample()
-    return [check_cpu(busy_processes(exclude)), check_swap(reading), check_disk(paths), check_thermal(reading)]
+    return [
+        check_cpu(busy_processes(exclude)),
+        check_swap(reading),
+        check_disk(paths),
+        check_thermal(reading),
+        check_thermal_pressure(reading, sys.platform),
+    ]
 
 
 def hold_reason(checks: list[Check]) -> str:

@@ -9,8 +9,16 @@ Counters, tried in this order by `detect()`:
           microjoules, wrapping at max_energy_range_uj), where this user may read them (recent
           kernels make energy_uj root-only).
 
-macOS IOReport's energy channels are not read yet: `detect()` returns None there, and so does
-any machine where no counter is readable, so a run records no energy rather than a guess.
+    ioreport  macOS (Apple silicon): IOReport's "Energy Model" channels through zeus-apple-silicon
+          (`AppleEnergyMonitor`, no sudo), read as a begin/end window around the run: CPU, GPU,
+          ANE and DRAM energy apart, in millijoules. The run's energy is their sum; the parts
+          are recorded beside it (energy_cpu_joules, ...). A part the chip does not report is
+          None and left out of the sum. Chosen over macmon-lib because it gives energy over the
+          run's own window (joules, what energy per token needs) rather than power samples to
+          integrate, and the DRAM channel too; the Zeus project keeps it.
+
+`detect()` returns None on a machine where no counter is readable (and on a Mac without the
+package), so a run records no energy rather than a guess.
 
 A counter ticks coarsely (NVML every 100 ms, longer than a tiny model's run), so `Meter.measure`
 waits for a tick before the run and for the first tick after it, and charges the run the average
@@ -93,21 +101,74 @@ def rapl_counter(root: Path = POWERCAP) -> Counter | None:
     return Counter("rapl", read)
 
 
-def detect() -> Counter | None:
-    """The first readable counter of this machine (NVML, then RAPL), or None."""
-    return nvml_counter() or rapl_counter()
+def detect() -> Counter | IOReportWindows | None:
+    """The first readable counter of this machine (IOReport, NVML, then RAPL), or None."""
+    return ioreport_windows() or nvml_counter() or rapl_counter()
+
+
+# AppleEnergyMetrics' fields (millijoules) -> the parts a run record keeps (joules).
+IOREPORT_PARTS = {"cpu_total_mj": "cpu", "gpu_mj": "gpu", "ane_mj": "ane", "dram_mj": "dram"}
 
 
 @dataclass(frozen=True)
 class Energy:
     source: str
     joules: float
+    parts: tuple[tuple[str, float], ...] = ()  # ("cpu", J), ("gpu", J), ...: IOReport's split
+
+    def record_fields(self) -> dict[str, float]:
+        """The run record's split fields (energy_cpu_joules, ...): those the counter gave."""
+        return {f"energy_{part}_joules": joules for part, joules in self.parts}
+
+
+class IOReportWindows:
+    """zeus-apple-silicon's AppleEnergyMonitor: one begin/end window around each run. `monitor`
+    is the library's object (the boundary the Linux tests replace)."""
+
+    source = "ioreport"
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+
+    def measure(self, fn: Callable[[], T]) -> tuple[T, Energy | None]:
+        self.monitor.begin_window("specfleet-run", restart=True)
+        try:
+            result = fn()
+        finally:
+            metrics = self.monitor.end_window("specfleet-run")
+        return result, ioreport_energy(metrics)
+
+
+def ioreport_energy(metrics) -> Energy | None:
+    """An AppleEnergyMetrics window as the run's energy: the sum of the parts it reports, each
+    in joules; None when it reports none."""
+    parts = tuple(
+        (part, getattr(metrics, field) / 1000.0)
+        for field, part in IOREPORT_PARTS.items()
+        if getattr(metrics, field, None) is not None
+    )
+    if not parts:
+        return None
+    return Energy("ioreport", sum(joules for _, joules in parts), parts)
+
+
+def ioreport_windows() -> IOReportWindows | None:
+    """IOReport's energy windows on an Apple-silicon Mac with zeus-apple-silicon, else None."""
+    try:
+        from zeus_apple_silicon import AppleEnergyMonitor  # only on macOS arm64 (pyproject.toml)
+    except ImportError:
+        return None
+    try:
+        return IOReportWindows(AppleEnergyMonitor())
+    except RuntimeError:  # IOReport's energy group not there (a virtual machine)
+        return None
 
 
 class Meter:
-    """Energy per run from one counter; `clock` and `sleep` are injectable for tests."""
+    """Energy per run from one counter or IOReport's windows; `clock` and `sleep` are injectable
+    for tests."""
 
-    def __init__(self, counter: Counter | None, clock=time.perf_counter, sleep=time.sleep):
+    def __init__(self, counter: Counter | IOReportWindows | None, clock=time.perf_counter, sleep=time.sleep):
         self.counter, self.clock, self.sleep = counter, clock, sleep
 
     def _tick(self) -> tuple[float, float] | None:
@@ -126,6 +187,8 @@ class Meter:
         before and after it, times fn's own duration. None without a counter or on a stuck one."""
         if self.counter is None:
             return fn(), None
+        if isinstance(self.counter, IOReportWindows):  # a window of its own: no ticks to wait for
+            return self.counter.measure(fn)
         before = self._tick()
         start = self.clock()
         result = fn()

@@ -3,9 +3,10 @@ not starting a job at all (on battery, in low-power mode).
 
 Every reading is a string; one that cannot be taken here is "unavailable", never guessed.
 `reading` turns a sample into the run record's typed `Environment` (None where unavailable).
-macOS readings come from pmset, sysctl and vm_stat; Linux readings from /proc and /sys (under a
-root directory that tests point at a fake tree). Parsers are pure functions of command output
-or file text, tested on captured output (tests/captured/).
+macOS readings come from pmset, notifyutil (thermald's pressure level), sysctl and vm_stat;
+Linux readings from /proc and /sys (under a root directory that tests point at a fake tree).
+Parsers are pure functions of command output or file text, tested on captured output
+(tests/captured/).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from specfleet.record import Environment
 UNAVAILABLE = "unavailable"
 KEYS = (
     "thermal",
+    "thermal_pressure",
     "power_source",
     "low_power_mode",
     "power_mode",
@@ -31,6 +33,11 @@ KEYS = (
 )
 # pmset's `powermode N` (System Settings > Battery or Energy: Energy Mode), in Apple's words.
 POWER_MODES = {0: "automatic", 1: "low", 2: "high"}
+# thermald's pressure levels (OSThermalNotification.h, kOSThermalPressureLevel*), which it posts
+# as `com.apple.system.thermalpressurelevel`: the level macOS throttles the SoC by, GPU included
+# (powermetrics' "Current pressure level"); pmset's CPU_Speed_Limit speaks of the CPU only.
+THERMAL_PRESSURE_KEY = "com.apple.system.thermalpressurelevel"
+THERMAL_PRESSURE_LEVELS = {0: "nominal", 1: "moderate", 2: "heavy", 3: "trapping", 4: "sleeping"}
 # A benchmark on a CPU backend keeps every core busy by itself, so a 1-minute load of one task
 # per core is the measurement's own; half a core's worth of runnable work beyond that, on every
 # core, is another process competing with it.
@@ -55,6 +62,15 @@ def parse_pmset_therm(text: str) -> str | None:
     if limits or re.search(r"No thermal warning level has been recorded", text):
         return "nominal"
     return None
+
+
+def parse_thermal_pressure(text: str) -> str | None:
+    """`notifyutil -g com.apple.system.thermalpressurelevel` ("com.apple.system.thermalpressurelevel
+    2"): the level's name, "level N" for one the header does not name, or None."""
+    m = re.search(rf"^{re.escape(THERMAL_PRESSURE_KEY)}\s+(\d+)\s*$", text, re.M)
+    if not m:
+        return None
+    return THERMAL_PRESSURE_LEVELS.get(int(m.group(1)), f"level {m.group(1)}")
 
 
 def parse_pmset_batt(text: str) -> str | None:
@@ -195,6 +211,9 @@ def sample_macos(run: Callable[[list[str]], str | None] = run_command) -> Sample
         load = None
     return {
         "thermal": _or_unavailable(parse_pmset_therm(run(["pmset", "-g", "therm"]) or "")),
+        "thermal_pressure": _or_unavailable(
+            parse_thermal_pressure(run(["notifyutil", "-g", THERMAL_PRESSURE_KEY]) or "")
+        ),
         "power_source": _or_unavailable(parse_pmset_batt(run(["pmset", "-g", "batt"]) or "")),
         "low_power_mode": _or_unavailable(parse_pmset_lowpowermode(settings)),
         "power_mode": _or_unavailable(parse_pmset_powermode(settings)),
@@ -220,6 +239,7 @@ def sample_linux(root: Path = Path("/")) -> Sample:
     swap_used = meminfo["SwapTotal"] - meminfo["SwapFree"] if {"SwapTotal", "SwapFree"} <= meminfo.keys() else None
     return {
         "thermal": _or_unavailable(linux_thermal(zones)),
+        "thermal_pressure": UNAVAILABLE,  # macOS thermald's; Linux's trip points are in "thermal"
         "power_source": linux_power_source(supplies) if supply_dir.is_dir() else UNAVAILABLE,
         "low_power_mode": ("on" if profile == "low-power" else "off") if profile else UNAVAILABLE,
         "power_mode": profile or UNAVAILABLE,  # the ACPI platform profile's own name ("balanced")
@@ -242,6 +262,8 @@ def not_nominal(s: Sample, cpu_count: int | None = None, memory_total_bytes: int
     reasons = []
     if s.get("thermal", UNAVAILABLE) not in ("nominal", UNAVAILABLE):
         reasons.append(f"thermal {s['thermal']}")
+    if s.get("thermal_pressure", UNAVAILABLE) not in ("nominal", UNAVAILABLE):
+        reasons.append(f"thermal pressure {s['thermal_pressure']} (the SoC, GPU included, is being throttled)")
     if s.get("power_source") in ("battery", "ups"):
         reasons.append(f"on {s['power_source']} power")
     if s.get("low_power_mode") == "on":
@@ -274,6 +296,7 @@ def reading(s: Sample) -> Environment:
 
     return Environment(
         thermal=value("thermal", str),
+        thermal_pressure=value("thermal_pressure", str),
         power_source=value("power_source", str),
         low_power_mode=value("low_power_mode", lambda v: v == "on"),
         loadavg_1m=value("loadavg_1m", float),

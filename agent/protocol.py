@@ -341,6 +341,7 @@ def energy_fields(drawn: energy.Energy | None, tokens: int) -> dict:
         energy_source=drawn.source,
         energy_joules=drawn.joules,
         joules_per_token=drawn.joules / tokens if tokens else None,
+        **drawn.record_fields(),
     )
 
 

@@ -556,15 +556,21 @@ def decode_speed(db, f: Filters) -> pd.DataFrame:
     return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
 
 
+ENERGY_PARTS = ("cpu", "gpu", "ane", "dram")  # IOReport's split (specfleet/record.py energy_*_joules)
+
+
 def energy(db, f: Filters) -> pd.DataFrame:
     """Median tokens per joule (1 / joules_per_token) per chip, engine and arm, with its
     interval, machines, prompts and runs, beside the median decode tok/s of the same runs and
-    the counters they read (energy_source: nvml, rapl, ioreport). Only runs that recorded their
-    energy: a machine with no readable counter records none, never an estimate; outliers left out."""
+    the counters they read (energy_source: nvml, rapl, ioreport), and on Macs the median share of
+    the energy that IOReport put on the CPU, GPU, Neural Engine and DRAM (empty elsewhere). Only
+    runs that recorded their energy: a machine with no readable counter records none, never an
+    estimate; outliers left out."""
     source, params = selected(f)
+    shares = "".join(f" energy_{p}_joules / energy_joules AS {p}_share," for p in ENERGY_PARTS)
     values = db.query(
         "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
-        " prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,"
+        f" prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,{shares}"
         f" nominal = 'degraded' AS degraded FROM {_inliers(source)} WHERE joules_per_token > 0",
         params,
     )
@@ -575,6 +581,7 @@ def energy(db, f: Filters) -> pd.DataFrame:
     beside = kept.groupby(["chip", "engine", "arm"], as_index=False).agg(
         decode_tokens_per_second=("decode_tokens_per_second", "median"),
         energy_source=("energy_source", lambda s: ", ".join(sorted(set(s)))),
+        **{f"{p}_share": (f"{p}_share", "median") for p in ENERGY_PARTS},
     )
     out = out.rename(columns={"median": "tokens_per_joule"}).merge(beside, on=["chip", "engine", "arm"], how="left")
     first = ["chip", "engine", "arm", "tokens_per_joule", "ci_low", "ci_high", "decode_tokens_per_second"]

@@ -60,6 +60,9 @@ from specfleet.schemas import (
 #     settings.server_state, server_requests, warmup_converged, spec_draft_n_min, prompt_format,
 #     system_prompt, reasoning (012)
 # 5 - settings.memory_gb (014)
+# 7 - energy_cpu_joules, energy_gpu_joules, energy_ane_joules, energy_dram_joules (025: IOReport's
+#     split of a Mac run's energy); env_before / env_after thermal_pressure (026), a part's field
+#     that an older record lacks (None)
 # Later versions are the declaration's: a row of specfleet/settings.py carries the version that added
 # it (`since`) and moves SCHEMA_VERSION by itself; docs/sweeps.md lists every version's fields.
 #
@@ -77,6 +80,7 @@ _OWN_FIELDS_SINCE = {
          "divergence_threshold", "drafter_warning", "text_sample"),
         4,
     ),
+    **dict.fromkeys(("energy_cpu_joules", "energy_gpu_joules", "energy_ane_joules", "energy_dram_joules"), 7),
 }  # fmt: skip
 FIELDS_SINCE = {
     **_OWN_FIELDS_SINCE,
@@ -291,7 +295,10 @@ class ModelIdentity:
 class Environment:
     """One reading of the machine around a run; None where the reading is not available here."""
 
-    thermal: Str | None = None  # "nominal" | "throttled: ..." | ...
+    thermal: Str | None = None  # "nominal" | "throttled: ..." | ...: pmset's CPU limit
+    # macOS thermald's pressure level, the one it throttles the whole SoC (GPU included) by:
+    # "nominal" | "moderate" | "heavy" | "trapping" | "sleeping" (record schema 7)
+    thermal_pressure: Str | None = None
     power_source: Str | None = None  # "ac" | "battery" | "ups"
     low_power_mode: Bool | None = None
     loadavg_1m: Float | None = None
@@ -334,6 +341,12 @@ RULES = (
     lambda r: (
         "energy_joules and energy_source go together: both set or neither"
         if (r.energy_joules is None) != (r.energy_source == "")
+        else ""
+    ),
+    lambda r: (
+        "energy_cpu/gpu/ane/dram_joules are IOReport's split: energy_source 'ioreport' only"
+        if any(getattr(r, f"energy_{p}_joules") is not None for p in ("cpu", "gpu", "ane", "dram"))
+        and r.energy_source != "ioreport"
         else ""
     ),
     _method_of_engine,
@@ -468,6 +481,12 @@ class RunRecord:
     energy_source: Annotated[Str, one_of(ENERGY_SOURCES)] = ""
     energy_joules: Joules | None = None
     joules_per_token: Joules | None = None  # energy_joules / generated_tokens
+    # macOS (energy_source "ioreport"): the parts energy_joules sums, CPU, GPU, Neural Engine and
+    # DRAM; None where the counter does not report a part (and on NVML and RAPL runs).
+    energy_cpu_joules: Joules | None = None
+    energy_gpu_joules: Joules | None = None
+    energy_ane_joules: Joules | None = None
+    energy_dram_joules: Joules | None = None
     # The energy mode the run started in: macOS "automatic" | "low" | "high" (pmset powermode),
     # Linux the ACPI platform profile ("balanced"); None where it cannot be read. A checked key:
     # the same Mac can decode 2.5-3x faster in High Power than in Automatic.

@@ -29,6 +29,7 @@ def mac(**files: str):
         ("pmset", "-g", "batt"): files.get("batt"),
         ("pmset", "-g", "therm"): files.get("therm"),
         ("sysctl", "vm.swapusage"): files.get("swap"),
+        ("notifyutil", "-g", environment.THERMAL_PRESSURE_KEY): files.get("pressure"),
     }
     texts = {k: (CAPTURED / v).read_text() if v else None for k, v in outputs.items()}
     return lambda cmd: texts.get(tuple(cmd))
@@ -69,8 +70,10 @@ def test_macos_checks_on_captured_output():
             batt="macos-m2-pro-pmset-batt-ac.txt",
             therm="macos-m2-pro-pmset-therm-quiet.txt",
             swap="macos-m2-pro-sysctl-swapusage.txt",
+            pressure="macos-notifyutil-thermalpressurelevel.txt",
         )
     )
+    assert doctor.check_thermal_pressure(plugged, "darwin") == doctor.Check("thermal pressure", OK, "nominal")
     assert doctor.check_power_source(plugged).verdict == OK
     assert doctor.check_low_power(plugged, "darwin") == doctor.Check("low-power mode", OK, "off")
     assert doctor.check_power_mode(plugged, "darwin", True).verdict == OK
@@ -105,6 +108,12 @@ def test_macos_checks_on_captured_output():
     # A Mac whose commands print nothing: unavailable, never a made-up value.
     silent = environment.sample_macos(lambda cmd: None)
     assert {doctor.check_power_source(silent).verdict, doctor.check_thermal(silent).verdict} == {NOT_AVAILABLE}
+    assert doctor.check_thermal_pressure(silent, "darwin").verdict == NOT_AVAILABLE
+    # thermald throttling the SoC while pmset's CPU limit still reads nominal: a failed check.
+    heavy = doctor.check_thermal_pressure(plugged | {"thermal_pressure": "heavy"}, "darwin")
+    assert heavy.verdict == FAIL and heavy.detail.startswith("heavy") and heavy.fix
+    linux = doctor.check_thermal_pressure(environment.sample_linux(), "linux")
+    assert linux == doctor.Check("thermal pressure", NOT_AVAILABLE, NOT_HERE)
 
 
 def test_metal_is_checked_on_macos_only():

@@ -6,8 +6,11 @@ lent H200: bench/h200.sh runs this file there) and skipped elsewhere. The protoc
 fields come from a real tiny-model job with a counter that stands in for hardware this machine
 lacks: a constant 50 W, as a clock."""
 
+import json
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from agent.engines import make_engine
 from agent.model_identity import identify
 from agent.models import resolve
 from agent.protocol import run_job
-from specfleet.record import Arm, JobSpec, Prompt, RunRecord
+from specfleet.record import Arm, InvalidRecord, JobSpec, Prompt, RunRecord
 
 
 def zone(root: Path, name: str, energy_uj, wrap=262143328850) -> None:
@@ -129,3 +132,118 @@ def test_a_job_records_backend_and_energy_per_token(tiny_models):
     records.clear()
     run_job(spec, make_engine("llama.cpp"), records.append, "job", 1, target, meter=energy.Meter(None))
     assert records[0].energy_source == "" and records[0].energy_joules is None and records[0].joules_per_token is None
+
+
+# ---------------------------------------------------------------- macOS: IOReport through zeus-apple-silicon
+# No Mac here: the library's measurement object (zeus_apple_silicon.AppleEnergyMonitor) is replaced
+# at its boundary by one whose end_window returns the library's own M1 Max window
+# (tests/captured/zeus-apple-silicon-m1-max-window.json, tests/captured/README.md). The macOS CI
+# jobs measure a real window (.github/workflows/ci.yml).
+
+M1_MAX_WINDOW = json.loads((Path(__file__).parent / "captured" / "zeus-apple-silicon-m1-max-window.json").read_text())
+
+
+class CapturedMonitor:
+    """zeus_apple_silicon.AppleEnergyMonitor's interface, answering the captured window."""
+
+    windows: list[str] = []
+
+    def __init__(self):
+        self.open: set[str] = set()
+
+    def begin_window(self, key, restart=False):
+        if key in self.open and not restart:
+            raise RuntimeError(f"window {key} already open")  # as the library does
+        self.open.add(key)
+        self.windows.append(f"begin {key}")
+
+    def end_window(self, key):
+        self.open.remove(key)  # KeyError for a window never begun: the library raises too
+        self.windows.append(f"end {key}")
+        return types.SimpleNamespace(**M1_MAX_WINDOW["end_window"])
+
+
+@pytest.fixture
+def zeus(monkeypatch):
+    CapturedMonitor.windows = []
+    monkeypatch.setitem(sys.modules, "zeus_apple_silicon", types.SimpleNamespace(AppleEnergyMonitor=CapturedMonitor))
+    return CapturedMonitor
+
+
+def test_ioreport_window_is_the_run_energy_with_its_split(zeus):
+    meter = energy.Meter(energy.detect())  # IOReport comes first where the library imports
+    assert isinstance(meter.counter, energy.IOReportWindows)
+    result, drawn = meter.measure(lambda: zeus.windows.append("run") or "done")
+    assert result == "done" and zeus.windows == ["begin specfleet-run", "run", "end specfleet-run"]
+    # CPU 1701 mJ, GPU 9, ANE 0, DRAM 358: the record's parts, and their sum the run's energy.
+    assert drawn.source == "ioreport" and drawn.joules == pytest.approx(2.068)
+    assert drawn.record_fields() == {
+        "energy_cpu_joules": 1.701,
+        "energy_gpu_joules": 0.009,
+        "energy_ane_joules": 0.0,
+        "energy_dram_joules": 0.358,
+    }
+    with pytest.raises(ZeroDivisionError):  # a failed run still closes its window
+        meter.measure(lambda: 1 / 0)
+    assert zeus.windows[-1] == "end specfleet-run"
+
+
+def test_ioreport_parts_a_chip_does_not_report_are_left_out():
+    older = types.SimpleNamespace(cpu_total_mj=1200, gpu_mj=300, ane_mj=None, dram_mj=None)
+    drawn = energy.ioreport_energy(older)
+    assert drawn.joules == pytest.approx(1.5)
+    assert set(drawn.record_fields()) == {"energy_cpu_joules", "energy_gpu_joules"}
+    nothing = types.SimpleNamespace(cpu_total_mj=None, gpu_mj=None, ane_mj=None, dram_mj=None)
+    assert energy.ioreport_energy(nothing) is None
+
+
+def test_no_ioreport_without_the_library_or_its_energy_group(monkeypatch):
+    monkeypatch.setitem(sys.modules, "zeus_apple_silicon", None)  # not installed (Linux, Intel Macs)
+    assert energy.ioreport_windows() is None
+
+    def no_subscription():
+        raise RuntimeError("Failed to create IOReport subscription.")  # the library's own message
+
+    monkeypatch.setitem(sys.modules, "zeus_apple_silicon", types.SimpleNamespace(AppleEnergyMonitor=no_subscription))
+    assert energy.ioreport_windows() is None
+
+
+def test_the_split_belongs_to_ioreport_runs():
+    from tests.support.fleet import run_record
+
+    r = run_record("job-1")
+    nvml = dict(r.to_dict(), energy_source="nvml", energy_joules=2.0, energy_gpu_joules=1.0)
+    with pytest.raises(InvalidRecord, match="energy_source 'ioreport' only"):
+        RunRecord.from_dict(nvml)
+    mac = RunRecord.from_dict(dict(nvml, energy_source="ioreport"))
+    assert RunRecord.from_row(mac.row()) == mac and mac.row()["energy_gpu_joules"] == 1.0
+
+
+@pytest.mark.engine
+def test_a_mac_job_records_ioreport_energy_per_token(tiny_models, zeus):
+    """The protocol's path on a Mac: run_job's default meter (energy.detect()) finds IOReport."""
+    model = str(tiny_models.gguf_target)
+    spec = JobSpec(
+        engine="llama.cpp",
+        model={"target": model},
+        prompt_set="qa",
+        prompt_category="qa",
+        prompt_set_digest="0" * 64,
+        prompts=(Prompt("p1", "What is speculative decoding?"),),
+        arms=(Arm("baseline"),),
+        max_new_tokens=16,
+        warmup_cap=1,
+        repeats=1,
+    )
+    records: list[RunRecord] = []
+    run_job(spec, make_engine("llama.cpp"), records.append, "job", 1, identify(resolve(model, []), ""))
+    (r,) = records
+    assert (r.energy_source, r.energy_joules) == ("ioreport", pytest.approx(2.068))
+    assert r.joules_per_token == pytest.approx(2.068 / r.generated_tokens)
+    assert (r.energy_cpu_joules, r.energy_gpu_joules, r.energy_ane_joules, r.energy_dram_joules) == (
+        1.701,
+        0.009,
+        0.0,
+        0.358,
+    )
+    assert RunRecord.from_json(r.to_json()) == r

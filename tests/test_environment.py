@@ -195,3 +195,28 @@ def test_a_power_mode_change_during_a_run_is_not_nominal():
     assert env.judge(quiet | {"power_mode": "high"}, quiet | {"power_mode": "high"}, cpu_count=2) == (True, [])
     nominal, reasons = env.judge(quiet | {"power_mode": "high"}, quiet | {"power_mode": "automatic"}, cpu_count=2)
     assert nominal is False and reasons == ["power mode changed from high to automatic during the run"]
+
+
+def test_thermal_pressure_on_captured_output_and_its_gating():
+    """thermald's level (`notifyutil -g com.apple.system.thermalpressurelevel`): the captured
+    nominal reading, the other levels of OSThermalNotification.h in the same line, and a level
+    other than nominal flags the run as the CPU's limit does."""
+    text = captured("macos-notifyutil-thermalpressurelevel.txt")
+    assert env.parse_thermal_pressure(text) == "nominal"
+    heavy = text.replace(" 0", " 2")
+    assert env.parse_thermal_pressure(heavy) == "heavy"
+    assert env.parse_thermal_pressure(text.replace(" 0", " 7")) == "level 7"
+    assert env.parse_thermal_pressure("") is None
+    assert env.parse_thermal_pressure("com.apple.system.thermalpressurelevel: Failed with code 1\n") is None
+    outputs = {
+        ("notifyutil", "-g", env.THERMAL_PRESSURE_KEY): heavy,
+        ("pmset", "-g", "therm"): captured("macos-m2-pro-pmset-therm-quiet.txt"),
+        ("pmset", "-g", "batt"): captured("macos-m2-pro-pmset-batt-ac.txt"),
+    }
+    hot = env.sample_macos(run=lambda cmd: outputs.get(tuple(cmd)))
+    assert (hot["thermal"], hot["thermal_pressure"]) == ("nominal", "heavy")
+    cool = hot | {"thermal_pressure": "nominal"}
+    assert env.judge(cool, cool, cpu_count=64) == (True, [])
+    nominal, reasons = env.judge(cool, hot, cpu_count=64)
+    assert nominal is False and reasons == ["after: thermal pressure heavy (the SoC, GPU included, is being throttled)"]
+    assert env.reading(hot).thermal_pressure == "heavy" and env.reading(env.sample_linux()).thermal_pressure is None

@@ -105,7 +105,10 @@ if spent.empty:
         " Linux CPUs, IOReport on macOS; agent/energy.py). None is estimated."
     )
 else:
-    st.caption("Median tokens per joule of generation (the counter's energy over the run), beside decode tok/s.")
+    st.caption(
+        "Median tokens per joule of generation (the counter's energy over the run), beside decode tok/s; on Macs"
+        " the shares of it on the CPU, GPU, Neural Engine and DRAM (IOReport)."
+    )
     st.dataframe(spent, hide_index=True)
 
 servers = data.server_figures(v, f)
