@@ -20,7 +20,9 @@ from string import Template
 from xml.sax.saxutils import escape
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
+# The templates: a checkout's deploy/, or the copy an installed wheel carries in agent/deploy/
+# (pyproject.toml force-include), so that `uv tool install 'specfleet[agent]'` can install-service.
+DEPLOY = next((d for d in (ROOT / "deploy", Path(__file__).parent / "deploy") if d.is_dir()), ROOT / "deploy")
 LABEL = "com.specfleet.agent"
 PLIST_TEMPLATE = "com.specfleet.agent.plist"
 UNIT = "specfleet-agent.service"
@@ -40,7 +42,7 @@ def agent_command(config_dir: Path, run_args: list[str]) -> list[str]:
 def _template(name: str) -> Template:
     path = DEPLOY / name
     if not path.exists():
-        raise FileNotFoundError(f"service template {path} is missing: install-service runs from a specfleet checkout")
+        raise FileNotFoundError(f"service template {path} is missing: reinstall specfleet (or run from a checkout)")
     return Template(path.read_text())
 
 
