@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboard import claims, data
+from dashboard import claims, data, queries
 from specfleet import speedup, stats
 from specfleet.client import fetch_table
 from specfleet.data_dir import admin_credential
@@ -155,3 +155,32 @@ def test_a_claims_key_moves_only_with_runs_it_could_select():
     assert data._claim_key(c, systems) == key
     systems.loc[2, "jobs"] = 4  # a job of our loop's runs changed: recomputed
     assert data._claim_key(c, systems) != key
+
+
+class _Runs:
+    """queries' `db` (Mirror.query's interface) over given runs with the columns the mirror derives."""
+
+    def __init__(self, runs: pd.DataFrame):
+        self.con = fleet_db(pd.DataFrame())
+        self.con.register("stored", runs)
+        self.con.execute(f"CREATE VIEW runs AS SELECT *, {queries.LABELS} FROM stored")
+
+    def query(self, sql, params=None):
+        return self.con.execute(sql, params or []).df()
+
+
+def test_energy_shows_ioreport_split_as_shares_of_the_run_energy(synthetic_store, v):
+    """A Mac's runs (energy_source ioreport) carry CPU, GPU, ANE and DRAM joules: the Compare page
+    shows each one's median share of the run's energy; NVML and RAPL runs have none to show."""
+    _, runs, _ = synthetic_store
+    assert data.energy(v, data.Filters())[["cpu_share", "gpu_share", "ane_share", "dram_share"]].isna().all().all()
+    macs = runs.copy()
+    measured = macs["energy_source"] == "rapl"
+    macs.loc[measured, "energy_source"] = "ioreport"
+    shares = {"cpu": 0.25, "gpu": 0.6, "ane": 0.0, "dram": 0.15}
+    for part, share in shares.items():
+        macs.loc[measured, f"energy_{part}_joules"] = macs.loc[measured, "energy_joules"] * share
+    got = queries.energy(_Runs(macs), data.Filters())
+    assert len(got) > 0 and set(got["energy_source"]) == {"ioreport"}
+    for part, share in shares.items():
+        assert got[f"{part}_share"].tolist() == pytest.approx([share] * len(got)), part
