@@ -13,9 +13,12 @@ Counters, tried in this order by `detect()`:
           (`AppleEnergyMonitor`, no sudo), read as a begin/end window around the run: CPU, GPU,
           ANE and DRAM energy apart, in millijoules. The run's energy is their sum; the parts
           are recorded beside it (energy_cpu_joules, ...). A part the chip does not report is
-          None and left out of the sum. Chosen over macmon-lib because it gives energy over the
-          run's own window (joules, what energy per token needs) rather than power samples to
-          integrate, and the DRAM channel too; the Zeus project keeps it.
+          None and left out of the sum (GPU SRAM, which the library reports apart, is not
+          added). IOReport's values are Apple's model-based estimates at 1 mJ resolution (the
+          library's README), system-wide like the other counters. Chosen over macmon-lib
+          because it gives energy over the run's own window (joules, what energy per token
+          needs) rather than power samples to integrate, and the DRAM channel too; the Zeus
+          project keeps it.
 
 `detect()` returns None on a machine where no counter is readable (and on a Mac without the
 package), so a run records no energy rather than a guess.
