@@ -53,13 +53,14 @@ if [ -z "$uv_bin" ] || [ "$("$uv_bin" --version | cut -d' ' -f2)" != "$UV_VERSIO
     uv_bin="$user_uv"
 fi
 
-# --frozen: install exactly the lock file, never re-resolve. --compile-bytecode: the packages'
-# .pyc files are written once here (uv compiles nothing by default), and our own modules' by
+# --frozen: install exactly the lock file, never re-resolve. --all-extras: the agent, the
+# coordinator and the dashboard (pyproject.toml's extras; a Mac agent alone installs
+# `specfleet[agent]`). --compile-bytecode: the packages' .pyc files are written once here (uv compiles nothing by default), and our own modules' by
 # compileall below (a no-op when up to date). Where PYTHONDONTWRITEBYTECODE is set, as on CI
 # machines, no Python process writes them itself, so without this every process the tests and the
 # fleet start (a CLI call, an agent, a coordinator) compiled scipy, pandas and the rest from source
 # again: about 8 s of CPU each, and most of the test run's time.
-"$uv_bin" sync --frozen --quiet --compile-bytecode
+"$uv_bin" sync --frozen --all-extras --quiet --compile-bytecode
 .venv/bin/python -m compileall -q -j 0 specfleet agent coordinator cli dashboard protos tests bench >/dev/null
 scripts/build-llama-cpp.sh
 .venv/bin/specfleet models make-tiny .data/tiny >/dev/null
