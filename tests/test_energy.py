@@ -232,7 +232,7 @@ def test_a_mac_job_records_ioreport_energy_per_token(tiny_models, zeus):
         prompts=(Prompt("p1", "What is speculative decoding?"),),
         arms=(Arm("baseline"),),
         max_new_tokens=16,
-        warmup_cap=1,
+        warmup=1,
         repeats=1,
     )
     records: list[RunRecord] = []
