@@ -163,7 +163,9 @@ class _Runs:
     def __init__(self, runs: pd.DataFrame):
         self.con = fleet_db(pd.DataFrame())
         self.con.register("stored", runs)
-        self.con.execute(f"CREATE VIEW runs AS SELECT *, {queries.LABELS} FROM stored")
+        self.con.execute(f"CREATE VIEW labelled AS SELECT *, {queries.LABELS} FROM stored")
+        flagged = speedup.flagged_sql("labelled")  # the mirror's stored flag (queries.RUN_FLAGS)
+        self.con.execute(f"CREATE VIEW runs AS SELECT * EXCLUDE (outlier_flag), outlier AS outlier_flag FROM {flagged}")
 
     def query(self, sql, params=None):
         return self.con.execute(sql, params or []).df()
@@ -179,7 +181,7 @@ def test_energy_shows_ioreport_split_as_shares_of_the_run_energy(synthetic_store
     macs.loc[measured, "energy_source"] = "ioreport"
     shares = {"cpu": 0.25, "gpu": 0.6, "ane": 0.0, "dram": 0.15}
     for part, share in shares.items():
-        macs.loc[measured, f"energy_{part}_joules"] = macs.loc[measured, "energy_joules"] * share
+        macs[f"energy_{part}_joules"] = np.where(measured, macs["energy_joules"].astype(float) * share, np.nan)
     got = queries.energy(_Runs(macs), data.Filters())
     assert len(got) > 0 and set(got["energy_source"]) == {"ioreport"}
     for part, share in shares.items():
