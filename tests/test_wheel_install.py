@@ -36,19 +36,20 @@ def run(*cmd, **kw) -> subprocess.CompletedProcess:
 
 
 def install(tmp_path: Path) -> Path:
-    """The wheel and its agent and coordinator extras in a fresh venv, offline: the bin directory."""
+    """The wheel with its agent and coordinator extras in a fresh venv, offline: its bin directory."""
     dist = tmp_path / "dist"
     run(UV, "build", "--offline", "--wheel", "--sdist", "--out-dir", dist, cwd=ROOT)
     (wheel,) = dist.glob("specfleet-*-py3-none-any.whl")
     assert list(dist.glob("specfleet-*.tar.gz")), "uv build made no sdist"
-    # The locked versions of the two extras (uv.lock), so that the install resolves nothing anew.
-    pins = tmp_path / "pins.txt"
-    run(UV, "export", "--frozen", "--no-hashes", "--no-dev", "--no-emit-project", "--extra", "agent",
-        "--extra", "coordinator", "-o", pins, cwd=ROOT)  # fmt: skip
+    # The locked versions of the two extras (uv.lock) into a fresh venv, from uv's cache as the
+    # set-up installs them, then the wheel itself; `uv pip check`: the wheel's own requirements hold.
     venv = tmp_path / "venv"
     run(UV, "venv", "--offline", "--python", sys.executable, venv)
-    run(UV, "pip", "install", "--offline", "--python", venv / "bin" / "python", "-r", pins,
-        f"specfleet[agent,coordinator] @ {wheel.as_uri()}")  # fmt: skip
+    run(UV, "sync", "--frozen", "--offline", "--no-dev", "--no-install-project", "--extra", "agent",
+        "--extra", "coordinator", cwd=ROOT, env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)})  # fmt: skip
+    python = venv / "bin" / "python"
+    run(UV, "pip", "install", "--offline", "--no-deps", "--python", python, wheel)
+    run(UV, "pip", "check", "--python", python)
     return venv / "bin"
 
 
