@@ -20,6 +20,7 @@ reference arms get the same ban through Llama.generate's logits_processor.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -38,7 +39,7 @@ from specfleet import settings as declared
 from specfleet.settings import Settings
 
 from .. import prompts
-from . import ENGINE_METHODS, ngram
+from . import ENGINE_METHODS, llamacpp_lib, ngram
 from . import llamacpp_mtp as mtp
 from .base import (
     MAX_DEPTH,
@@ -154,6 +155,7 @@ class _Context:
     ):
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = GPU_LAYERS_ALL
+        mparams.use_extra_bufts = not llamacpp_lib.cpu_has_amx()  # ggml's AMX repack crashes (cpu_has_amx)
         mparams.load_mtp = load_mtp
         self.model = ll.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
@@ -450,6 +452,30 @@ class _DraftModel:
 
     def accept(self, context: list[int], accepted: list[int]) -> None:
         """Nothing to do after a verify: propose() catches up with the context itself."""
+
+
+@contextlib.contextmanager
+def _no_repack_on_amx():
+    """llama-cpp-python's Llama (the ref-* paths) built without weight repacking where the CPU has
+    AMX, as the engine's own model is (llamacpp_lib.cpu_has_amx): Llama exposes no
+    use_extra_bufts, so the default parameters it asks for are given with it off meanwhile."""
+    if not llamacpp_lib.cpu_has_amx():
+        yield
+        return
+    import llama_cpp.llama_cpp as low
+
+    original = low.llama_model_default_params
+
+    def without_repack():
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = without_repack
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = original
 
 
 def _argmax_loop(
@@ -773,18 +799,19 @@ class LlamaCppEngine:
         """llama-cpp-python's Llama on the same file and settings, built on first use.
         Prompt lookup needs logits for every row (logits_all)."""
         if method not in self._references:
-            self._references[method] = Llama(
-                model_path=self._target_path,
-                n_ctx=self.n_ctx,
-                n_batch=self.n_batch,
-                n_ubatch=self.n_batch,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads_batch,
-                n_gpu_layers=-1,
-                flash_attn=self.flash_attn,
-                logits_all=method == "ref-ngram",
-                verbose=False,
-            )
+            with _no_repack_on_amx():
+                self._references[method] = Llama(
+                    model_path=self._target_path,
+                    n_ctx=self.n_ctx,
+                    n_batch=self.n_batch,
+                    n_ubatch=self.n_batch,
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads_batch,
+                    n_gpu_layers=-1,
+                    flash_attn=self.flash_attn,
+                    logits_all=method == "ref-ngram",
+                    verbose=False,
+                )
         return self._references[method]
 
     def _reference(self, request: Request) -> Generation:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 PROJECT_BIN = Path(__file__).resolve().parents[2] / ".data" / "llama.cpp" / "bin"
+CPUINFO = Path("/proc/cpuinfo")
 LIB_PATH_VARIABLE = "LLAMA_CPP_LIB_PATH"
 DEVICE_TYPE_CPU = 0  # enum ggml_backend_dev_type (ggml-backend.h): CPU, GPU, IGPU, ACCEL, META
 
@@ -51,3 +52,22 @@ def backend(ggml: ctypes.CDLL) -> str:
         if ggml.ggml_backend_dev_type(device) != DEVICE_TYPE_CPU:
             return ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device)).decode().lower()
     return "cpu"
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU has Intel AMX (Sapphire Rapids and later: `amx_int8` in /proc/cpuinfo's
+    flags). ggml's CPU backend repacks quantised weights into an AMX buffer there, and its AMX
+    matrix product segfaults in llama_decode on such machines (llama.cpp issue 20824, open
+    upstream; seen here with SmolLM2's Q4_1 at a prompt-lookup verify): the engines then run
+    without weight repacking (the in-process engine's use_extra_bufts off, llama-server's and
+    llama-bench's --no-repack / --repack 0), both alike so that their figures stay comparable. False
+    where there is no /proc/cpuinfo (a Mac: no AMX; Apple's matrix units are another thing)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return "amx_int8" in line.partition(":")[2].split()
+    return False
