@@ -1,8 +1,8 @@
 """llamacpp_lib.cpu_has_amx on /proc/cpuinfo's flags line as this machine's CPU printed it (an
 Intel Xeon with AMX: ggml's AMX matrix product segfaulted in llama_decode here, llama.cpp issue
-20824), and on one without; and the engines run without weight repacking exactly there."""
+20824), and on one without; and servers run without weight repacking exactly there."""
 
-from agent.engines import llama_server
+from agent.engines import server_process
 from agent.engines.llamacpp_lib import cpu_has_amx
 
 # /proc/cpuinfo's flags line of the Xeon this was written on (2026-12-02), cut to its SIMD part
@@ -23,8 +23,8 @@ def test_amx_is_read_from_the_flags_line():
     assert not cpu_has_amx("")  # no flags line (not an x86 Linux): no AMX
 
 
-def test_llama_server_runs_without_repacking_exactly_where_the_cpu_has_amx(monkeypatch):
+def test_servers_run_without_repacking_exactly_where_the_cpu_has_amx(monkeypatch):
     for amx in (True, False):
-        monkeypatch.setattr(llama_server, "cpu_has_amx", lambda amx=amx: amx)
-        argv = llama_server.server_argv("llama-server", "t.gguf", None, 8080, [], "baseline", 0, [])
-        assert ("--no-repack" in argv) is amx
+        monkeypatch.setattr(server_process, "cpu_has_amx", lambda amx=amx: amx)
+        env = server_process.server_environment({"PATH": "/usr/bin"})
+        assert env == ({"PATH": "/usr/bin", "LLAMA_ARG_REPACK": "0"} if amx else {"PATH": "/usr/bin"})

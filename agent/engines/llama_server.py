@@ -64,7 +64,6 @@ from specfleet.server_arms import BUILD_KEY_PREFIX, MAX_BUILDS
 from .. import prompts
 from . import loopback, server_memory
 from .base import EngineError, Generation, Margin, Request, ServerRun, make_generation, margin_problem, top_two
-from .llamacpp_lib import cpu_has_amx
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
 
 log = logging.getLogger(__name__)
@@ -215,8 +214,6 @@ def server_argv(
     if draft and any(t in DRAFT_MODEL_TYPES for t in spec_types(method)):
         argv += ["-md", draft]
     argv += ["--host", loopback.HOST, "--port", str(port), "--metrics", *shared_flags]
-    if cpu_has_amx():  # as the in-process engine: ggml's AMX repack crashes (llamacpp_lib.cpu_has_amx)
-        argv.append("--no-repack")
     return argv + spec_args(method, depth) + list(arm_flags)
 
 

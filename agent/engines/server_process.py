@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import loopback
 from .base import EngineError
+from .llamacpp_lib import cpu_has_amx
 
 HOST = loopback.HOST
 HEALTH_TIMEOUT_SECONDS = 600.0  # a large model on a slow disk can take minutes to load
@@ -110,6 +111,14 @@ def log_excerpt(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(errors + (["..."] if errors else []) + tail).rstrip()
 
 
+def server_environment(environ=os.environ) -> dict[str, str]:
+    """A server's environment: this process's, with llama.cpp's weight repacking off where the CPU
+    has AMX (LLAMA_ARG_REPACK, the environment form of llama-server's --no-repack: ggml's AMX
+    matrix product crashes there, llamacpp_lib.cpu_has_amx), for llama-server whichever command
+    line started it (its own engine's or an OpenAI-compatible command template)."""
+    return {**environ, "LLAMA_ARG_REPACK": "0"} if cpu_has_amx() else dict(environ)
+
+
 class ServerProcess:
     """A server started from `argv`, which must make it listen on 127.0.0.1:`port`.
 
@@ -158,6 +167,7 @@ class ServerProcess:
             try:
                 self.proc = subprocess.Popen(
                     [*_parent_death_prefix(), *self.argv],
+                    env=server_environment(),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
