@@ -5,7 +5,7 @@ it takes and ends jobs (coordinator/scheduler.py), draining while an admin wants
 for it, and revoked for good. Lengths of names, labels and fingerprint fields are bounded at
 the service (coordinator/limits.py); last contact and status: Scheduler.record_beats.
 
-A machine is its hardware (migration 016): the agent's fingerprint carries the SHA-256 of its
+A machine is its hardware (migration 018): the agent's fingerprint carries the SHA-256 of its
 hardware ids, which `machine_of` keys with the fleet's salt; an agent re-enrolled on the same
 hardware is the same machine, and only the salted hash is stored.
 """

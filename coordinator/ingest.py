@@ -128,7 +128,7 @@ RUN_COLUMNS = (*RunRecord.columns(), *COORDINATOR_COLUMNS, "seq")
 # The coordinator's clock beside the agent's (migration 013), stored with every new run: when the
 # run was received, and why its agent times cannot be right (NULL when they can be).
 CLOCK_COLUMNS = ("received_at", "clock_flag")
-# The machine of the run's agent (migration 016: the salted hash of its hardware, or the agent
+# The machine of the run's agent (migration 018: the salted hash of its hardware, or the agent
 # itself when it reported none), stamped on every new run: what figures count as machines.
 MACHINE_COLUMNS = ("machine_id",)
 # The agent's clock may be this far off the coordinator's before a run's times are impossible:
