@@ -7,11 +7,18 @@ captured text.
 The chip is what the machine's runs are compared by: the Apple chip on a Mac, the CPU model on
 Linux, and on a Linux machine with an NVIDIA GPU whose llama.cpp is a CUDA build (the engines'
 forward passes run on the GPU there) the first GPU's model, "NVIDIA H200"; the host CPU's model
-is then kept as the model_identifier."""
+is then kept as the model_identifier.
+
+A machine is its hardware, never its enrolment: `hardware_digest` is the SHA-256 of the ids
+that no re-enrolment or reinstall of the agent changes (macOS: IOPlatformUUID; Linux: DMI
+product_uuid, else /etc/machine-id, and each NVIDIA GPU's UUID). The raw ids never leave this
+machine; the coordinator salts the digest with the fleet's own salt before it stores anything
+(coordinator/agents.py machine_of), so two fleets cannot join their machines."""
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -93,8 +100,9 @@ def parse_meminfo_bytes(text: str) -> int | None:
 
 # What the fingerprint asks nvidia-smi of each GPU, in this order (parse_nvidia_smi's fields).
 NVIDIA_SMI_QUERY = (
-    "name,memory.total,driver_version,clocks.max.sm,clocks.max.memory,power.limit,power.max_limit,pci.bus_id"
+    "name,memory.total,driver_version,clocks.max.sm,clocks.max.memory,power.limit,power.max_limit,pci.bus_id,uuid"
 )
+NVIDIA_UUID_FIELD = 8  # the query's ninth field: "GPU-8a0e..." (an older capture may lack it)
 
 
 def parse_nvidia_smi(text: str, cuda: str = "") -> list[str]:
@@ -120,6 +128,40 @@ def parse_nvidia_smi(text: str, cuda: str = "") -> list[str]:
         parts += [form.format(value) for value, form in known if value and not value.startswith("[")]
         gpus.append(", ".join(parts))
     return gpus
+
+
+def parse_nvidia_gpu_uuids(text: str) -> list[str]:
+    """The GPU UUIDs ("GPU-...") of NVIDIA_SMI_QUERY's output, one per GPU that reports one."""
+    fields = (line.split(",") for line in text.splitlines())
+    return [f[NVIDIA_UUID_FIELD].strip() for f in fields if len(f) > NVIDIA_UUID_FIELD and f[NVIDIA_UUID_FIELD].strip()]
+
+
+def parse_ioreg_platform_uuid(text: str) -> str | None:
+    """`ioreg -rd1 -c IOPlatformExpertDevice` output: the "IOPlatformUUID" property."""
+    m = re.search(r'"IOPlatformUUID"\s*=\s*"([^"]+)"', text)
+    return m.group(1) if m else None
+
+
+def hardware_digest(ids: list[str]) -> str:
+    """The SHA-256 (hex) of a machine's hardware ids ("kind:value", order-free), "" without any."""
+    if not ids:
+        return ""
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+
+
+def linux_hardware_ids(root: Path, gpu_uuids: list[str]) -> list[str]:
+    """The board's DMI product_uuid (readable by root only on most systems), else the OS's
+    /etc/machine-id, and every NVIDIA GPU's UUID: what tells this Linux machine from another."""
+    ids = []
+    for kind, path in (("product_uuid", "sys/class/dmi/id/product_uuid"), ("machine-id", "etc/machine-id")):
+        try:
+            value = (root / path).read_text().strip()
+        except OSError:
+            continue
+        if value:
+            ids.append(f"{kind}:{value.lower()}")
+            break
+    return ids + [f"gpu:{u}" for u in gpu_uuids]
 
 
 def parse_nvidia_smi_cuda(text: str) -> str:
@@ -307,6 +349,8 @@ def _macos(fp: pb.Fingerprint, run=run_command) -> None:
     fp.performance_cores = _int(values.get("hw.perflevel0.physicalcpu"))
     fp.efficiency_cores = _int(values.get("hw.perflevel1.physicalcpu"))
     fp.gpu_cores = parse_ioreg_gpu_cores(run(["ioreg", "-rc", "AGXAccelerator", "-d", "1"]) or "") or 0
+    platform_uuid = parse_ioreg_platform_uuid(run(["ioreg", "-rd1", "-c", "IOPlatformExpertDevice"]) or "")
+    fp.hardware_digest = hardware_digest([f"IOPlatformUUID:{platform_uuid}"] if platform_uuid else [])
     bandwidth = BANDWIDTH_GBPS.get((fp.chip, fp.gpu_cores))
     if bandwidth:
         fp.memory_bandwidth_bytes_per_second = bandwidth * 1e9
@@ -319,6 +363,7 @@ def _macos(fp: pb.Fingerprint, run=run_command) -> None:
         ("performance_cores", not fp.performance_cores),
         ("efficiency_cores", not fp.efficiency_cores),
         ("memory_bandwidth", not bandwidth),
+        ("hardware_id", not fp.hardware_digest),
     ]:
         if missing:
             fp.unavailable.append(name)
@@ -341,6 +386,7 @@ def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/"), cuda=cud
     smi = run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"])
     if smi:
         fp.gpus.extend(parse_nvidia_smi(smi, parse_nvidia_smi_cuda(run(["nvidia-smi"]) or "")))
+    fp.hardware_digest = hardware_digest(linux_hardware_ids(root, parse_nvidia_gpu_uuids(smi or "")))
     if fp.gpus and cuda():  # the runs are the GPU's: it names the chip (module docstring)
         fp.model_identifier, fp.chip = fp.chip, gpu_model(fp.gpus[0])
     # Apple-only readings do not exist here: say so instead of reporting zeros as facts.
@@ -351,3 +397,5 @@ def _linux(fp: pb.Fingerprint, run=run_command, root: Path = Path("/"), cuda=cud
         fp.unavailable.append("chip")
     if not fp.memory_bytes:
         fp.unavailable.append("memory")
+    if not fp.hardware_digest:
+        fp.unavailable.append("hardware_id")

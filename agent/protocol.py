@@ -5,10 +5,17 @@ the prompt (agent/prompts.py), refusing a length the model cannot hold. Then for
 run every prompt with all arms back to back, in the order of one row of a Williams design
 (specfleet/design.py: each arm follows every other equally often; the repeats are rounded up to
 complete the design), so that paired ratios come from adjacent runs in the same thermal window.
-Before a prompt's first measured run each arm warms up on it until two consecutive runs agree
-within 5% (at most `warmup` runs); the baseline's last warm-up output is the greedy
-reference for `lossless`; a run whose arm reached the cap unsteady records
-`warmup_converged=False`.
+Before a prompt's first measured run each arm warms up until two consecutive runs agree within 5%
+(at most `warmup` runs); a run whose arm reached the cap unsteady records
+`warmup_converged=False`. No measured request is one the drafter has seen (issue 37): warm-ups
+never send the measured request but its tokens reversed (`warmup_tokens`: the same length and
+vocabulary, so the same shapes, caches and clocks, none of its n-grams in order), and the greedy
+reference for `lossless` is an unmeasured baseline run on the prompt (the baseline has no
+drafter). Drafters that keep state across requests (llama-server's ngram-mod, ngram-cache,
+ngram-map-k, ngram-map-k4v: the engine's `keeps_state`) are measured fresh: each measured run on a
+server started for it, so that a repeat never inherits the n-grams of the repeats before it. Every
+run records `drafter_start` "unseen" (a checked key) where this holds; a warm OpenAI-compatible
+server, whose drafter's state we cannot know, records None (unknown).
 
 Server arms (llama-server) are measured in one server state for the baseline and the arm of
 every pair (setting server_state, a checked key; docs/verdicts.md): "warm" keeps every arm's
@@ -85,6 +92,24 @@ def check_context(length: int, spec: JobSpec, target: ModelIdentity, prompt_id: 
             f"context, {spec.max_new_tokens} new tokens and the draft depth) but the model "
             f"{target.reference} holds at most {target.context_length} (its own context length)"
         )
+
+
+def warmup_tokens(tokens) -> list[int]:
+    """The request a warm-up sends in place of the measured one: its tokens reversed (module
+    docstring). A palindrome would be its own reverse: then rotated by one as well."""
+    tokens = list(tokens)
+    backwards = tokens[::-1]
+    return backwards if backwards != tokens else backwards[1:] + backwards[:1]
+
+
+def drafter_start(spec: JobSpec, state: str | None, stateless: bool) -> str | None:
+    """What the job's drafters had seen before each measured run ("unseen", or None: unknown):
+    in process, a drafter is made for each generation; a server started for the run (fresh) or
+    one whose drafters keep no state (`stateless`, llama-server's word for its types) has seen
+    only warm-ups on other text."""
+    if spec.engine in IN_PROCESS_ENGINES or state == "fresh" or (state is not None and stateless):
+        return "unseen"
+    return None
 
 
 def system_of(spec: JobSpec) -> str:
@@ -179,22 +204,26 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
         last generation)."""
         speeds, gen = [], None
         for _ in range(spec.warmup if runs is None else runs):
-            gen = engine.generate(request(arm, tokens))
+            gen = engine.generate(request(arm, warmup_tokens(tokens)))
             speeds.append(summarise(gen)["decode_tokens_per_second"])
             if runs is None and steady(speeds):
                 break
         return len(speeds), (None if spec.warmup == 0 else steady(speeds)), gen
 
-    # The state server arms are measured in (None: no server arms); blocks are always fresh.
+    # The state server arms are measured in (None: no server arms); blocks and drafters that keep
+    # state across requests are always fresh.
     state = common["settings"].server_state
-    if state is not None and plan == "blocks":
+    keeps_state = getattr(engine, "keeps_state", None)
+    stateful = keeps_state is not None and any(keeps_state(arm) for arm in arms)
+    if state is not None and (plan == "blocks" or stateful):
         state = "fresh"
+    start = drafter_start(spec, state, stateless=keeps_state is not None and not stateful)
     restart = getattr(engine, "restart", None)
     served = getattr(engine, "served", None)
     warmups: dict[tuple[str, Arm], int] = {}  # warm-up runs before an arm's measured runs of a prompt
     converged: dict[tuple[str, Arm], bool | None] = {}
     counts: dict[str, int] = {}  # server arms: every arm's warm-up runs on a prompt (the most any needed)
-    references: dict[str, list[int]] = {}  # greedy reference per prompt: the baseline's last warm-up
+    references: dict[str, list[int]] = {}  # greedy reference per prompt: an unmeasured baseline run
 
     def settle(pid: str, order: list[Arm]) -> None:
         """A prompt's first warm-up: each arm until steady or the cap (fresh: on a server started
@@ -204,13 +233,11 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
         for arm in order:
             if state == "fresh" and restart is not None:
                 restart(arm)
-            warmups[pid, arm], converged[pid, arm], gen = warm_up(arm, tokens)
-            if arm.method == "baseline" and gen is not None:
-                references[pid] = gen.tokens
-        if pid not in references:  # no warm-up: an unmeasured baseline run is the greedy reference
-            references[pid] = engine.generate(request(Arm("baseline"), tokens)).tokens
-            if state == "warm":
-                warmups[pid, Arm("baseline")] = warmups.get((pid, Arm("baseline")), 0) + 1
+            warmups[pid, arm], converged[pid, arm], _ = warm_up(arm, tokens)
+        # The greedy reference: an unmeasured run of the baseline (no drafter to prime) on the prompt.
+        references[pid] = engine.generate(request(Arm("baseline"), tokens)).tokens
+        if state == "warm" and served is None:  # the top-up below counts it as the baseline's warm-up
+            warmups[pid, Arm("baseline")] = warmups.get((pid, Arm("baseline")), 0) + 1
         if state is None:
             return
         counts[pid] = max(warmups[pid, arm] for arm in order)
@@ -232,6 +259,7 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
             server_state=state,
             server_requests=served(arm) if state is not None and served else None,
             warmup_converged=steady_run,
+            drafter_start=start,
         )
         if spec.cooldown_seconds > 0:
             sleep(spec.cooldown_seconds)

@@ -20,6 +20,11 @@ Sections (all by default):
   depth      best-depth verdicts: the 95% confidence set for the best depth (the rule) and the
              bootstrap probability of the best depth (for comparison)
   fdr        the false-discovery step over families of 100 decisions
+  crossed    issue 37: machines x prompts crossed (a prompt effect every machine shares), at 2, 3,
+             5 and 10 machines by 5, 10 and 20 prompts: coverage against the category's truth and
+             wrong verdicts inside the band and on its edge, for several mixes of spreads
+  stalls     issue 37: heavy-tailed stalls in one arm, both arms, neither: the bias of the figure
+             (the median of a prompt's paired log ratios) against the truth, and of the mean
 
     .venv/bin/python bench/verdicts.py [--fleets 1000] [--section table]
 """
@@ -441,13 +446,114 @@ def fdr(families: int) -> None:
     print()
 
 
+# ---------------------------------------------------------------- crossed machines x prompts
+
+CROSSED_MACHINES = (2, 3, 5, 10)
+CROSSED_PROMPTS = (5, 10, 20)
+# (machine sd, machine x prompt sd, prompt sd shared by every machine) on the log scale
+SPREADS = {
+    "issue 37's: shared prompts 0.10": (0.05, 0.05, 0.10),
+    "machines dominant": (0.10, 0.05, 0.03),
+    "prompts dominant": (0.02, 0.10, 0.10),
+    "no shared prompt effect": (0.05, 0.10, 0.0),
+}
+
+
+def crossed(fleets: int) -> dict[str, float]:
+    """Coverage of the 95% interval and wrong verdicts (contradicted with the truth on the band's
+    edge; reproduced 5% outside it) against the category's truth, the prompts a sample of it."""
+    lo, hi = RULE_BAND
+    worst = {"coverage_low": 1.0, "coverage_high": 0.0, "wrong": 0.0}
+    for name, (machine_sd, prompt_sd, shared_sd) in SPREADS.items():
+        print(
+            f"## {name} (machine {machine_sd}, machine x prompt {prompt_sd}, shared prompt {shared_sd};"
+            f" {fleets} fleets)"
+        )
+        print(f"{'machines':>8} | " + " ".join(f"{f'{p} prompts':>24}" for p in CROSSED_PROMPTS))
+        for machines in CROSSED_MACHINES:
+            cells = []
+            for p in CROSSED_PROMPTS:
+                noise = simulate.draw(
+                    SEED + 131 * machines + p, fleets, machines, p, RULE_REPEATS,
+                    machine_sd=machine_sd, prompt_sd=prompt_sd, prompt_set_sd=shared_sd,
+                )  # fmt: skip
+                edge = inference.decide_arrays(noise + math.log(lo), *RULE_BAND)
+                cover = covered(edge["low"], edge["high"], lo)
+                contra = float(np.mean(edge["verdict"] == inference.CONTRADICTED))
+                outside = inference.decide_arrays(noise + math.log(0.95 * lo), *RULE_BAND)
+                rep = float(np.mean(outside["verdict"] == inference.REPRODUCED))
+                worst["coverage_low"] = min(worst["coverage_low"], cover)
+                worst["coverage_high"] = max(worst["coverage_high"], cover)
+                worst["wrong"] = max(worst["wrong"], contra, rep)
+                cells.append(f"cov {cover:.3f} wrong {contra:.3f}/{rep:.3f}")
+            print(f"{machines:>8} | " + " ".join(f"{c:>24}" for c in cells))
+        print()
+    print(
+        f"coverage {worst['coverage_low']:.3f}-{worst['coverage_high']:.3f}, worst wrong-verdict rate "
+        f"{worst['wrong']:.3f} (nominal {inference.NOMINAL_WRONG}, +{tolerance(fleets):.3f} for {fleets} fleets)\n"
+    )
+    return worst
+
+
+# ---------------------------------------------------------------- stalls
+
+STALL_RATE = 0.05  # a run stalls with this probability ...
+STALL_SLOWDOWN = (2.0, 10.0)  # ... and is then slower by a log-uniform factor in this range (heavy tail)
+STALL_REPEATS = 5
+
+
+def stalled_log_speeds(rng, shape, arm: bool) -> np.ndarray:
+    """Log decode-speed penalties of runs: 0, or -log(slowdown) for the stalled ones."""
+    if not arm:
+        return np.zeros(shape)
+    hit = rng.random(shape) < STALL_RATE
+    slowdown = np.exp(rng.uniform(*np.log(STALL_SLOWDOWN), shape))
+    return np.where(hit, -np.log(slowdown), 0.0)
+
+
+def stalls(fleets: int) -> dict[str, float]:
+    """The figure's bias (exp(estimate - truth) - 1) with stalls in one arm, both, neither:
+    per run log ratio = truth + machine + prompt + noise + arm stall - baseline stall; a prompt's
+    value is the median over its repeats (specfleet/speedup.py), or the mean (before issue 37)."""
+    rng = np.random.default_rng(SEED + 37)
+    machines, prompts = 3, 10
+    truth = math.log(1.5)
+    print(f"## Stalls ({STALL_RATE:.0%} of runs, {STALL_SLOWDOWN[0]:g}-{STALL_SLOWDOWN[1]:g}x slower, "
+          f"{STALL_REPEATS} repeats, {machines} machines x {prompts} prompts, {fleets} fleets)")  # fmt: skip
+    print(f"{'stalls in':>10} | {'median (the rule)':>18} {'mean':>8}")
+    biases = {}
+    for name, (in_arm, in_base) in {"neither": (False, False), "arm": (True, False), "both": (True, True)}.items():
+        shape = (fleets, machines, prompts, STALL_REPEATS)
+        noise = simulate.draw(rng, fleets, machines, prompts, 1, repeat_sd=0.0)[..., None]
+        runs = truth + noise + rng.normal(0, 0.03, shape)
+        runs = runs + stalled_log_speeds(rng, shape, in_arm) - stalled_log_speeds(rng, shape, in_base)
+        median = np.median(runs, axis=-1).mean(axis=(-2, -1))
+        mean = runs.mean(axis=-1).mean(axis=(-2, -1))
+        biases[name] = float(np.expm1(np.mean(median) - truth))
+        print(f"{name:>10} | {biases[name]:>+18.4f} {float(np.expm1(np.mean(mean) - truth)):>+8.4f}")
+    print()
+    return biases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleets", type=int, default=1000, help="fleets per cell (table, intervals)")
     parser.add_argument("--depth-fleets", type=int, default=300, help="fleets per cell (depth)")
     parser.add_argument(
         "--section",
-        choices=("all", "rules", "prompts", "acceptance", "tokens", "intervals", "table", "depth", "fdr"),
+        choices=(
+            "all",
+            "rules",
+            "prompts",
+            "acceptance",
+            "tokens",
+            "intervals",
+            "table",
+            "depth",
+            "fdr",
+            "crossed",
+            "stalls",
+        ),
         default="all",
     )
     args = parser.parse_args()
@@ -468,6 +574,10 @@ def main() -> None:
         depth(args.depth_fleets)
     if args.section in ("all", "fdr"):
         fdr(args.fleets)
+    if args.section in ("all", "crossed"):
+        crossed(4 * args.fleets)
+    if args.section in ("all", "stalls"):
+        stalls(args.fleets)
     print(f"({time.perf_counter() - start:.0f} s)")
 
 

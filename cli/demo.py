@@ -277,8 +277,8 @@ NOT_NOMINAL = "*"  # marks a speedup computed from runs judged not nominal
 def summary_table(runs, jobs) -> str:
     """Per comparable group of runs (specfleet/speedup.py): per arm the median decode tokens/s,
     the speedup over the baseline, acceptance, lossless ("near-tie" where a run diverged at a
-    near-tie and was kept), the runs and the outlier runs among them (speedup.flagged_sql: left
-    out of every figure of the row); then whether the greedy baselines of the systems that ran
+    near-tie and was kept), the runs and the stalls among them (speedup.flagged_sql: counted,
+    kept in every figure of the row); then whether the greedy baselines of the systems that ran
     the same target agree token for token (_same_tokens), and the verify-cost curves. `runs`
     and `jobs` are the coordinator's tables as Arrow (the export)."""
     con = duckdb.connect()
@@ -293,12 +293,11 @@ def summary_table(runs, jobs) -> str:
     flagged = False
     arms = con.execute(
         f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, system, method, depth,"
-        " median(decode_tokens_per_second) FILTER (WHERE NOT outlier) AS tps,"
-        " median(server_decode_tokens_per_second) FILTER (WHERE NOT outlier) AS server_tps,"
-        " sum(tokens_accepted) FILTER (WHERE NOT outlier) / nullif(sum(tokens_drafted) FILTER (WHERE NOT outlier), 0)"
-        " AS acceptance, bool_and(lossless IS NOT false) AS lossless,"
+        " median(decode_tokens_per_second) AS tps, median(server_decode_tokens_per_second) AS server_tps,"
+        " sum(tokens_accepted) / nullif(sum(tokens_drafted), 0) AS acceptance,"
+        " bool_and(lossless IS NOT false) AS lossless,"
         " coalesce(bool_or(divergence = 'near-tie'), false) AS near_tie, count(*) AS runs,"
-        " count(*) FILTER (WHERE outlier) AS outliers"
+        " count(*) FILTER (WHERE stall) AS stalls"
         f" FROM {speedup.flagged_sql('runs')} WHERE method != '{VERIFY_COST}'"
         " GROUP BY ALL ORDER BY engine, comparable, method, depth"
     ).df()
@@ -314,7 +313,7 @@ def summary_table(runs, jobs) -> str:
             f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens"
             + (f", {settings.replace(' · ', ', ')}" if settings else ""),
             f"{'system':12} {'method':13} {'K':>2} {'decode tok/s':>13} {'server tok/s':>12} {'speedup':>8} "
-            f"{'acceptance':>10} {'lossless':>8} {'runs':>5} {'outliers':>8}",
+            f"{'acceptance':>10} {'lossless':>8} {'runs':>5} {'stalls':>8}",
         ]
         for r in rows.itertuples():
             key, mark = (comparable, r.method, r.depth), ""
@@ -326,7 +325,7 @@ def summary_table(runs, jobs) -> str:
             lossless = "NO" if not r.lossless else "near-tie" if r.near_tie else "yes"
             lines.append(
                 f"{_system(r.engine, r.system):12} {r.method:13} {r.depth:>2} {r.tps:13.1f} {server_tps:>12} "
-                f"{f'{ratio:.2f}{mark}':>8} {acceptance:>10} {lossless:>8} {r.runs:>5} {r.outliers:>8}"
+                f"{f'{ratio:.2f}{mark}':>8} {acceptance:>10} {lossless:>8} {r.runs:>5} {r.stalls:>8}"
             )
         lines.append("")
     if flagged:
@@ -337,10 +336,10 @@ def summary_table(runs, jobs) -> str:
             "batch numerics can order (agent/divergence.py): kept in the figures, labelled",
             "",
         ]
-    if arms.outliers.any():
+    if arms.stalls.any():
         lines += [
-            f"outliers: runs beyond {speedup.OUTLIER_MADS:g} MADs of their arm's repeats on the prompt: "
-            "left out of the row's figures and its speedups",
+            f"stalls: runs under 1/{speedup.STALL_FACTOR:g} of the median speed of their arm's repeats on the prompt:"
+            " counted, kept in the row's figures (a speedup is the median over a prompt's repeats)",
             "",
         ]
     differ = speedup.what_differs(groups.reset_index())

@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specfleet.speedup import OUTLIER_MADS
+from specfleet.speedup import STALL_FACTOR
 
 FORMATS = ("md", "html")
 PNG_SCALE = 2  # pixels per CSS pixel: sharp in an issue, about 100 KB a plot
 FLAGGED_SHOWN = 200  # rows of the flagged-runs table; the count above it is of every run
 SPEEDUP_COLUMNS = ["chip", "engine", "method", "depth", "speedup", "ci_low", "ci_high", "machines", "prompts"]
-SPEEDUP_COLUMNS += ["pairs", "excluded_pairs", "outlier_runs", "near_tie_runs"]
+SPEEDUP_COLUMNS += ["pairs", "excluded_pairs", "stalled_runs", "stall_rate", "near_tie_runs"]
 MACHINE_COLUMNS = ["name", "chip", "gpu_cores", "memory_gib", "model_identifier", "os_version", "bandwidth_gb_per_s"]
 VERDICT_COLUMNS = ["claim", "chip", "group", "adjusted_verdict", "verdict", "figure", "ci_low", "ci_high"]
 VERDICT_COLUMNS += ["machines", "prompts", "runs", "why"]
@@ -88,7 +88,7 @@ def server_commands(db):
     return db.query(
         "SELECT system_method, coalesce(server_flags, server_command) AS server_flags,"
         " min(server_command) AS server_command, count(DISTINCT server_command) AS command_lines,"
-        " count(DISTINCT agent_id) AS machines, count(*) AS runs FROM runs WHERE server_command != ''"
+        " count(DISTINCT machine_id) AS machines, count(*) AS runs FROM runs WHERE server_command != ''"
         " GROUP BY 1, 2 ORDER BY 1, 2"
     )
 
@@ -207,11 +207,11 @@ def _group(q, db, group, chips: list[str]) -> list[Block]:
             _plot(group.comparable, "speedup", "Speedup over the baseline", chart),
             Table(speedups[SPEEDUP_COLUMNS]),
         ]
-        if speedups["outlier_runs"].any():
+        if speedups["stalled_runs"].any():
             out.append(
                 Text(
-                    f"outlier_runs: {speedups['outlier_runs'].sum()} run(s) beyond {OUTLIER_MADS:g} MADs of their"
-                    " arm's repeats on the prompt (docs/speedup.md), left out of every figure."
+                    f"stalled_runs: {speedups['stalled_runs'].sum()} run(s) under 1/{STALL_FACTOR:g} of the median"
+                    " speed of their arm's repeats on the prompt (docs/speedup.md): counted, kept in every figure."
                 )
             )
     for name, title, empty in SECTIONS:

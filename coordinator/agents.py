@@ -4,12 +4,19 @@ An agent's state follows coordinator/states.py's AGENTS table: enrolled, then id
 it takes and ends jobs (coordinator/scheduler.py), draining while an admin wants no new job
 for it, and revoked for good. Lengths of names, labels and fingerprint fields are bounded at
 the service (coordinator/limits.py); last contact and status: Scheduler.record_beats.
+
+A machine is its hardware (migration 018): the agent's fingerprint carries the SHA-256 of its
+hardware ids, which `machine_of` keys with the fleet's salt; an agent re-enrolled on the same
+hardware is the same machine, and only the salted hash is stored.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
+import secrets
 import time
 import uuid
 
@@ -24,10 +31,43 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ADMIN_STATES = {"revoked": AgentState.REVOKED, "draining": AgentState.DRAINING, "idle": AgentState.IDLE}
 
 
+HARDWARE_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def fleet_salt(con) -> str:
+    """The fleet's salt for hardware ids, made once (secrets.token_hex) inside the caller's
+    transaction: no other fleet has it, so no other fleet's machine ids can be joined to ours."""
+    row = con.execute("SELECT salt FROM fleet_salt").fetchone()
+    if row is not None:
+        return row[0]
+    salt = secrets.token_hex(32)
+    con.execute("INSERT INTO fleet_salt VALUES (?)", [salt])
+    return salt
+
+
+def machine_of(con, agent_id: str, hardware_digest: str) -> str:
+    """The machine an agent runs on: "hw-" and 16 hex digits of HMAC-SHA-256(fleet salt,
+    hardware digest); an agent that reported no hardware id is its own machine (its agent_id)."""
+    if not hardware_digest:
+        return agent_id
+    if not HARDWARE_DIGEST_RE.match(hardware_digest):
+        raise ValueError("fingerprint.hardware_digest: must be 64 lowercase hex digits (a SHA-256), or empty")
+    keyed = hmac.new(fleet_salt(con).encode(), hardware_digest.encode(), hashlib.sha256)
+    return "hw-" + keyed.hexdigest()[:16]
+
+
 def enrol(
-    store: Store, token: str, name: str, fingerprint: dict, labels: dict, engines: list[str], now: float | None = None
+    store: Store,
+    token: str,
+    name: str,
+    fingerprint: dict,
+    labels: dict,
+    engines: list[str],
+    now: float | None = None,
+    hardware_digest: str = "",
 ) -> tuple[str, str]:
-    """Create an agent from an enrolment token; return (agent_id, credential)."""
+    """Create an agent from an enrolment token; return (agent_id, credential). Its machine is
+    `machine_of` its hardware digest: the same hardware enrolled twice is one machine."""
     if not NAME_RE.match(name):
         raise ValueError(f"name: agent name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
     unknown = [e for e in engines if e not in ENGINES]
@@ -41,7 +81,7 @@ def enrol(
         if con.execute("SELECT 1 FROM agents WHERE name = ? AND state != 'revoked'", [name]).fetchone():
             raise ValueError(f"an agent named {name!r} is already enrolled: revoke it first or pick another name")
         con.execute(
-            "INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'enrolled', '', NULL, ?, ?, ?)",
+            "INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'enrolled', '', NULL, ?, ?, ?, ?)",
             [
                 agent_id,
                 name,
@@ -54,6 +94,7 @@ def enrol(
                 now,
                 now,
                 next_seq(con),
+                machine_of(con, agent_id, hardware_digest),
             ],
         )
     return agent_id, credential

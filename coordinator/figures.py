@@ -5,17 +5,17 @@ Derived tables in the coordinator's file, each a function of `runs` alone:
 - figure_groups: one row per comparable group of generation runs (specfleet/speedup.py
   groups_sql): its id, checked keys, what it names and its run count.
 - figure_arms: per comparable group, chip, engine, arm, prompt, job and attempt: the
-  nominal-or-unknown generation runs with a positive decode speed that are no outliers
-  (speedup.flagged_sql) and the sum of their log decode tok/s, for the geometric mean.
-- figure_pairs: per comparable group, chip, machine, arm, prompt, job and attempt: the sum of
-  the pairs' log ratios and their number (speedup.pairs_sql: outliers left out; no names:
-  figure_groups names the group). specfleet/speedup.py's combination (the mean over a prompt's
-  repeats, then prompts, then machines) is exact on these sums; the jobs table says at scrape
-  time which job and attempt still count (speedup.counts_sql).
-- figure_outliers: per comparable group, chip, arm, prompt, job and attempt: the outlier runs,
-  the count /metrics shows beside the speedup.
+  nominal-or-unknown generation runs with a positive decode speed and their decode tok/s (a
+  list), for the median.
+- figure_pairs: per comparable group, chip, machine, arm, prompt, job and attempt: the pairs'
+  log ratios (a list) and their number (speedup.pairs_sql; no names: figure_groups names the
+  group). specfleet/speedup.py's combination (the median over a prompt's repeats, then the mean
+  over prompts, then machines) is exact on these lists; the jobs table says at scrape time which
+  job and attempt still count (speedup.counts_sql).
+- figure_stalls: per comparable group, chip, arm, prompt, job and attempt: the runs judged and
+  the stalls among them (speedup.flagged_sql), the stall rate /metrics shows beside the speedup.
 
-Whether a run is an outlier depends on its arm's other repeats on the prompt, which may arrive
+Whether a run is a stall depends on its arm's other repeats on the prompt, which may arrive
 later: so `update` recomputes the rows of every prompt of an attempt (job, attempt, prompt) that
 a range of runs touched, from that prompt's runs. `catch_up` updates with every run stored since
 the last update, in one transaction of its own: a scrape asks for it when its figures are due
@@ -23,7 +23,7 @@ the last update, in one transaction of its own: a scrape asks for it when its fi
 the touched prompts' runs, and agents upload a run at a time). `ensure`
 rebuilds everything from runs when the tables are missing, their definition changed (a checked key
 added: every comparable id changes) or runs holds rows they have not seen. `speedups`, `groups`,
-`arms` and `outliers` read them: tests/test_figures.py checks that they equal specfleet/speedup.py's
+`arms` and `stalls` read them: tests/test_figures.py checks that they equal specfleet/speedup.py's
 figures computed from runs, batch by batch.
 """
 
@@ -45,17 +45,17 @@ CREATE TABLE figure_groups (
     prompt_set VARCHAR, runs BIGINT);
 CREATE TABLE figure_arms (
     comparable VARCHAR, chip VARCHAR, engine VARCHAR, method VARCHAR, depth INTEGER,
-    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, target_reference VARCHAR, runs BIGINT, log_tps_sum DOUBLE);
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, target_reference VARCHAR, runs BIGINT, tps DOUBLE[]);
 CREATE TABLE figure_pairs (
-    comparable VARCHAR, chip VARCHAR, agent_id VARCHAR, method VARCHAR, depth INTEGER,
-    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, log_ratio_sum DOUBLE, pairs BIGINT);
-CREATE TABLE figure_outliers (
+    comparable VARCHAR, chip VARCHAR, machine_id VARCHAR, method VARCHAR, depth INTEGER,
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, log_ratios DOUBLE[], pairs BIGINT);
+CREATE TABLE figure_stalls (
     comparable VARCHAR, chip VARCHAR, method VARCHAR, depth INTEGER,
-    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, runs BIGINT);
+    prompt_id VARCHAR, job_id VARCHAR, attempt INTEGER, runs BIGINT, stalls BIGINT);
 CREATE TABLE figure_state (definition VARCHAR, last_seq BIGINT);
 """
-TABLES = ("figure_groups", "figure_arms", "figure_pairs", "figure_outliers", "figure_state")
-_PER_PROMPT = ("figure_arms", "figure_pairs", "figure_outliers")  # recomputed per touched prompt
+TABLES = ("figure_groups", "figure_arms", "figure_pairs", "figure_stalls", "figure_state")
+_PER_PROMPT = ("figure_arms", "figure_pairs", "figure_stalls")  # recomputed per touched prompt
 
 _BATCH = "runs WHERE seq BETWEEN $lo AND $hi"
 _GENERATION = f"method != '{VERIFY_COST}'"
@@ -81,25 +81,26 @@ _FORGET += " WHERE f.job_id = t.job_id AND f.attempt = t.attempt AND f.prompt_id
 _ARMS = f"""
 INSERT INTO figure_arms
 SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, method, depth, prompt_id, job_id, attempt,
-       any_value(target_reference), count(*), sum(ln(decode_tokens_per_second))
-FROM {speedup.inliers_sql(_PROMPT_RUNS)}
+       any_value(target_reference), count(*), list(decode_tokens_per_second)
+FROM {_PROMPT_RUNS}
 WHERE {_GENERATION} AND env_nominal IS DISTINCT FROM false AND decode_tokens_per_second > 0
 GROUP BY comparable, chip, engine, method, depth, prompt_id, job_id, attempt
 """
 _PAIRS = f"""
 INSERT INTO figure_pairs
-SELECT comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt, sum(log_ratio), count(*)
+SELECT comparable, chip, machine_id, method, depth, prompt_id, job_id, attempt, list(log_ratio), count(*)
 FROM ({speedup.pairs_sql(_PROMPT_RUNS, jobs=None)})
-GROUP BY comparable, chip, agent_id, method, depth, prompt_id, job_id, attempt
+GROUP BY comparable, chip, machine_id, method, depth, prompt_id, job_id, attempt
 """
-_OUTLIERS = f"""
-INSERT INTO figure_outliers
-SELECT {speedup.COMPARABLE_ID} AS comparable, chip, method, depth, prompt_id, job_id, attempt, count(*)
-FROM {speedup.flagged_sql(_PROMPT_RUNS)} WHERE outlier
+_STALLS = f"""
+INSERT INTO figure_stalls
+SELECT {speedup.COMPARABLE_ID} AS comparable, chip, method, depth, prompt_id, job_id, attempt,
+       count(*) FILTER (WHERE decode_tokens_per_second > 0), count(*) FILTER (WHERE stall)
+FROM {speedup.flagged_sql(_PROMPT_RUNS)} WHERE {_GENERATION}
 GROUP BY comparable, chip, method, depth, prompt_id, job_id, attempt
 """
 _BATCH_STEPS = (_GROUPS, _COLLECT)  # of the batch's sequence numbers
-_PROMPT_STEPS = (*(_FORGET.format(table=t) for t in _PER_PROMPT), _ARMS, _PAIRS, _OUTLIERS)
+_PROMPT_STEPS = (*(_FORGET.format(table=t) for t in _PER_PROMPT), _ARMS, _PAIRS, _STALLS)
 DEFINITION = hashlib.sha256("".join((SCHEMA, *_BATCH_STEPS, *_PROMPT_STEPS)).encode()).hexdigest()[:16]
 
 
@@ -158,12 +159,13 @@ def ensure(con: duckdb.DuckDBPyConnection) -> bool:
 # attempts), per machine (its prompts), per arm (its machines). The names come from the group.
 SPEEDUPS_SQL = f"""
 WITH per_prompt AS (
-    SELECT comparable, chip, agent_id, method, depth, sum(log_ratio_sum) / sum(pairs) AS log_ratio, sum(pairs) AS pairs
+    SELECT comparable, chip, machine_id, method, depth, list_median(flatten(list(log_ratios))) AS log_ratio,
+           sum(pairs) AS pairs
     FROM figure_pairs p WHERE {speedup.counts_sql("p")}
-    GROUP BY comparable, chip, agent_id, method, depth, prompt_id),
+    GROUP BY comparable, chip, machine_id, method, depth, prompt_id),
 per_machine AS (
     SELECT comparable, chip, method, depth, avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(pairs) AS pairs
-    FROM per_prompt GROUP BY comparable, chip, agent_id, method, depth),
+    FROM per_prompt GROUP BY comparable, chip, machine_id, method, depth),
 per_arm AS (
     SELECT comparable, chip, method, depth, exp(avg(log_ratio)) AS speedup, count(*) AS machines,
            min(prompts) AS prompts, sum(pairs) AS pairs
@@ -186,24 +188,26 @@ def groups(con) -> pd.DataFrame:
 
 
 def arms(con) -> list[tuple]:
-    """(comparable, chip, engine, target reference, method, depth, geometric-mean decode tok/s)
-    per arm: over its nominal-or-unknown generation runs with a positive speed, outliers left out."""
+    """(comparable, chip, engine, target reference, method, depth, median decode tok/s) per arm:
+    over its nominal-or-unknown generation runs with a positive speed, stalls included (the
+    median shrugs a minority of them off)."""
     return con.execute(
         "SELECT comparable, chip, engine, any_value(target_reference), method, depth,"
-        " exp(sum(log_tps_sum) / sum(runs)) FROM figure_arms GROUP BY comparable, chip, engine, method, depth"
+        " list_median(flatten(list(tps))) FROM figure_arms GROUP BY comparable, chip, engine, method, depth"
         " ORDER BY ALL"
     ).fetchall()
 
 
-# Outlier runs per arm, of the attempts that count: what /metrics shows beside the speedup.
-OUTLIERS_SQL = f"""
-SELECT o.comparable, o.chip, g.engine, g.target_reference, o.method, o.depth, sum(o.runs) AS runs
-FROM figure_outliers o JOIN figure_groups g USING (comparable) WHERE {speedup.counts_sql("o")}
+# Stalls per arm, of the attempts that count: what /metrics shows beside the speedup.
+STALLS_SQL = f"""
+SELECT o.comparable, o.chip, g.engine, g.target_reference, o.method, o.depth, sum(o.stalls) AS stalls,
+       sum(o.stalls) / nullif(sum(o.runs), 0) AS stall_rate
+FROM figure_stalls o JOIN figure_groups g USING (comparable) WHERE {speedup.counts_sql("o")}
 GROUP BY ALL ORDER BY ALL
 """
 
 
-def outliers(con) -> list[tuple]:
-    """(comparable, chip, engine, target reference, method, depth, outlier runs) per arm with
-    outlier runs in an attempt that counts (speedup.outlier_counts_sql over those runs)."""
-    return con.execute(OUTLIERS_SQL).fetchall()
+def stalls(con) -> list[tuple]:
+    """(comparable, chip, engine, target reference, method, depth, stalls, stall rate) per arm,
+    over the attempts that count (speedup.stall_counts_sql over those runs)."""
+    return con.execute(STALLS_SQL).fetchall()

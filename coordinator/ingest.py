@@ -128,6 +128,9 @@ RUN_COLUMNS = (*RunRecord.columns(), *COORDINATOR_COLUMNS, "seq")
 # The coordinator's clock beside the agent's (migration 013), stored with every new run: when the
 # run was received, and why its agent times cannot be right (NULL when they can be).
 CLOCK_COLUMNS = ("received_at", "clock_flag")
+# The machine of the run's agent (migration 018: the salted hash of its hardware, or the agent
+# itself when it reported none), stamped on every new run: what figures count as machines.
+MACHINE_COLUMNS = ("machine_id",)
 # The agent's clock may be this far off the coordinator's before a run's times are impossible:
 # the bound at which `agent doctor`'s clock check fails and the agent holds its jobs
 # (agent/doctor.py CLOCK_FAIL_SECONDS).
@@ -199,6 +202,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     with scheduler.store.autocommit() as con:
         rows = {}  # run id -> (report index, column values): the copy of each run to insert
         created: dict[str, float | None] = {}  # sweep id -> its creation time (clock_flag)
+        machines: dict[str, str] = {}  # agent id -> its machine (one look-up per agent of the batch)
         for i in todo:
             r = reports[i]
             run = records[i]
@@ -224,7 +228,9 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             flag = clock_flag(run, received, created[lease.sweep_id])
             if flag:
                 log.warning("run %s of agent %s: %s", run.run_id, r.agent_id, flag)
-            rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag])
+            if r.agent_id not in machines:
+                machines[r.agent_id] = _machine_of(con, r.agent_id)
+            rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag, machines[r.agent_id]])
         if rows:
             try:
                 inserted = _insert(con, [v for _, v in rows.values()])
@@ -287,6 +293,11 @@ def _settle_held(scheduler: Scheduler, stored: list[Report]) -> None:
     scheduler.settle_held({r.lease_id for r in stored if not scheduler.live(r.agent_id, r.job_id, r.lease_id)})
 
 
+def _machine_of(con, agent_id: str) -> str:
+    row = con.execute("SELECT machine_id FROM agents WHERE agent_id = ?", [agent_id]).fetchone()
+    return row[0] if row and row[0] else agent_id
+
+
 def _insert(con, rows: list[list]) -> list[tuple[str, int]]:
     """Insert rows (column values in INSERTED_COLUMNS order); (run id, seq) of each stored.
     A run id stored already is skipped (a retry)."""
@@ -304,7 +315,7 @@ def _insert(con, rows: list[list]) -> list[tuple[str, int]]:
 
 # One list parameter per column; DuckDB takes each list's type from its Python values (casts
 # written into the statement cost 2 ms a batch to bind) and the insert casts to the table's.
-INSERTED_COLUMNS = (*RUN_COLUMNS[:-1], *CLOCK_COLUMNS)  # all but seq
+INSERTED_COLUMNS = (*RUN_COLUMNS[:-1], *CLOCK_COLUMNS, *MACHINE_COLUMNS)  # all but seq
 BATCH_SELECT = "SELECT " + ", ".join(f"unnest(?) AS {name}" for name in INSERTED_COLUMNS)
 INSERT_BATCH = (
     f"INSERT INTO runs ({', '.join(INSERTED_COLUMNS)}, seq) SELECT *, nextval('ingest_seq') FROM ({BATCH_SELECT}) b"

@@ -78,6 +78,7 @@ LIMITS: dict[str, Text | Items | Entries | Number | Numbers | Messages] = {
     "Fingerprint.performance_cores": Number(0, 4096),
     "Fingerprint.efficiency_cores": Number(0, 4096),
     "Fingerprint.cpu_cores": Number(0, 65536),
+    "Fingerprint.hardware_digest": Text(64),
     "Fingerprint.memory_bytes": Number(0, 2**50),
     "Fingerprint.model_identifier": Text(64),
     "Fingerprint.memory_bandwidth_bytes_per_second": Number(0, 1e14),

@@ -45,7 +45,7 @@ RPC_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 
 class FleetCollector:
-    """The fleet and queue gauges: agents by state and chip, jobs by state, running sweeps'
+    """The fleet and queue gauges: agents by state and chip, distinct machines by chip, jobs by state, running sweeps'
     progress. Small tables, read at every scrape."""
 
     def __init__(self, scheduler: Scheduler):
@@ -55,6 +55,9 @@ class FleetCollector:
         # Its own connection: a scrape never waits for ingest's lock, nor ingest for a scrape.
         with self.scheduler.store.reader() as con:
             agents = con.execute("SELECT state, chip, count(*) FROM agents GROUP BY ALL").fetchall()
+            machines = con.execute(
+                "SELECT chip, count(DISTINCT machine_id) FROM agents WHERE state != 'revoked' GROUP BY ALL"
+            ).fetchall()
             jobs = con.execute("SELECT state, count(*) FROM jobs GROUP BY ALL").fetchall()
             sweeps = con.execute(
                 "SELECT s.name,"
@@ -64,6 +67,14 @@ class FleetCollector:
         g = GaugeMetricFamily("specfleet_agents", "Enrolled agents by state and chip", labels=["state", "chip"])
         for state, chip, n in agents:
             g.add_metric([state, chip], n)
+        yield g
+        g = GaugeMetricFamily(
+            "specfleet_machines",
+            "Distinct machines (by salted hardware id: one Mac enrolled twice is one) of agents not revoked, by chip",
+            labels=["chip"],
+        )
+        for chip, n in machines:
+            g.add_metric([chip], n)
         yield g
         g = GaugeMetricFamily("specfleet_jobs", "Jobs by state", labels=["state"])
         for state in JobState:
@@ -108,7 +119,7 @@ class ResultFigures:
                             figures.speedups(con),
                             figures.groups(con),
                             version_figures.changes(con),
-                            figures.outliers(con),
+                            figures.stalls(con),
                         )
                     )
                     self._text, self._at = generate_latest(_Families(families)), at
@@ -125,14 +136,14 @@ class _Families:
         return self.families
 
 
-def _result_families(arm_speeds, speedups, groups, version_changes=None, outlier_runs=()):
+def _result_families(arm_speeds, speedups, groups, version_changes=None, stalls=()):
     if version_changes is not None:  # per change between versions (coordinator/version_figures.py)
         yield from version_figures.families(version_changes)
     arm_labels = ["comparable", "chip", "engine", "model", "method", "depth"]
     tps = GaugeMetricFamily(
         "specfleet_decode_tokens_per_second",
-        "Geometric mean decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0,"
-        " outliers left out)",
+        "Median decode tokens/s per comparable group, chip and arm (nominal and unknown runs, speed > 0,"
+        " stalls included)",
         labels=arm_labels,
     )
     for comparable, chip, engine, model, method, depth, median_tps in arm_speeds:
@@ -146,15 +157,16 @@ def _result_families(arm_speeds, speedups, groups, version_changes=None, outlier
     for r in speedups.itertuples():
         ratio.add_metric([r.comparable, r.chip, r.engine, r.target_reference, r.method, str(r.depth)], r.speedup)
     yield ratio
-    outliers = GaugeMetricFamily(
-        "specfleet_outlier_runs",
-        f"Runs left out of the figures per comparable group, chip and arm: beyond {speedup.OUTLIER_MADS:g} MADs"
-        " of their arm's repeats on the prompt (docs/speedup.md), in attempts that count",
+    stalled = GaugeMetricFamily(
+        "specfleet_stall_ratio",
+        f"Share of runs that stalled per comparable group, chip and arm: under 1/{speedup.STALL_FACTOR:g} of the"
+        " median decode speed of their arm's repeats on the prompt (docs/speedup.md), in attempts that count;"
+        " counted, never left out",
         labels=arm_labels,
     )
-    for comparable, chip, engine, model, method, depth, runs in outlier_runs:
-        outliers.add_metric([comparable, chip, engine, model, method, str(depth)], runs)
-    yield outliers
+    for comparable, chip, engine, model, method, depth, _, rate in stalls:
+        stalled.add_metric([comparable, chip, engine, model, method, str(depth)], rate or 0.0)
+    yield stalled
     info = GaugeMetricFamily(
         "specfleet_comparable_group_info",
         "What each comparable group of runs holds: only runs equal on all of these are pooled",

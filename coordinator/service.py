@@ -81,7 +81,11 @@ def check_lease(lease_seconds: float) -> None:
 
 
 def _fingerprint_dict(fp: pb.Fingerprint) -> dict:
-    return json_format.MessageToDict(fp)
+    """The fingerprint as stored: without its hardware digest, of which only the fleet's salted
+    hash is kept (agents.machine_of)."""
+    out = json_format.MessageToDict(fp)
+    out.pop("hardwareDigest", None)
+    return out
 
 
 async def bounded(request, context) -> None:
@@ -176,6 +180,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 _fingerprint_dict(request.fingerprint),
                 dict(request.labels),
                 list(request.engines),
+                None,  # now: the store's clock
+                request.fingerprint.hardware_digest,
             )
         return pb.EnrolResponse(
             agent_id=agent_id,

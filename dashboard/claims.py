@@ -31,6 +31,7 @@ same method as a second engine of the same file where there is one."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -62,12 +63,14 @@ from specfleet.record import (
 from specfleet.schemas import setting_problem
 
 LEDGER = Path(__file__).with_name("claims.yaml")
-METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "tokens_per_second", "best_depth", "runs")
+METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "tokens_per_second", "stall_rate", "best_depth", "runs")
 # Metrics judged on the arm's runs alone (a mean on its own scale, never a ratio to the baseline):
 # each run's value as SQL, and which runs have one.
 RUN_VALUES = {
     "acceptance_rate": ("tokens_accepted / tokens_drafted", "tokens_drafted > 0"),
     "tokens_per_second": ("decode_tokens_per_second", "decode_tokens_per_second > 0"),
+    # a run that stalled (specfleet/speedup.py flagged_sql: under half its arm's median on the prompt)
+    "stall_rate": ("CASE WHEN stall THEN 1.0 ELSE 0.0 END", "decode_tokens_per_second > 0"),
 }
 RULE_FIELDS = {
     "range": ("low", "high"),
@@ -542,7 +545,7 @@ _COLUMNS = (
     "job_id",
     "attempt",
     "lease_id",
-    "agent_id",
+    "machine_id",
     "chip",
     "method",
     "depth",
@@ -856,7 +859,7 @@ def _ratio_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
         gone = excluded[(excluded["comparable"] == cell.comparable) & (excluded["chip"] == cell.chip)]
         where = dict(chip=cell.chip, group=cell.comparable, differs=cell.differs)
         if claim.metric == "best_depth":
-            rows_, dropped = _finite(mine[["agent_id", "prompt_id", "depth", "log_ratio", "repeats"]])
+            rows_, dropped = _finite(mine[["machine_id", "prompt_id", "depth", "log_ratio", "repeats"]])
             d = inference.decide_best_depth(
                 rows_, r.band_low, r.band_high, min_machines=r.min_machines, min_prompts=r.min_prompts
             )
@@ -887,7 +890,7 @@ def _change_rows(claim: Claim, con) -> list[dict]:
     where, params = conditions_sql(claim)
     per_prompt = con.execute(
         f"SELECT {versions.SETTING_SQL} AS setting, {versions.VERSION_SQL} AS version, chip, method, depth,"
-        " agent_id, prompt_id, avg(ln(decode_tokens_per_second)) AS log_tps,"
+        " machine_id, prompt_id, avg(ln(decode_tokens_per_second)) AS log_tps,"
         " ln(nullif(avg(tokens_accepted / nullif(tokens_drafted, 0)), 0)) AS log_acceptance, count(*) AS repeats,"
         f" min(seq) AS first_seq FROM {speedup.valid_sql(_FLEET, DONE_JOBS)} WHERE {where}"
         " AND decode_tokens_per_second > 0 AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
@@ -925,9 +928,9 @@ def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
     only; runs that were not nominal are left out and counted."""
     value, has = RUN_VALUES[claim.metric]
     values = con.execute(
-        f"SELECT comparable, chip, depth, agent_id, prompt_id, {value} AS rate,"
+        f"SELECT comparable, chip, depth, machine_id, prompt_id, {value} AS rate, tokens_accepted, tokens_drafted,"
         " env_nominal IS NOT DISTINCT FROM false AS degraded"
-        f" FROM {speedup.valid_sql('arm', DONE_JOBS)} WHERE {has}"
+        f" FROM {speedup.flagged_sql(speedup.valid_sql('arm', DONE_JOBS))} WHERE {has}"
     ).df()
     r = claim.rule
     rows = []
@@ -940,7 +943,7 @@ def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
             degraded = at["degraded"].fillna(False).astype(bool)
             if claim.metric == "tokens_per_second":
                 logs = at[~degraded].assign(log_ratio=np.log(at.loc[~degraded, "rate"].astype(float)))
-                per_prompt = logs.groupby(["agent_id", "prompt_id"], as_index=False).agg(
+                per_prompt = logs.groupby(["machine_id", "prompt_id"], as_index=False).agg(
                     log_ratio=("log_ratio", "mean"), repeats=("log_ratio", "size")
                 )
                 e = inference.estimate(per_prompt)
@@ -952,6 +955,10 @@ def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
             row = _from_decision(d)
             if claim.metric == "tokens_per_second":  # the log scale's figures are speeds, not ratios
                 row["why"] = re.sub(r"(\d)x\b", r"\1 tok/s", row["why"]).replace(" pair(s)", " run(s)")
+            if claim.metric == "acceptance_rate" and len(at[~degraded]):  # llama-server's own: the pooled ratio
+                kept = at[~degraded]
+                pooled = float(kept["tokens_accepted"].sum()) / max(float(kept["tokens_drafted"].sum()), 1.0)
+                row["why"] += f"; pooled accepted / drafted {pooled:.3f} (the ratio llama-server reports)"
             row["why"] = (f"K={depth}: " if len(claim.depths) > 1 else "") + row["why"]
             rows.append(dict(where, **row, excluded_runs=int(degraded.sum())))
     return rows
@@ -961,7 +968,7 @@ def _runs_rows(con, cells: pd.DataFrame) -> list[dict]:
     counts = con.execute(
         "SELECT comparable, chip, count(*) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS runs,"
         " count(*) FILTER (WHERE env_nominal IS NOT DISTINCT FROM false) AS excluded_runs,"
-        " count(DISTINCT agent_id) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS machines,"
+        " count(DISTINCT machine_id) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS machines,"
         " count(DISTINCT prompt_id) FILTER (WHERE env_nominal IS DISTINCT FROM false) AS prompts"
         " FROM arm GROUP BY ALL ORDER BY chip, runs DESC, comparable"
     ).df()
@@ -1098,12 +1105,25 @@ def _rows(claim: Claim, rows: list[dict]) -> pd.DataFrame:
     return out
 
 
+def _decision_key(r) -> tuple:
+    """What makes two rows one decision: the same runs (group, chip) tested the same way (the same
+    p-value and verdict): a claim stated twice, or with the same band twice, counts once."""
+    return (r.group, r.chip, r.verdict, round(float(r.p_value), 12) if r.p_value == r.p_value else None)
+
+
 def adjust(verdicts: pd.DataFrame, q: float = FDR_Q) -> pd.DataFrame:
-    """The false-discovery step (inference.adjust, Benjamini-Hochberg) over every tested
-    decision of the frame (claims x groups x chips x depths): adjusted_p, and
-    adjusted_verdict, the verdict that stands after it (inconclusive when its adjusted p-value
-    exceeds q). The raw verdict stays in `verdict`; untested rows keep theirs."""
+    """The false-discovery step (inference.adjust) over every tested decision of the frame
+    (claims x groups x chips x depths): adjusted_p, and adjusted_verdict, the verdict that stands
+    after it (inconclusive when its adjusted p-value exceeds q). Decisions share runs (nested
+    bands, the net-loss claims at n2 and n6, thinking on and off), so the step is
+    Benjamini-Yekutieli's, valid under any dependence, and identical decisions (_decision_key)
+    enter the family once. The raw verdict stays in `verdict`; untested rows keep theirs."""
     out = verdicts.copy()
+    keys = [_decision_key(r) for r in out.itertuples()]
+    first = {}
+    for i, (key, tested) in enumerate(zip(keys, out["tested"])):
+        if tested:
+            first.setdefault(key, i)
     decisions = [
         inference.Decision(
             verdict=r.verdict,
@@ -1117,11 +1137,17 @@ def adjust(verdicts: pd.DataFrame, q: float = FDR_Q) -> pd.DataFrame:
             band_low=0.0,
             band_high=math.inf,
             p_value=1.0 if r.p_value != r.p_value else float(r.p_value),
-            tested=bool(r.tested),
+            tested=bool(r.tested) and first.get(keys[i]) == i,  # a repeat decision counts once
         )
-        for r in out.itertuples()
+        for i, r in enumerate(out.itertuples())
     ]
-    adjusted = inference.adjust(decisions, q=q)
+    adjusted = inference.adjust(decisions, q=q, dependent=True)
+    for i, key in enumerate(keys):  # a repeat of a decision stands or falls with its first
+        if out["tested"].iloc[i] and first.get(key) != i:
+            lead = adjusted[first[key]]
+            adjusted[i] = dataclasses.replace(
+                adjusted[i], verdict=lead.verdict, why=lead.why, adjusted_p=lead.adjusted_p, tested=True
+            )
     out["adjusted_verdict"] = [d.verdict for d in adjusted]
     out["adjusted_p"] = [NAN if d.adjusted_p is None else d.adjusted_p for d in adjusted]
     changed = out["adjusted_verdict"] != out["verdict"]

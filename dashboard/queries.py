@@ -55,14 +55,14 @@ NOMINAL = "CASE env_nominal WHEN true THEN 'nominal' WHEN false THEN 'degraded' 
 # A run's flags at a glance: an output that differed from its reference (lossy: a defect, in no
 # figure), one that diverged at a near-tie (kept in the figures), client and server timings more
 # than 5% apart, a stateful drafter that inherited state from earlier requests, collapsed
-# acceptance, an outlier among its arm's repeats (specfleet.speedup.flagged_sql: left out of the
+# acceptance, a stall among its arm's repeats (specfleet.speedup.flagged_sql: counted, kept in the
 # figures), a drafter that cannot draft within max_new_tokens. '' when none. On a relation with
-# the `outlier` column (_runs_source's: the mirror's outlier_flag, RUN_FLAGS).
+# the `stall` column (_runs_source's: the mirror's stall_flag, RUN_FLAGS).
 FLAGS = (
     "concat_ws(', ', CASE WHEN lossless IS NOT DISTINCT FROM false THEN 'lossy' END,"
     " CASE WHEN divergence = 'near-tie' THEN 'near-tie' END,"
     " CASE WHEN timings_disagree THEN 'timings disagree' END, CASE WHEN drafter_warm THEN 'warm drafter' END,"
-    " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END, CASE WHEN outlier THEN 'outlier' END,"
+    " CASE WHEN acceptance_collapsed THEN 'acceptance collapsed' END, CASE WHEN stall THEN 'stall' END,"
     " CASE WHEN drafter_warning != '' THEN 'cannot draft' END)"
 )
 FLAG_NAMES = (
@@ -71,7 +71,7 @@ FLAG_NAMES = (
     "timings disagree",
     "warm drafter",
     "acceptance collapsed",
-    "outlier",
+    "stall",
     "cannot draft",
 )
 # What the pages name a run by, computed once per run as it arrives in the mirror (Mirror's
@@ -83,7 +83,7 @@ LABELS = (
     f"{speedup.COMPARABLE_ID} AS comparable, {ledger.system_label_sql()} AS system_label,"
     f" {ledger.system_label_sql()} || ' ' || method AS system_method, {model_label('target')} AS model,"
     f" {model_label('draft')} AS draft_model, {sampler_label()} AS sampler, {NOMINAL} AS nominal,"
-    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate, NULL::BOOLEAN AS outlier_flag"
+    " tokens_accepted / nullif(tokens_drafted, 0) AS acceptance_rate, NULL::BOOLEAN AS stall_flag"
 )
 DOWNLOAD_BATCH = 50_000
 # Filter field -> the column of runs (LABELS) it selects on.
@@ -144,32 +144,26 @@ RUN_SYSTEMS = [
 ]
 
 
-# Each run's outlier flag (specfleet.speedup.flagged_sql), stored in the mirror's outlier_flag as
+# Each run's stall flag (specfleet.speedup.flagged_sql), stored in the mirror's stall_flag as
 # its runs arrive: judged again, on every page of new runs, for every run of the jobs the page
 # holds runs of (a flag's partition never spans two jobs), so that no page computes the window
 # over a million runs (the Runs page took 9.9 s cold at 1M, most of it in that window).
 RUN_FLAGS = [
-    "UPDATE runs SET outlier_flag = f.outlier FROM (SELECT seq, outlier FROM"
+    "UPDATE runs SET stall_flag = f.stall FROM (SELECT seq, stall FROM"
     f" {speedup.flagged_sql('(SELECT * FROM runs WHERE job_id IN (SELECT job_id FROM _batch))')}) f"
     " WHERE runs.seq = f.seq"
 ]
 
 
-def _inliers(source: str) -> str:
-    """specfleet.speedup.inliers_sql on the mirror: the runs of `source` that are no outlier, by
-    their stored flag (RUN_FLAGS) instead of the window."""
-    return f"(SELECT * FROM {source} WHERE NOT outlier_flag)"
-
-
 def _valid(source: str) -> str:
     """specfleet.speedup.valid_sql on the mirror: the runs that may enter a figure (of an attempt
-    that counts, no outlier), by the stored outlier flag."""
-    return f"(SELECT r.* FROM {_inliers(source)} r WHERE {speedup.counts_sql('r')})"
+    that counts; stalls included, issue 37)."""
+    return f"(SELECT r.* FROM {source} r WHERE {speedup.counts_sql('r')})"
 
 
 def open_mirror(address: str, token: str, path=None) -> Mirror:
     """A mirror of the coordinator at `address` with the labels the queries read (LABELS), the
-    claims' keys (RUN_SYSTEMS) and the runs' outlier flags (RUN_FLAGS); not synced yet. The
+    claims' keys (RUN_SYSTEMS) and the runs' stall flags (RUN_FLAGS); not synced yet. The
     dashboard keeps one per process; a report opens its own."""
     summaries = {"runs": [*RUN_SYSTEMS, *RUN_FLAGS]}
     return Mirror(AdminApi(channel(address), token), derived={"runs": LABELS}, summaries=summaries, path=path)
@@ -304,10 +298,10 @@ def _narrowed(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tu
 
 
 def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
-    """_narrowed's runs with each run's `outlier` flag, judged among all its arm's repeats before
+    """_narrowed's runs with each run's `stall` flag, judged among all its arm's repeats before
     narrowing (stored as the runs arrived: RUN_FLAGS)."""
     narrowed, params = _narrowed(f, chips, states)
-    return f"(SELECT * EXCLUDE (outlier_flag), outlier_flag AS outlier FROM {narrowed})", params
+    return f"(SELECT * EXCLUDE (stall_flag), stall_flag AS stall FROM {narrowed})", params
 
 
 def _runs_sql(source: str) -> str:
@@ -344,7 +338,7 @@ def runs_summary(db, f: Filters, chips: tuple[str, ...] = (), states: tuple[str,
     source, params = _runs_source(f, chips, states)
     flags = ", ".join(f"count(*) FILTER (WHERE contains(flags, '{flag}')) AS \"{flag}\"" for flag in FLAG_NAMES)
     row = db.query(
-        f"SELECT count(*) AS runs, count(DISTINCT agent_id) AS machines, count(DISTINCT chip) AS chips, {flags},"
+        f"SELECT count(*) AS runs, count(DISTINCT machine_id) AS machines, count(DISTINCT chip) AS chips, {flags},"
         " count(*) FILTER (WHERE nominal = 'nominal') AS nominal, count(*) FILTER (WHERE nominal = 'unknown')"
         f" AS unknown, count(*) FILTER (WHERE nominal = 'degraded') AS degraded"
         f" FROM (SELECT *, {FLAGS} AS flags FROM {source})",
@@ -421,7 +415,7 @@ def _flagged(db, f: Filters, flag: str) -> pd.DataFrame:
     system, method and depth, with the medians of the client's and the server's decode tok/s."""
     source, params = selected(f)
     df = db.query(
-        "SELECT chip, system_method, method, depth, count(*) AS runs, count(DISTINCT agent_id) AS machines,"
+        "SELECT chip, system_method, method, depth, count(*) AS runs, count(DISTINCT machine_id) AS machines,"
         " median(decode_tokens_per_second) AS client_tokens_per_second,"
         " median(server_decode_tokens_per_second) AS server_tokens_per_second"
         f" FROM {source} WHERE {flag} GROUP BY ALL ORDER BY ALL",
@@ -459,7 +453,7 @@ def server_figures(db, f: Filters) -> pd.DataFrame:
         " median(server_decode_tokens_per_second) AS server_tokens_per_second,"
         " count(*) FILTER (WHERE timings_disagree) AS timings_disagree_runs,"
         " count(*) FILTER (WHERE drafter_warm) AS warm_drafter_runs,"
-        " count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        " count(DISTINCT machine_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
         f" FROM {source} WHERE system != '{ledger.OURS}' AND nominal != 'degraded'"
         " GROUP BY chip, system_method, depth, server_version ORDER BY ALL",
         params,
@@ -498,7 +492,7 @@ def groups(db, f: Filters) -> pd.DataFrame:
         f" {model_label('g.target')} AS model, {model_label('g.draft')} AS draft_model,"
         f" g.prompt_set, g.context_tokens, {sampler_label('g.')} AS sampler, g.runs, m.machines, m.chips,"
         " g.* EXCLUDE (comparable, engine, prompt_set, context_tokens, runs)"
-        f" FROM ({grouped}) g JOIN (SELECT comparable, count(DISTINCT agent_id) AS machines,"
+        f" FROM ({grouped}) g JOIN (SELECT comparable, count(DISTINCT machine_id) AS machines,"
         f" string_agg(DISTINCT chip, ', ' ORDER BY chip) AS chips FROM {source} GROUP BY ALL) m USING (comparable)"
         " ORDER BY g.runs DESC, g.comparable",
         params,
@@ -524,19 +518,24 @@ def _group_keys(db, comparable: str) -> tuple[str, dict]:
 
 def speedups(db, f: Filters, named: pd.DataFrame | None = None) -> pd.DataFrame:
     """specfleet.speedup's speedup per comparable group, chip and arm, with its 95% interval,
-    machines, prompts, pairs and the pairs left out for a run that was not nominal; outlier runs
-    (specfleet.speedup.flagged_sql) are left out by the definition itself and counted in
-    `outlier_runs`, runs that diverged at a near-tie kept and counted in `near_tie_runs`. `named`:
+    machines, prompts, pairs and the pairs left out for a run that was not nominal; stalled runs
+    (specfleet.speedup.flagged_sql) are kept and counted in `stalled_runs` and `stall_rate`, runs
+    that diverged at a near-tie kept and counted in `near_tie_runs`. `named`:
     groups(db, f) when the caller has it already."""
     source, params = selected(f)
     out = stats.speedups(db.query, source, params)
     if out.empty:
         return out
     keys = ["comparable", "chip", "method", "depth"]
-    counts = db.query(speedup.outlier_counts_sql(source, comparable="comparable"), params)
-    out = out.merge(counts, on=keys, how="left") if not counts.empty else out.assign(outlier_runs=0, near_tie_runs=0)
-    for name in ("outlier_runs", "near_tie_runs"):
+    counts = db.query(speedup.stall_counts_sql(source, comparable="comparable"), params)
+    counts = counts.drop(columns="judged_runs")
+    if counts.empty:
+        out = out.assign(stalled_runs=0, stall_rate=0.0, near_tie_runs=0)
+    else:
+        out = out.merge(counts, on=keys, how="left")
+    for name in ("stalled_runs", "near_tie_runs"):
         out[name] = out[name].fillna(0).astype(int)
+    out["stall_rate"] = out["stall_rate"].fillna(0.0).astype(float)
     named = groups(db, f) if named is None else named
     names = named[["comparable", "system_label", "model", "draft_model"]]  # reference@digest, never a path
     out = out.merge(names, on="comparable", how="left").drop(columns=["target_reference", "draft_reference"])
@@ -546,11 +545,11 @@ def speedups(db, f: Filters, named: pd.DataFrame | None = None) -> pd.DataFrame:
 
 def decode_speed(db, f: Filters) -> pd.DataFrame:
     """Median decode tok/s per chip, engine and arm, with its interval, machines, prompts, runs;
-    outlier runs (specfleet.speedup.flagged_sql) left out."""
+    stalls (specfleet.speedup.flagged_sql) included."""
     source, params = selected(f)
     values = db.query(
-        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
-        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {_inliers(source)}",
+        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, machine_id,"
+        f" prompt_id, decode_tokens_per_second, nominal = 'degraded' AS degraded FROM {source}",
         params,
     )
     return stats.summarise(values, by=("chip", "engine", "arm"), column="decode_tokens_per_second")
@@ -565,13 +564,13 @@ def energy(db, f: Filters) -> pd.DataFrame:
     the counters they read (energy_source: nvml, rapl, ioreport), and on Macs the median share of
     the energy that IOReport put on the CPU, GPU, Neural Engine and DRAM (empty elsewhere). Only
     runs that recorded their energy: a machine with no readable counter records none, never an
-    estimate; outliers left out."""
+    estimate; stalls included."""
     source, params = selected(f)
     shares = "".join(f" energy_{p}_joules / energy_joules AS {p}_share," for p in ENERGY_PARTS)
     values = db.query(
-        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, agent_id,"
+        "SELECT chip, engine, method || CASE WHEN depth > 0 THEN ' K=' || depth ELSE '' END AS arm, machine_id,"
         f" prompt_id, 1 / joules_per_token AS tokens_per_joule, decode_tokens_per_second, energy_source,{shares}"
-        f" nominal = 'degraded' AS degraded FROM {_inliers(source)} WHERE joules_per_token > 0",
+        f" nominal = 'degraded' AS degraded FROM {source} WHERE joules_per_token > 0",
         params,
     )
     if values.empty:
@@ -594,8 +593,8 @@ def acceptance_by_position(db, f: Filters) -> pd.DataFrame:
     source, params = selected(f)
     return db.query(
         "SELECT chip, engine, method, depth, position, median(share) AS acceptance,"
-        " count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
-        " FROM (SELECT chip, engine, method, depth, agent_id, prompt_id, drafted_by_position AS drafted,"
+        " count(DISTINCT machine_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        " FROM (SELECT chip, engine, method, depth, machine_id, prompt_id, drafted_by_position AS drafted,"
         " unnest(acceptance_by_position) AS share, generate_subscripts(acceptance_by_position, 1) AS position"
         f" FROM {source} WHERE method != 'baseline' AND nominal != 'degraded')"
         " WHERE len(drafted) = 0 OR drafted[position] > 0"
@@ -611,7 +610,7 @@ def draft_verify(db, f: Filters) -> pd.DataFrame:
     agg = db.query(
         "SELECT chip, engine || ' · ' || method || ' K=' || depth AS arm,"
         " median(draft_seconds / generated_tokens * 1e3) AS draft, median(verify_seconds / generated_tokens * 1e3)"
-        " AS verify, count(DISTINCT agent_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
+        " AS verify, count(DISTINCT machine_id) AS machines, count(DISTINCT prompt_id) AS prompts, count(*) AS runs"
         f" FROM {source} WHERE method != 'baseline' AND nominal != 'degraded' AND generated_tokens > 0"
         " AND draft_seconds + verify_seconds > 0 GROUP BY ALL ORDER BY ALL",
         params,
@@ -639,11 +638,11 @@ def verify_cost(db, f: Filters) -> pd.DataFrame:
     where.append(group)
     params |= group_params
     return db.query(
-        "WITH curves AS (SELECT chip, engine, agent_id, context_tokens, arg_max(verify_cost_seconds, seq) AS t"
+        "WITH curves AS (SELECT chip, engine, machine_id, context_tokens, arg_max(verify_cost_seconds, seq) AS t"
         f" FROM runs r WHERE {' AND '.join(where)} GROUP BY ALL),"
-        " points AS (SELECT chip, engine, agent_id, context_tokens, t, unnest(range(1, len(t) + 1)) AS m FROM curves)"
+        " points AS (SELECT chip, engine, machine_id, context_tokens, t, unnest(range(1, len(t) + 1)) AS m FROM curves)"
         " SELECT chip, engine, context_tokens, m AS rows, median(t[m] / t[1]) AS ratio,"
-        " count(DISTINCT agent_id) AS machines FROM points WHERE t[1] > 0 GROUP BY ALL ORDER BY ALL",
+        " count(DISTINCT machine_id) AS machines FROM points WHERE t[1] > 0 GROUP BY ALL ORDER BY ALL",
         params,
     )
 
@@ -656,7 +655,7 @@ def roofline(db, f: Filters) -> pd.DataFrame:
     df = db.query(
         "SELECT r.chip, r.engine, r.model, median(r.decode_tokens_per_second) AS decode_tokens_per_second,"
         " median(nullif(r.target_bytes, 0)) AS bytes_per_token, median(a.bandwidth) / 1e9 AS bandwidth_gb_per_s,"
-        " count(DISTINCT r.agent_id) AS machines, count(DISTINCT r.prompt_id) AS prompts, count(*) AS runs"
+        " count(DISTINCT r.machine_id) AS machines, count(DISTINCT r.prompt_id) AS prompts, count(*) AS runs"
         f" FROM {source} r LEFT JOIN (SELECT agent_id, nullif(try_cast(fingerprint->>'memoryBandwidthBytesPerSecond'"
         " AS DOUBLE), 0) AS bandwidth FROM agents) a USING (agent_id)"
         " WHERE r.method = 'baseline' AND r.nominal != 'degraded' GROUP BY ALL ORDER BY ALL",
@@ -698,14 +697,14 @@ def version_per_prompt(db, f: Filters) -> pd.DataFrame:
     lossy, a speed above 0); `f.comparable` is ignored (a group holds one version)."""
     source, params = selected(dataclasses.replace(f, comparable=""))
     return db.query(
-        f"SELECT {SETTING_ID} AS setting, {VERSION_LABEL} AS version, chip, method, depth, agent_id, prompt_id,"
+        f"SELECT {SETTING_ID} AS setting, {VERSION_LABEL} AS version, chip, method, depth, machine_id, prompt_id,"
         " avg(ln(decode_tokens_per_second)) AS log_tps, ln(nullif(avg(acceptance_rate), 0)) AS log_acceptance,"
         " count(*) AS repeats, min(seq) AS first_seq, any_value(system_label) AS system_label,"
         " any_value(engine) AS engine, any_value(model) AS model, any_value(draft_model) AS draft_model,"
         " any_value(prompt_set) AS prompt_set, any_value(context_tokens) AS context_tokens,"
         f" any_value(sampler) AS sampler FROM {_valid(source)} WHERE decode_tokens_per_second > 0"
         " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
-        " GROUP BY setting, version, chip, method, depth, agent_id, prompt_id",
+        " GROUP BY setting, version, chip, method, depth, machine_id, prompt_id",
         params,
     )
 
@@ -748,14 +747,14 @@ def unit_values(db, f: Filters) -> pd.DataFrame:
     prompt's repeats of the log figure. The runs that may enter a figure, as version_per_prompt."""
     source, params = selected(f)
     per_prompt = db.query(
-        "SELECT comparable AS setting, '' AS version, chip, method, depth, agent_id, prompt_id,"
+        "SELECT comparable AS setting, '' AS version, chip, method, depth, machine_id, prompt_id,"
         " avg(ln(decode_tokens_per_second)) AS log_tps, NULL::DOUBLE AS log_acceptance, count(*) AS repeats"
         f" FROM {_valid(source)} WHERE decode_tokens_per_second > 0"
         " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
-        " GROUP BY setting, chip, method, depth, agent_id, prompt_id",
+        " GROUP BY setting, chip, method, depth, machine_id, prompt_id",
         params,
     )
-    cols = ["comparable", "figure", "method", "depth", "chip", "agent_id", "prompt_id", "value"]
+    cols = ["comparable", "figure", "method", "depth", "chip", "machine_id", "prompt_id", "value"]
     if per_prompt.empty:
         return pd.DataFrame(columns=cols)
     out = versions.figures(per_prompt)

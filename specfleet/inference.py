@@ -1,6 +1,6 @@
 """Verdicts a statistician would sign: intervals, decisions and the false-discovery step.
 
-Pure functions on specfleet.speedup.per_prompt_sql's rows (agent_id, prompt_id, log_ratio,
+Pure functions on specfleet.speedup.per_prompt_sql's rows (machine_id, prompt_id, log_ratio,
 repeats, and depth where several depths are compared): no I/O, no Streamlit. docs/verdicts.md
 says it in words, with the simulated figures behind every choice.
 
@@ -104,6 +104,7 @@ REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
 INCONCLUSIVE = "inconclusive"
 
+CROSSED = "machines x prompts crossed"
 T_MACHINES = "t over machines"
 T_PROMPTS = "t over one machine's prompts"
 NO_INTERVAL = "none"
@@ -133,7 +134,7 @@ class Estimate:
     confidence: float = CONFIDENCE
     log_mean: float = math.nan
     log_se: float = math.nan
-    df: int = 0
+    df: float = 0.0
     scale: str = LOG  # LOG: log_mean and log_se on the log scale; LINEAR: on the figure's own
 
 
@@ -151,12 +152,84 @@ def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.n
     return mean, se, n - 1, mean - half, mean + half
 
 
+ZERO_SPREAD_RTOL = 1e-9  # a standard error this small against the figure's own size is no spread
+
+
+def flat(se, mean) -> np.ndarray:
+    """Whether a standard error is no spread at all, relative to the figure (vectorised): a
+    zero-width interval claims a certainty replayed or synthetic data has not earned."""
+    se, mean = np.asarray(se, dtype=float), np.asarray(mean, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return ~(se > ZERO_SPREAD_RTOL * np.maximum(1.0, np.abs(mean)))
+
+
+MACHINE_TERM_SHARE = 0.5  # the machine term counts as carrying the interval at this share of the prompt term
+
+
+def crossed_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, ...]:
+    """The interval of the grand mean of a complete machines x prompts table (last two axes,
+    vectorised over the others), machines and prompts crossed random effects:
+
+        value[m, p] = mu + machine[m] + prompt[p] + residual[m, p].
+
+    Var(grand mean) = s_machine^2 / M + s_prompt^2 / P + s_residual^2 / (M P), from the two-way
+    ANOVA's mean squares in two parts: A = MS_machines / (M P), the variance of the machine means
+    over M (the machine and residual terms: t over machine means, exact with M - 1 degrees of
+    freedom when prompts share nothing), and B = max(0, MS_prompts - MS_residual) / (M P), the
+    prompt effect every machine shares. Degrees of freedom: Satterthwaite's on A and B, but M - 1
+    whenever A is at least MACHINE_TERM_SHARE of B (with two machines A has one degree of freedom,
+    and Satterthwaite's approximation then overstates it: coverage 0.91 at 2 machines x 20
+    prompts; bench/verdicts.py section crossed). Returns (mean, se, df, low, high); fewer than 2
+    machines or 2 prompts: se, low and high NaN."""
+    a = np.asarray(values, dtype=float)
+    m, p = a.shape[-2:]
+    mean = a.mean(axis=(-2, -1))
+    if m < 2 or p < 2:
+        nan = np.full_like(mean, np.nan)
+        return mean, nan, np.zeros_like(mean), nan, nan
+    rows, cols = a.mean(axis=-1), a.mean(axis=-2)
+    ms_machines = p * ((rows - mean[..., None]) ** 2).sum(axis=-1) / (m - 1)
+    ms_prompts = m * ((cols - mean[..., None]) ** 2).sum(axis=-1) / (p - 1)
+    residual = a - rows[..., :, None] - cols[..., None, :] + mean[..., None, None]
+    df_residual = (m - 1) * (p - 1)
+    ms_residual = (residual**2).sum(axis=(-2, -1)) / df_residual
+    machine_term = ms_machines / (m * p)
+    prompt_term = np.maximum(ms_prompts - ms_residual, 0.0) / (m * p)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df_prompt = (ms_prompts - ms_residual) ** 2 / (ms_prompts**2 / (p - 1) + ms_residual**2 / df_residual)
+        both = (machine_term + prompt_term) ** 2 / (machine_term**2 / (m - 1) + prompt_term**2 / df_prompt)
+    machines_carry = machine_term >= MACHINE_TERM_SHARE * prompt_term
+    df = np.clip(np.where(machines_carry | ~np.isfinite(both), m - 1, both), 1.0, m * p - 1)
+    se = np.sqrt(machine_term + prompt_term)
+    half = stats.t.ppf((1 + confidence) / 2, df) * se
+    return mean, se, df, mean - half, mean + half
+
+
 def _one_figure(per_prompt: pd.DataFrame, what: str) -> None:
-    missing = {"agent_id", "prompt_id", "log_ratio"} - set(per_prompt.columns)
+    missing = {"machine_id", "prompt_id", "log_ratio"} - set(per_prompt.columns)
     if missing:
         raise ValueError(f"{what} needs columns {sorted(missing)}")
     if not np.all(np.isfinite(per_prompt["log_ratio"].to_numpy(dtype=float))):
         raise ValueError("log ratios must be finite (a zero speed is never a pair)")
+
+
+def _fleet_interval(per_prompt: pd.DataFrame, column: str, confidence: float) -> tuple:
+    """(mean, se, df, low, high, method, note) of a figure over machines (>= 2): the mean of
+    machine means (the definition's), with the crossed interval's spread on the prompts every
+    machine measured (the prompt set is a checked key: normally all of them). Fewer than two such
+    prompts: t over machine means, said in the note."""
+    table = per_prompt.pivot_table(index="machine_id", columns="prompt_id", values=column, aggfunc="mean")
+    mean = float(per_prompt.groupby("machine_id")[column].mean().mean())
+    shared = table.dropna(axis=1)
+    if shared.shape[1] >= 2:
+        _, se, df, _, _ = (float(x) for x in crossed_interval(shared.to_numpy(), confidence))
+        half = stats.t.ppf((1 + confidence) / 2, df) * se
+        left = table.shape[1] - shared.shape[1]
+        note = f"{left} prompt(s) not measured on every machine left out of the spread" if left else ""
+        return mean, se, df, mean - half, mean + half, CROSSED, note
+    means = per_prompt.groupby("machine_id")[column].mean().to_numpy()
+    _, se, df, low, high = (float(x) for x in t_interval(means, confidence))
+    return mean, se, df, low, high, T_MACHINES, "fewer than 2 prompts on every machine: t over machine means"
 
 
 def estimate(per_prompt: pd.DataFrame, confidence: float = CONFIDENCE) -> Estimate:
@@ -170,19 +243,19 @@ def estimate(per_prompt: pd.DataFrame, confidence: float = CONFIDENCE) -> Estima
     if per_prompt.empty:
         nan = math.nan
         return Estimate(nan, nan, nan, 0, 0, 0, NO_INTERVAL, "no pairs", confidence)
-    by_machine = per_prompt.groupby("agent_id", sort=True)["log_ratio"]
+    by_machine = per_prompt.groupby("machine_id", sort=True)["log_ratio"]
     means = by_machine.mean().to_numpy()
     machines, prompts = len(means), int(by_machine.size().min())
     pairs = int(per_prompt["repeats"].sum()) if "repeats" in per_prompt else len(per_prompt)
     if machines >= 2:
-        values, method, note = means, T_MACHINES, ""
+        mean, se, df, low, high, method, note = _fleet_interval(per_prompt, "log_ratio", confidence)
     else:
         values, method = per_prompt["log_ratio"].to_numpy(dtype=float), T_PROMPTS
         note = "one machine: the interval is over its prompts and describes that machine only, not the fleet"
         if prompts < 2:
             method, note = NO_INTERVAL, "one machine and one prompt: no interval"
-    mean, se, df, low, high = (float(x) for x in t_interval(values, confidence))
-    if se == 0:  # identical values: a zero-width interval would claim certainty it has not
+        mean, se, df, low, high = (float(x) for x in t_interval(values, confidence))
+    if flat(se, mean):  # identical values: a zero-width interval would claim certainty it has not
         low = high = se = math.nan
         method, note = NO_INTERVAL, _zero_spread_note(machines)
     return Estimate(
@@ -197,7 +270,7 @@ def estimate(per_prompt: pd.DataFrame, confidence: float = CONFIDENCE) -> Estima
         confidence=confidence,
         log_mean=mean,
         log_se=se,
-        df=int(df),
+        df=float(df),
     )
 
 
@@ -210,9 +283,9 @@ def estimate_mean(values: pd.DataFrame, column: str = "value", confidence: float
     """A mean on its own scale (acceptance rates: 0-1) with the interval the speedups use: each
     machine's mean over its prompts (each prompt's value the mean over its runs) is one
     observation, t over machine means (df = machines - 1); one machine, t over its prompts,
-    noted. Needs agent_id, prompt_id and `column`; non-finite values are left out (noted).
+    noted. Needs machine_id, prompt_id and `column`; non-finite values are left out (noted).
     `speedup` holds the mean, `pairs` the runs; log_mean and log_se are on the linear scale."""
-    missing = {"agent_id", "prompt_id", column} - set(values.columns)
+    missing = {"machine_id", "prompt_id", column} - set(values.columns)
     if missing:
         raise ValueError(f"estimate_mean needs columns {sorted(missing)}")
     finite = np.isfinite(values[column].to_numpy(dtype=float))
@@ -220,19 +293,19 @@ def estimate_mean(values: pd.DataFrame, column: str = "value", confidence: float
     if values.empty:
         nan = math.nan
         return Estimate(nan, nan, nan, 0, 0, 0, NO_INTERVAL, "no values", confidence, scale=LINEAR)
-    per_prompt = values.groupby(["agent_id", "prompt_id"], sort=True)[column].mean()
-    by_machine = per_prompt.groupby(level="agent_id")
+    per_prompt = values.groupby(["machine_id", "prompt_id"], sort=True)[column].mean()
+    by_machine = per_prompt.groupby(level="machine_id")
     means = by_machine.mean().to_numpy()
     machines, prompts = len(means), int(by_machine.size().min())
     if machines >= 2:
-        series, method, note = means, T_MACHINES, ""
+        mean, se, df, low, high, method, note = _fleet_interval(per_prompt.reset_index(), column, confidence)
     else:
         series, method = per_prompt.to_numpy(dtype=float), T_PROMPTS
         note = "one machine: the interval is over its prompts and describes that machine only, not the fleet"
         if prompts < 2:
             method, note = NO_INTERVAL, "one machine and one prompt: no interval"
-    mean, se, df, low, high = (float(x) for x in t_interval(series, confidence))
-    if se == 0:
+        mean, se, df, low, high = (float(x) for x in t_interval(series, confidence))
+    if flat(se, mean):
         low = high = se = math.nan
         method, note = NO_INTERVAL, _zero_spread_note(machines)
     if dropped:
@@ -249,7 +322,7 @@ def estimate_mean(values: pd.DataFrame, column: str = "value", confidence: float
         confidence=confidence,
         log_mean=mean,
         log_se=se,
-        df=int(df),
+        df=float(df),
         scale=LINEAR,
     )
 
@@ -420,11 +493,12 @@ def decide_arrays(
     _check_band(band_low, band_high)
     a = np.asarray(log_ratios, dtype=float)
     machines = a.shape[-2]
-    values = a.mean(axis=-1) if machines >= 2 else a[..., 0, :]
-    mean, se, df, low, high = t_interval(values, confidence)
-    with np.errstate(invalid="ignore"):
-        flat = ~(np.asarray(se) > 0)  # identical values: no interval
-    low, high = np.exp(np.where(flat, np.nan, low)), np.exp(np.where(flat, np.nan, high))
+    if machines >= 2 and a.shape[-1] >= 2:
+        mean, se, df, low, high = crossed_interval(a, confidence)
+    else:
+        mean, se, df, low, high = t_interval(a.mean(axis=-1) if machines >= 2 else a[..., 0, :], confidence)
+    none = flat(se, mean)  # identical values: no interval
+    low, high = np.exp(np.where(none, np.nan, low)), np.exp(np.where(none, np.nan, high))
     verdict = classify(low, high, band_low, band_high)
     if machines < min_machines or a.shape[-1] < min_prompts:
         verdict = np.full(verdict.shape, INCONCLUSIVE)
@@ -444,10 +518,10 @@ def _depth_array(per_prompt_by_depth: pd.DataFrame) -> tuple[np.ndarray, np.ndar
     if "depth" not in per_prompt_by_depth:
         raise ValueError("best depth needs a depth column")
     t = per_prompt_by_depth.pivot_table(
-        index=["agent_id", "prompt_id"], columns="depth", values="log_ratio", aggfunc="mean"
+        index=["machine_id", "prompt_id"], columns="depth", values="log_ratio", aggfunc="mean"
     )
     depths = t.columns.to_numpy()
-    machines = t.index.get_level_values("agent_id")
+    machines = t.index.get_level_values("machine_id")
     names, sizes = np.unique(machines, return_counts=True)
     values = np.full((len(names), int(sizes.max()), len(depths)), np.nan)
     row = 0
@@ -495,7 +569,7 @@ def complete_machines(per_prompt_by_depth: pd.DataFrame) -> list:
     ones depth_p_values' two-way table holds, and so the ones a best-depth verdict rests on."""
     d = per_prompt_by_depth
     n_depths = d["depth"].nunique()
-    per = d.dropna(subset=["log_ratio"]).groupby("agent_id")["depth"].nunique()
+    per = d.dropna(subset=["log_ratio"]).groupby("machine_id")["depth"].nunique()
     return sorted(per.index[per == n_depths])
 
 
@@ -530,7 +604,9 @@ def depth_p_values(per_prompt_by_depth: pd.DataFrame) -> pd.Series:
     others = np.array([np.delete(means, d).max() for d in range(n_depths)])
     gap = others - means  # how far the best other depth lies above each depth
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = gap / se if se > 0 else np.where(gap > 0, np.inf, np.where(gap < 0, -np.inf, 0.0))
+        if flat(se, np.abs(means).max()):  # no spread (replayed data): no depth can be excluded
+            return pd.Series(1.0, index=pd.Index(depths, name="depth"), name="p_best")
+        z = gap / se
     p = np.minimum(1.0, (n_depths - 1) * stats.t.sf(z, df))
     return pd.Series(p, index=pd.Index(depths, name="depth"), name="p_best")
 
@@ -579,7 +655,7 @@ def decide_best_depth(
     # they count toward the minimum; the others are named in `why`.
     complete = complete_machines(d) if len(d) else []
     machines = len(complete)
-    partial = int(d["agent_id"].nunique()) - machines if len(d) else 0
+    partial = int(d["machine_id"].nunique()) - machines if len(d) else 0
     best = max(by_depth, key=lambda k: by_depth[k].speedup) if by_depth else None
     e = by_depth[best] if best is not None else Estimate(math.nan, math.nan, math.nan, 0, 0, 0, NO_INTERVAL)
     base = dict(

@@ -63,6 +63,9 @@ SERVER_STATES = ("warm", "fresh")
 # llama-server's model-drafted --spec-types (specfleet/record.py SERVER_SPEC_TYPES).
 DRAFT_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash")
 _ARM = dict(recorded=False, checked=False, engines=("llama-server",), since=2, core=True)  # an arm's flag, no column
+# What a measured run's drafter had seen before it (setting drafter_start): "unseen", never the
+# measured request (agent/protocol.py); runs recorded before schema 6 are unknown (None).
+DRAFTER_STARTS = ("unseen",)
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,12 @@ DECLARED: tuple[Setting, ...] = (
             "The machine's memory in GiB, rounded (unified memory on a Mac: the \"24 GB\" of \"M4 Pro 24 GB\"), as "
             "the agent reads it. A claim condition, not a checked key: like the chip, it is what a comparison puts "
             "side by side", lo=1, hi=1 << 20, checked=False, condition=True, since=5),
+    Setting("drafter_start", str, MEASURED, "drafter start",
+            "What the drafter had seen before the measured run: unseen (made fresh for each generation, in process; "
+            "or a server started for the run, or one whose drafter keeps no state across requests, warmed up on "
+            "other text: never on the measured request). A checked key: runs whose drafter may have seen their "
+            "request (recorded before schema 6, or a warm OpenAI-compatible server: unknown) never pool with these",
+            choices=DRAFTER_STARTS, since=6),
     Setting("server_flags", str, SERVER, "server flags",
             "What every arm's server of a job shares, as flags: llama-server's (the sweep's and the declared "
             "settings'), an OpenAI-compatible server's baseline command without its binary, model paths, host and "

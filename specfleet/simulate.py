@@ -94,7 +94,7 @@ def draw(
 
 def to_frame(log_ratios: np.ndarray, repeats: int, depths: Sequence[int] | None = None) -> pd.DataFrame:
     """One fleet's array (machines, prompts) or (machines, prompts, depths) as per_prompt rows:
-    agent_id, prompt_id, depth, log_ratio, repeats."""
+    machine_id, prompt_id, depth, log_ratio, repeats."""
     a = np.asarray(log_ratios, dtype=float)
     if a.ndim == 2:
         a = a[..., None]
@@ -107,7 +107,7 @@ def to_frame(log_ratios: np.ndarray, repeats: int, depths: Sequence[int] | None 
     mi, pi, di = np.meshgrid(np.arange(m), np.arange(p), np.arange(d), indexing="ij")
     return pd.DataFrame(
         {
-            "agent_id": [f"m{i:02d}" for i in mi.ravel()],
+            "machine_id": [f"m{i:02d}" for i in mi.ravel()],
             "prompt_id": [f"p{i:02d}" for i in pi.ravel()],
             "depth": np.asarray(depths, dtype=int)[di.ravel()],
             "log_ratio": a.ravel(),
@@ -125,7 +125,7 @@ def fleet(
     depth: int = 3,
     **spread,
 ) -> pd.DataFrame:
-    """One fleet's per-prompt rows (agent_id, prompt_id, depth, log_ratio, repeats) for one
+    """One fleet's per-prompt rows (machine_id, prompt_id, depth, log_ratio, repeats) for one
     arm and depth; `spread`: draw's machine_sd, prompt_sd, repeat_sd, prompt_set_sd,
     machine_df, repeat_df."""
     a = draw(seed, 1, machines, prompts, repeats, float(true_speedup), **spread)[0]

@@ -15,14 +15,17 @@ words:
    nominal (env_nominal false), when the arm's output differed from its reference with a clear
    margin (lossless false: a defect, shown as such), or when either speed is 0. A run that
    diverged at a near-tie (divergence "near-tie", lossless None: agent/divergence.py) stays in,
-   labelled. Outlier runs are left out before pairing (`flagged_sql`): beyond OUTLIER_MADS
-   median absolute deviations of their arm's repeats on the prompt, in one attempt, and further
-   than OUTLIER_MIN_DEVIATION of the median; every surface shows their count beside the figure
-   (`outlier_counts_sql`).
-3. Combine on the log scale, in the order of replication: the mean log ratio over a prompt's
-   repeats, then over a machine's prompts, then over machines; the speedup is its exponential
-   (a geometric mean of geometric means). Every figure carries the machines, the fewest
-   prompts on any machine, and the pairs behind it.
+   labelled. No run is removed for being slow or fast: every pair enters (issue 37).
+3. Combine on the log scale, in the order of replication: the median log ratio over a prompt's
+   repeats (robust by construction: a stall in either arm of a minority of repeats moves it by
+   at most the repeats' own spread; bench/verdicts.py section stalls), then the mean over a
+   machine's prompts, then over machines; the speedup is its exponential. Every figure carries
+   the machines, the fewest prompts on any machine, and the pairs behind it.
+4. Stalls are a figure of their own, never cut from the others (`flagged_sql`, `stall_counts_sql`):
+   a run whose decode speed is under 1 / STALL_FACTOR of the median of its arm's repeats on the
+   prompt in one attempt (at least STALL_MIN_REPEATS of them) is a stall; every surface shows the
+   stall rate per arm beside the figure (llama.cpp's "STUCK speculative loop" is one: a ledger
+   claim on it, dashboard/claims.yaml).
 """
 
 from __future__ import annotations
@@ -52,65 +55,59 @@ def counts_sql(run: str, jobs: str = "jobs") -> str:
 
 
 def valid_sql(source: str, jobs: str = "jobs") -> str:
-    """The runs of `source` that may enter a figure: of an attempt that counts (counts_sql), and
-    no outlier (inliers_sql, judged among every run of `source`)."""
-    return f"(SELECT r.* FROM {inliers_sql(source)} r WHERE {counts_sql('r', jobs)})"
+    """The runs of `source` that may enter a figure: of an attempt that counts (counts_sql)."""
+    return f"(SELECT r.* FROM {source} r WHERE {counts_sql('r', jobs)})"
 
 
-# Outlier runs (issue 26: one repeat at 11.6 tok/s among others near 95): a run whose decode speed
-# is more than OUTLIER_MADS MADs from the median of its arm's repeats on the same prompt in the same
-# attempt and comparable group (at least OUTLIER_MIN_REPEATS of them), and more than
-# OUTLIER_MIN_DEVIATION of that median away: the MAD of three repeats is one gap, so without the
-# floor normal noise (2% s.d.) would flag about one run in seven; with it, none
-# (tests/test_honest_failures.py).
-OUTLIER_MADS = 3.0
-OUTLIER_MIN_DEVIATION = 0.25
-OUTLIER_MIN_REPEATS = 3
+# Stalls (issue 26: one repeat at 11.6 tok/s among others near 95; llama.cpp's STUCK speculative
+# loop): a run whose decode speed is under 1 / STALL_FACTOR of the median of its arm's repeats on the
+# same prompt in the same attempt and comparable group (at least STALL_MIN_REPEATS of them). Counted
+# and shown as the stall rate per arm; never removed (issue 37: removal was symmetric, the effect
+# not). Normal noise (2% s.d.) never halves a run (tests/test_honest_failures.py).
+STALL_FACTOR = 2.0
+STALL_MIN_REPEATS = 3
 _REPEATS_OF_ARM = f"PARTITION BY job_id, lease_id, method, depth, prompt_id, {_KEYS}"
 
 
 def flagged_sql(source: str) -> str:
-    """The runs of `source` with a boolean column `outlier`, judged among the runs of their arm's
-    repeats on the prompt in one attempt and comparable group that have a positive speed (verify-cost runs and runs at
-    zero speed never are: no figure counts them anyway)."""
+    """The runs of `source` with a boolean column `stall`, judged among the runs of their arm's
+    repeats on the prompt in one attempt and comparable group that have a positive speed
+    (verify-cost runs and runs at zero speed never are: no figure counts them anyway)."""
     tps, part = "decode_tokens_per_second", _REPEATS_OF_ARM
     positive = f"CASE WHEN {tps} > 0 THEN {tps} END"
     return f"""(
-    SELECT * EXCLUDE (_median, _repeats, _deviation),
-           coalesce(method != '{VERIFY_COST}' AND _repeats >= {OUTLIER_MIN_REPEATS}
-            AND _deviation > {OUTLIER_MIN_DEVIATION} * _median
-            AND _deviation > {OUTLIER_MADS} * median(_deviation) OVER ({part}), false) AS outlier
-    FROM (SELECT *, abs({positive} - _median) AS _deviation
-          FROM (SELECT *, median({positive}) OVER ({part}) AS _median, count({positive}) OVER ({part}) AS _repeats
-                FROM {source})))"""
+    SELECT * EXCLUDE (_median, _repeats),
+           coalesce(method != '{VERIFY_COST}' AND _repeats >= {STALL_MIN_REPEATS}
+            AND {positive} * {STALL_FACTOR} < _median, false) AS stall
+    FROM (SELECT *, median({positive}) OVER ({part}) AS _median, count({positive}) OVER ({part}) AS _repeats
+          FROM {source}))"""
 
 
-def inliers_sql(source: str) -> str:
-    """`source` without its outlier runs (flagged_sql), in its own columns."""
-    return f"(SELECT * EXCLUDE (outlier) FROM {flagged_sql(source)} WHERE NOT outlier)"
-
-
-def outlier_counts_sql(source: str, comparable: str = COMPARABLE_ID) -> str:
-    """Outlier runs per comparable group, chip and arm, and the near-tie runs beside them (kept):
-    what the figures show with their counts. `comparable` as groups_sql takes it."""
+def stall_counts_sql(source: str, comparable: str = COMPARABLE_ID) -> str:
+    """Per comparable group, chip and arm: the generation runs with a positive speed, the stalls
+    among them and their rate (stall_rate, 0..1), and the near-tie runs (kept): what the figures
+    show beside them. `comparable` as groups_sql takes it."""
     return f"""
     SELECT {comparable} AS comparable, chip, method, depth,
-           count(*) FILTER (WHERE outlier) AS outlier_runs,
-           count(*) FILTER (WHERE divergence = 'near-tie' AND NOT outlier) AS near_tie_runs
+           count(*) FILTER (WHERE decode_tokens_per_second > 0) AS judged_runs,
+           count(*) FILTER (WHERE stall) AS stalled_runs,
+           count(*) FILTER (WHERE stall) / nullif(count(*) FILTER (WHERE decode_tokens_per_second > 0), 0)
+             AS stall_rate,
+           count(*) FILTER (WHERE divergence = 'near-tie') AS near_tie_runs
     FROM {flagged_sql(source)} WHERE method != '{VERIFY_COST}'
-    GROUP BY ALL HAVING outlier_runs > 0 OR near_tie_runs > 0
+    GROUP BY ALL HAVING stalled_runs > 0 OR near_tie_runs > 0
     """
 
 
 def pairs_sql(source: str, jobs: str | None = "jobs") -> str:
     """One row per pair (step 2) of the runs of `source`: its comparable group, checked keys,
-    names, chip, machine, arm, prompt, repeat, job and attempt, and its log ratio. Outlier runs
-    are judged among every run of `source` and left out first; with `jobs`, only runs that count
-    (counts_sql) pair; without, every attempt's (coordinator/figures.py applies counts_sql later)."""
-    valid = valid_sql(source, jobs) if jobs else inliers_sql(source)
+    names, chip, machine, arm, prompt, repeat, job and attempt, and its log ratio. With `jobs`,
+    only runs that count (counts_sql) pair; without, every attempt's (coordinator/figures.py
+    applies counts_sql later)."""
+    valid = valid_sql(source, jobs) if jobs else source
     return f"""
     SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
-           a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.agent_id,
+           a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.machine_id,
            a.method, a.depth, a.prompt_id, a.repeat, a.job_id, a.attempt,
            ln(a.decode_tokens_per_second / b.decode_tokens_per_second) AS log_ratio
     FROM {valid} a JOIN {valid} b
@@ -124,14 +121,14 @@ def pairs_sql(source: str, jobs: str | None = "jobs") -> str:
 
 
 def per_prompt_sql(source: str, jobs: str = "jobs") -> str:
-    """One row per comparable group, chip, machine, arm and prompt: the mean log ratio over the
-    prompt's repeats. What intervals resample (machines, then prompts)."""
+    """One row per comparable group, chip, machine, arm and prompt: the median log ratio over the
+    prompt's repeats (step 3). What intervals are over (machines crossed with prompts)."""
     return f"""
     SELECT comparable, any_value(target_reference) AS target_reference,
            any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
-           any_value(engine) AS engine, chip, agent_id, method, depth, prompt_id,
-           avg(log_ratio) AS log_ratio, count(*) AS repeats
-    FROM ({pairs_sql(source, jobs)}) GROUP BY comparable, chip, agent_id, method, depth, prompt_id
+           any_value(engine) AS engine, chip, machine_id, method, depth, prompt_id,
+           median(log_ratio) AS log_ratio, count(*) AS repeats
+    FROM ({pairs_sql(source, jobs)}) GROUP BY comparable, chip, machine_id, method, depth, prompt_id
     """
 
 
@@ -141,9 +138,9 @@ def speedup_sql(source: str, jobs: str = "jobs") -> str:
     WITH per_machine AS (
         SELECT comparable, any_value(target_reference) AS target_reference,
                any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
-               any_value(engine) AS engine, chip, agent_id, method, depth,
+               any_value(engine) AS engine, chip, machine_id, method, depth,
                avg(log_ratio) AS log_ratio, count(*) AS prompts, sum(repeats) AS pairs
-        FROM ({per_prompt_sql(source, jobs)}) GROUP BY comparable, chip, agent_id, method, depth
+        FROM ({per_prompt_sql(source, jobs)}) GROUP BY comparable, chip, machine_id, method, depth
     )
     SELECT comparable, any_value(engine) AS engine, any_value(target_reference) AS target_reference,
            any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,

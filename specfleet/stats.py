@@ -157,7 +157,7 @@ def summarise(
 ) -> pd.DataFrame:
     """Median of `column` per group (of every value) with its two-level bootstrap interval
     (BOOTSTRAP_MAX_VALUES per machine at most), the machines,
-    prompts and runs behind it, and how many degraded rows were left out. Needs agent_id,
+    prompts and runs behind it, and how many degraded rows were left out. Needs machine_id,
     prompt_id and a boolean `degraded` column (absent: nothing degraded)."""
     out_cols = [*by, "median", "ci_low", "ci_high", "machines", "prompts", "runs", "excluded_runs"]
     if values.empty:
@@ -170,7 +170,7 @@ def summarise(
         key = key if isinstance(key, tuple) else (key,)
         degraded = group["degraded"].fillna(False).astype(bool)
         kept = group[~degraded]
-        per_machine = [_at_most(g[column].to_numpy()) for _, g in kept.groupby("agent_id", sort=True)]
+        per_machine = [_at_most(g[column].to_numpy()) for _, g in kept.groupby("machine_id", sort=True)]
         lo, hi = bootstrap_ci(per_machine, seed=seed)
         rows.append(
             {
@@ -178,7 +178,7 @@ def summarise(
                 "median": float(np.median(kept[column])) if len(kept) else float("nan"),
                 "ci_low": lo,
                 "ci_high": hi,
-                "machines": int(kept["agent_id"].nunique()),
+                "machines": int(kept["machine_id"].nunique()),
                 "prompts": int(kept["prompt_id"].nunique()),
                 "runs": int(len(kept)),
                 "excluded_runs": int(degraded.sum()),

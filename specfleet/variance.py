@@ -1,7 +1,7 @@
 """What the chip does apart from the unit: variance components of a log figure by chip, machine
 within chip, prompt and residual, and chip comparisons against the unit-to-unit spread.
 
-Pure functions (no I/O, no Streamlit) on one row per chip, machine (agent_id) and prompt:
+Pure functions (no I/O, no Streamlit) on one row per chip, machine (machine_id) and prompt:
 `value`, the mean over the prompt's repeats of a log figure (log decode tok/s, or log speedup:
 the arm's log decode tok/s less the baseline's on the same machine and prompt), within one
 comparable group and arm. The model:
@@ -143,7 +143,7 @@ def _prompt_dummies(prompts: pd.Series) -> np.ndarray:
 
 def _residual_spread(data: pd.DataFrame) -> float:
     """The mean square left by least squares on machine and prompt (0: nothing to part)."""
-    x = np.hstack([pd.get_dummies(data[c], dtype=float).to_numpy() for c in ("agent_id", "prompt_id")])
+    x = np.hstack([pd.get_dummies(data[c], dtype=float).to_numpy() for c in ("machine_id", "prompt_id")])
     y = data["value"].to_numpy(dtype=float)
     fitted = x @ np.linalg.lstsq(x, y, rcond=None)[0]
     return float(np.mean((y - fitted) ** 2))
@@ -154,19 +154,19 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
     chip, prompt and residual: one row each with the variance, the standard deviation and its
     interval, the same as percentages, the levels behind it (chips, machines, prompts, rows),
     the effective degrees of freedom and a note where a component cannot be told apart."""
-    need = {"chip", "agent_id", "prompt_id", "value"}
+    need = {"chip", "machine_id", "prompt_id", "value"}
     if need - set(values.columns):
         raise ValueError(f"components needs columns {sorted(need - set(values.columns))}")
     data = values[list(need)].copy()
-    data = data[np.isfinite(data["value"].astype(float))].sort_values(["chip", "agent_id", "prompt_id"])
+    data = data[np.isfinite(data["value"].astype(float))].sort_values(["chip", "machine_id", "prompt_id"])
     data = data.reset_index(drop=True)
     n = len(data)
-    chips, machines, prompts = (int(data[c].nunique()) for c in ("chip", "agent_id", "prompt_id"))
-    if data.groupby("agent_id")["chip"].nunique().gt(1).any():
-        raise ValueError("a machine (agent_id) belongs to one chip")
+    chips, machines, prompts = (int(data[c].nunique()) for c in ("chip", "machine_id", "prompt_id"))
+    if data.groupby("machine_id")["chip"].nunique().gt(1).any():
+        raise ValueError("a machine (machine_id) belongs to one chip")
     rows = {}
     y = data["value"].to_numpy(dtype=float)
-    per_chip = data.groupby("chip")["agent_id"].nunique()
+    per_chip = data.groupby("chip")["machine_id"].nunique()
     resid_df = n - machines - prompts + 1
     if resid_df < 1 or n < 3:
         note = "too few rows to tell the residual from the machines and prompts"
@@ -182,7 +182,7 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
     if chips >= 2 and (per_chip >= 2).any():
         vc = {"machine": {}}
         for chip, idx in data.groupby("chip", sort=True).indices.items():
-            codes, _ = pd.factorize(data["agent_id"].to_numpy()[idx], sort=True)
+            codes, _ = pd.factorize(data["machine_id"].to_numpy()[idx], sort=True)
             z = np.zeros((len(idx), codes.max() + 1))
             z[np.arange(len(idx)), codes] = 1.0
             vc["machine"][chip] = z
@@ -196,7 +196,7 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
         for c in (CHIP, MACHINE):
             rows[c] = _scaled(rows[c], scale)
     elif machines >= 2:
-        result, bse = _fit(y, x, data["agent_id"].to_numpy(), np.ones((n, 1)))
+        result, bse = _fit(y, x, data["machine_id"].to_numpy(), np.ones((n, 1)))
         scale = float(result.scale)
         k = x.shape[1]
         if chips >= 2:  # every chip has one machine: the chip's and the unit's shares are one
@@ -211,7 +211,7 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
         rows[CHIP] = _missing(CHIP, chips, "one machine: no spread between chips or units")
         rows[MACHINE] = _missing(MACHINE, machines, "one machine: no spread between units")
     if prompts >= 2:
-        centred = y - data.groupby("agent_id")["value"].transform("mean").to_numpy(dtype=float)
+        centred = y - data.groupby("machine_id")["value"].transform("mean").to_numpy(dtype=float)
         result, bse = _fit(centred, np.ones((n, 1)), data["prompt_id"].to_numpy(), np.ones((n, 1)))
         rows[PROMPT] = _scaled(
             _satterthwaite(PROMPT, float(result.params[1]), float(bse[1]), prompts, confidence), float(result.scale)
@@ -263,7 +263,7 @@ def compare_chips(
     machines - chips), the unit range exp(+-1.96 sqrt(2) unit_sd) and whether the difference
     exceeds it (module docstring)."""
     data = values[np.isfinite(values["value"].astype(float))]
-    means = data.groupby(["chip", "agent_id"])["value"].mean().reset_index()
+    means = data.groupby(["chip", "machine_id"])["value"].mean().reset_index()
     by_chip = means.groupby("chip")["value"]
     level, count, ss = by_chip.mean(), by_chip.size(), by_chip.apply(lambda v: float(((v - v.mean()) ** 2).sum()))
     df = int(count.sum() - len(count))
@@ -327,13 +327,13 @@ def pair_sentence(r, over: str | None = None) -> str:
 
 def by_figure(per_prompt: pd.DataFrame, keys: tuple[str, ...] = ("figure", "method", "depth")) -> pd.DataFrame:
     """components() of every figure and arm in `per_prompt` (KEYS columns beside chip,
-    agent_id, prompt_id and value), one block of rows each, the keys first."""
+    machine_id, prompt_id and value), one block of rows each, the keys first."""
     frames = []
     for key, group in per_prompt.groupby(list(keys), sort=True, dropna=False):
         try:
             table = components(group)
         except np.linalg.LinAlgError as e:  # a singular design: said, never a page's exception
-            counts = [group[c].nunique() for c in ("chip", "agent_id", "prompt_id")] + [len(group)]
+            counts = [group[c].nunique() for c in ("chip", "machine_id", "prompt_id")] + [len(group)]
             table = pd.DataFrame([_missing(c, k, f"no fit: {e}") for c, k in zip(COMPONENTS, counts)], columns=COLUMNS)
         frames.append(table.assign(**dict(zip(keys, key))))
     if not frames:
@@ -345,7 +345,7 @@ def by_figure(per_prompt: pd.DataFrame, keys: tuple[str, ...] = ("figure", "meth
 def levels(values: pd.DataFrame) -> pd.DataFrame:
     """Per chip: its figure (the exponent of the mean of its machine means of `value`: a
     geometric mean over prompts, then machines) and its machines, highest first."""
-    means = values.groupby(["chip", "agent_id"])["value"].mean().reset_index()
-    out = means.groupby("chip", as_index=False).agg(level=("value", "mean"), machines=("agent_id", "size"))
+    means = values.groupby(["chip", "machine_id"])["value"].mean().reset_index()
+    out = means.groupby("chip", as_index=False).agg(level=("value", "mean"), machines=("machine_id", "size"))
     out["figure"] = np.exp(out["level"])
     return out.sort_values("level", ascending=False, kind="stable").reset_index(drop=True)

@@ -95,9 +95,9 @@ def order(values: pd.DataFrame) -> list[str]:
 
 def _welch(old: pd.DataFrame, new: pd.DataFrame, confidence: float) -> inference.Estimate:
     """Welch's t on machine means of the log figure: new - old, no machine in both."""
-    a = old.groupby("agent_id")["value"].mean().to_numpy()
-    b = new.groupby("agent_id")["value"].mean().to_numpy()
-    prompts = int(min(old.groupby("agent_id").size().min(), new.groupby("agent_id").size().min()))
+    a = old.groupby("machine_id")["value"].mean().to_numpy()
+    b = new.groupby("machine_id")["value"].mean().to_numpy()
+    prompts = int(min(old.groupby("machine_id").size().min(), new.groupby("machine_id").size().min()))
     machines = min(len(a), len(b))
     mean = float(b.mean() - a.mean())
     nan = math.nan
@@ -129,23 +129,23 @@ def _welch(old: pd.DataFrame, new: pd.DataFrame, confidence: float) -> inference
 
 def ratio(old: pd.DataFrame, new: pd.DataFrame, confidence: float = inference.CONFIDENCE):
     """The ratio new / old of one figure (rows of one setting, chip, figure and arm under each
-    version: agent_id, prompt_id, value) as an inference.Estimate, how it was made, and the
+    version: machine_id, prompt_id, value) as an inference.Estimate, how it was made, and the
     machines that ran one version only (left out of a paired ratio)."""
-    both = sorted(set(old["agent_id"]) & set(new["agent_id"]))
+    both = sorted(set(old["machine_id"]) & set(new["machine_id"]))
     if not both:
         return _welch(old, new, confidence), UNPAIRED, 0
-    merged = old[old["agent_id"].isin(both)].merge(
-        new[new["agent_id"].isin(both)], on=["agent_id", "prompt_id"], suffixes=("_old", "_new")
+    merged = old[old["machine_id"].isin(both)].merge(
+        new[new["machine_id"].isin(both)], on=["machine_id", "prompt_id"], suffixes=("_old", "_new")
     )
     per_prompt = pd.DataFrame(
         {
-            "agent_id": merged["agent_id"],
+            "machine_id": merged["machine_id"],
             "prompt_id": merged["prompt_id"],
             "log_ratio": merged["value_new"] - merged["value_old"],
             "repeats": merged["repeats_new"] if "repeats_new" in merged else 1,
         }
     )
-    alone = len(set(old["agent_id"]) ^ set(new["agent_id"]))
+    alone = len(set(old["machine_id"]) ^ set(new["machine_id"]))
     return inference.estimate(per_prompt, confidence), PAIRED, alone
 
 
@@ -159,7 +159,7 @@ def compare(
     order they were first measured): the ratio new / old with its interval, the decision
     (module docstring) before (`raw_change`) and after (`change`) the false-discovery step
     across every row, the machines and fewest prompts behind it, the machines that ran one
-    version only. `values` needs KEYS, version, agent_id, prompt_id and value (log scale);
+    version only. `values` needs KEYS, version, machine_id, prompt_id and value (log scale);
     repeats and first_seq when it has them."""
     low, high = band(tolerance)
     if values.empty:
@@ -213,14 +213,14 @@ def figures(per_prompt: pd.DataFrame) -> pd.DataFrame:
     repeats), `log_acceptance` (log of the mean acceptance rate; NaN for the baseline) and
     `repeats`: decode tok/s of every arm; the speedup of each speculative arm (its log_tps less
     the baseline's on the same machine, prompt and version); its acceptance rate."""
-    cols = ["setting", "chip", "method", "depth", "version", "agent_id", "prompt_id", "repeats"]
+    cols = ["setting", "chip", "method", "depth", "version", "machine_id", "prompt_id", "repeats"]
     cols += [c for c in ("first_seq",) if c in per_prompt]
     if per_prompt.empty:
-        return pd.DataFrame(columns=[*KEYS, "version", "agent_id", "prompt_id", "value", "repeats"])
+        return pd.DataFrame(columns=[*KEYS, "version", "machine_id", "prompt_id", "value", "repeats"])
     decode = per_prompt[cols].assign(figure=DECODE, value=per_prompt["log_tps"])
     base = per_prompt[per_prompt["method"] == "baseline"]
     arms = per_prompt[per_prompt["method"] != "baseline"]
-    on = ["setting", "chip", "version", "agent_id", "prompt_id"]
+    on = ["setting", "chip", "version", "machine_id", "prompt_id"]
     paired = arms.merge(base[[*on, "log_tps"]], on=on, suffixes=("", "_base"))
     speedup = paired[cols].assign(figure=SPEEDUP, value=paired["log_tps"] - paired["log_tps_base"])
     accepted = arms[np.isfinite(arms["log_acceptance"].astype(float))]

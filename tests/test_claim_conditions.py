@@ -101,9 +101,18 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
               "mbp-3": [35.0, 35.6, 34.9, 35.2, 35.5]}  # fmt: skip
     rows = [r for agent, arm in speeds.items() for r in machine(agent, "Apple M1 Max", 25.3, arm)]
     runs = pd.DataFrame(rows)
-    # by hand: each machine's mean log tok/s over its prompts, t over the three machine means
-    means = np.array([np.mean(np.log(v)) for v in speeds.values()])
-    half = sps.t.ppf(0.975, 2) * means.std(ddof=1) / math.sqrt(3)
+    # by hand: machines x prompts crossed on log tok/s (specfleet/inference.py crossed_interval): the
+    # machine part MS_m / (M P) and the shared prompt part max(0, MS_p - MS_e) / (M P); df M - 1 when
+    # the machine part is at least half the prompt part
+    table = np.log(np.array(list(speeds.values())))
+    means = table.mean(axis=1)
+    grand, cols = table.mean(), table.mean(axis=0)
+    ms_m = 5 * np.sum((means - grand) ** 2) / 2
+    ms_p = 3 * np.sum((cols - grand) ** 2) / 4
+    ms_e = np.sum((table - means[:, None] - cols[None, :] + grand) ** 2) / 8
+    a, b = ms_m / 15, max(ms_p - ms_e, 0.0) / 15
+    assert a >= b / 2
+    half = sps.t.ppf(0.975, 2) * math.sqrt(a + b)
     (out,) = claims.evaluate(tps_claim(32.3, 39.5), fleet_db(runs)).itertuples()
     assert out.figure == pytest.approx(math.exp(means.mean()))
     assert (out.ci_low, out.ci_high) == (pytest.approx(math.exp(means.mean() - half)),

@@ -44,7 +44,25 @@ REQUIRED = {
     "llamacpp-mtp-m1-max-acceptance-n0",
     "llamacpp-mtp-m1-max-loss-thinking-on-off",
     "llamacpp-mtp-m1-max-n3-log-35.89-tps",
+    # issue 37: every seed claim a fleet of Macs can test, at least 35
+    "llamacpp-mtp-m1-max-n3-log-acceptance-80pct",
+    "llamacpp-mtp-m1-max-progressive-degradation",
+    "mlx-stock-kernels-mtp-below-2x",
+    "llamacpp-mtp-m1-max-35b-a3b-5-14x-regression",
+    "llamacpp-stuck-speculative-loop-mitigated",
+    "llamacpp-mtp-35b-a3b-q8-lowest-friction",
+    "llamacpp-mtp-m1-max-n0-loss-11pct",
+    "llamacpp-mtp-m1-max-28pct-at-n6",
+    "mtplx-m5-flash-route",
+    "ngram-mod-stall-free",
 }
+
+
+def test_the_ledger_holds_every_seed_claim_a_fleet_can_test():
+    ids = {c.id for c in claims.load_claims()}
+    assert REQUIRED <= ids and len(ids) >= 35, (REQUIRED - ids, len(ids))
+
+
 # OptiQ's claims of a depth (K=1-4, and its matched-truncation acceptance at an assumed depth 3)
 # wait in docs/claims.md: OptiQ's depth option is unknown, so its runs could not record K. The
 # tests settle them with a hypothetical option (test data only), as a record that gives one would.
@@ -292,14 +310,24 @@ def geometric(*machines):
     return float(np.exp(np.mean([np.mean(np.log(m)) for m in machines])))
 
 
-def t_interval(*machines):
-    """The interval by hand: Student's t over machine means of log ratios (one machine: over
-    its prompts), exponentiated."""
+def crossed_by_hand(machines, shared: int):
+    """The interval by hand (specfleet/inference.py crossed_interval): the figure is the mean of
+    machine means of log ratios; its spread is from the first `shared` prompts, those every
+    machine ran, as a machines x prompts table: A = MS_machines / (M P) and B = max(0,
+    MS_prompts - MS_residual) / (M P); df M - 1 when A >= B / 2, exponentiated."""
     from scipy import stats as sps
 
-    values = [np.mean(np.log(m)) for m in machines] if len(machines) > 1 else list(np.log(machines[0]))
-    n, mean, sd = len(values), np.mean(values), np.std(values, ddof=1)
-    half = sps.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+    logs = [np.log(m) for m in machines]
+    mean = np.mean([np.mean(m) for m in logs])
+    table = np.array([m[:shared] for m in logs])
+    n_m, n_p = table.shape
+    grand, rows_, cols = table.mean(), table.mean(axis=1), table.mean(axis=0)
+    ms_m = n_p * np.sum((rows_ - grand) ** 2) / (n_m - 1)
+    ms_p = n_m * np.sum((cols - grand) ** 2) / (n_p - 1)
+    ms_e = np.sum((table - rows_[:, None] - cols[None, :] + grand) ** 2) / ((n_m - 1) * (n_p - 1))
+    a, b = ms_m / (n_m * n_p), max(ms_p - ms_e, 0.0) / (n_m * n_p)
+    assert a >= b / 2  # the machine term carries it here: df = machines - 1
+    half = sps.t.ppf(0.975, n_m - 1) * np.sqrt(a + b)
     return float(np.exp(mean - half)), float(np.exp(mean + half))
 
 
@@ -318,8 +346,8 @@ def test_m1_max_net_loss_reproduced_contradicted_and_inconclusive_by_the_interva
     assert (row["chip"], row["verdict"]) == ("Apple M1 Max", REPRODUCED)
     assert row["figure"] == pytest.approx(geometric(first, kept))
     assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (2, 5, 10, 1)
-    # the interval is t over the two machine means, and it lies inside (0, 1]
-    low, high = t_interval(first, kept)
+    # the interval: machines x prompts crossed, on the four prompts both machines kept, inside (0, 1]
+    low, high = crossed_by_hand([first, kept], shared=4)
     assert (row["ci_low"], row["ci_high"]) == (pytest.approx(low), pytest.approx(high))
     assert row["ci_low"] < row["figure"] < row["ci_high"] < 1.0
     assert row["tested"] and 0 < row["p_value"] < 0.025 and "lies inside below 1x" in row["why"]
@@ -532,11 +560,14 @@ def test_acceptance_and_prefill_claims():
     runs = pd.DataFrame(rows + loop)
     row = claims.evaluate(acc, fleet_db(runs)).iloc[0]
     assert (row["verdict"], row["figure"], row["runs"], row["machines"]) == (REPRODUCED, pytest.approx(0.62), 18, 3)
-    # t over the three machine means 0.61, 0.62, 0.63 (each machine's prompts average 62 + offset)
+    # Machines x prompts crossed: machine means 0.61, 0.62, 0.63 (MS_machines 6 x 0.01^2), the
+    # prompts' wobble of -0.01, 0, +0.01 shared by every machine (MS_prompts 3 x 4e-4 / 5), no residual.
     from scipy import stats as sps
 
-    half = sps.t.ppf(0.975, 2) * 0.01 / np.sqrt(3)
+    half = sps.t.ppf(0.975, 2) * np.sqrt((6 * 0.01**2 + 3 * 4e-4 / 5) / 18)
     assert (row["ci_low"], row["ci_high"]) == (pytest.approx(0.62 - half), pytest.approx(0.62 + half))
+    assert "pooled accepted / drafted 0.620" in row["why"]  # llama-server's own ratio, beside the mean of runs'
+
     assert row["tested"] and 0 < row["p_value"] < 0.025  # a p-value: in the false-discovery step
     assert claims.evaluate_all([acc], fleet_db(runs)).iloc[0]["adjusted_p"] == pytest.approx(row["p_value"])
     assert row["beside"].startswith("our loop, same weights (specfleet mlx mtp) on Apple M4 Pro: 0.4 ")  # never in it
@@ -758,6 +789,7 @@ def test_conflicting_claims_are_named_both_ways_and_checked():
         "llamacpp-mtp-m5-max-dense-27b", "llamacpp-mtp-m5-max-moe-35b",
         "llamacpp-mtp-m2-ultra-7-14pct", "llamacpp-mtp-m4-pro-50pct",
         "llamacpp-mtp-m1-max-n3-log-35.89-tps",  # the report's own log, held against its table
+        "llamacpp-mtp-35b-a3b-q8-lowest-friction",  # the seed's recipe implies a gain
     }  # fmt: skip
     # named by one record, shown on both cards
     assert "llamacpp-mtp-m1-max-net-loss-n2" in {
@@ -770,3 +802,29 @@ def test_conflicting_claims_are_named_both_ways_and_checked():
         claims.parse_claims(yaml.safe_dump([{**GOOD, "conflicts": ["nowhere"]}]))
     with pytest.raises(claims.ClaimError, match=r"conflicts: must be a list of claim ids"):
         claims.parse_claims(yaml.safe_dump([{**GOOD, "conflicts": "my-claim"}]))
+
+
+def test_the_stall_rate_is_a_claims_figure_of_its_own():
+    """Issue 37: stalls are counted, never cut: a claim of metric stall_rate (the STUCK-loop claim's)
+    is settled on the share of the arm's runs that stalled (under half their arm's median on the
+    prompt), while the speedup of the same runs stays where the other repeats put it."""
+    assert claim("llamacpp-stuck-speculative-loop-mitigated").metric == "stall_rate"
+    rate_claim = claims.parse_claims(
+        yaml.safe_dump([{**GOOD, "metric": "stall_rate", "verdict": {"rule": "below", "threshold": 0.01}}])
+    )[0]
+    rows = []
+    for m, agent in enumerate(("mini-1", "mini-2", "mini-3")):
+        for p in range(5):
+            stalls = {(p + m) % 3}  # one repeat in three stalls on most prompts: a rate near a third
+            if p == 4:
+                stalls = set()
+            for rep in range(3):
+                common = {"prompt_id": f"p{p}", "repeat": rep}
+                rows.append(row(record(f"j{m}", "baseline", 0, 100.0, **common), agent, "Apple M4 Pro"))
+                tps = 30.0 if rep in stalls else 150.0 + rep
+                rows.append(row(record(f"j{m}", "draft", 2, tps, **common), agent, "Apple M4 Pro"))
+    runs = pd.DataFrame(rows)
+    (out,) = claims.evaluate(rate_claim, fleet_db(runs)).itertuples()
+    assert out.verdict == CONTRADICTED and out.figure == pytest.approx(4 / 15)  # a third on 4 prompts of 5
+    (speed,) = claims.evaluate(claims.parse_claims(yaml.safe_dump([GOOD]))[0], fleet_db(runs)).itertuples()
+    assert speed.figure == pytest.approx(1.505, abs=0.01) and speed.runs == 45  # every pair in, the medians' figure

@@ -464,5 +464,18 @@ def test_the_false_discovery_step_turns_a_lone_marginal_verdict_inconclusive():
     m = out.loc["Chip 00"]
     assert m["verdict"] == inference.REPRODUCED  # the raw verdict, shown beside...
     assert m["adjusted_verdict"] == inference.INCONCLUSIVE  # ...the one that stands
-    assert m["adjusted_p"] == pytest.approx(min(1.0, m["p_value"] * 20)) and m["adjusted_p"] > claims.FDR_Q
+    # Benjamini-Yekutieli (decisions share runs: valid under any dependence): p x 20 x (1 + 1/2 + ... + 1/20)
+    harmonic = sum(1 / i for i in range(1, 21))
+    assert m["adjusted_p"] == pytest.approx(min(1.0, m["p_value"] * 20 * harmonic)) and m["adjusted_p"] > claims.FDR_Q
     assert "false-discovery step over 20 tested decisions" in m["why"]
+
+
+def test_identical_decisions_enter_the_false_discovery_step_once():
+    """The same claim twice (or two claims with one band on the same runs) is one decision: the
+    family does not grow, and both rows get the same adjusted verdict."""
+    marginal = frame(_chip_runs("Chip 00", [0.17, 0.20, 0.23], seed=1))
+    wide = claims.evaluate(_fleet_claim(0.5, 2.0), fleet_db(marginal)).iloc[0]
+    c = _fleet_claim(float(wide["ci_low"]) / 1.003, float(wide["ci_high"]) * 1.003)
+    twice = claims.evaluate_all([c, c], fleet_db(marginal))
+    assert len(twice) == 2 and (twice["adjusted_verdict"] == inference.REPRODUCED).all()
+    assert twice["adjusted_p"].tolist() == pytest.approx([twice["p_value"].iloc[0]] * 2)  # a family of one

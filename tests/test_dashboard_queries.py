@@ -122,13 +122,13 @@ def test_decode_speed_and_the_runs_summary_equal_pandas(synthetic_store, v):
     # Their flags, judged among the repeats of their own arms only, are those judged among every run.
     every = (
         data._db(v)
-        .query(f"SELECT run_id, outlier FROM {speedup.flagged_sql('runs')} ORDER BY seq DESC LIMIT 100")
-        .set_index("run_id")["outlier"]
+        .query(f"SELECT run_id, stall FROM {speedup.flagged_sql('runs')} ORDER BY seq DESC LIMIT 100")
+        .set_index("run_id")["stall"]
     )
-    shown = latest.set_index("run_id")["flags"].str.contains("outlier")
+    shown = latest.set_index("run_id")["flags"].str.contains("stall")
     assert shown.to_dict() == every.to_dict()
     many = data.runs_table(v, data.Filters(), limit=len(runs))
-    assert many["flags"].str.contains("outlier").sum() == data.runs_summary(v, data.Filters())["outlier"]
+    assert many["flags"].str.contains("stall").sum() == data.runs_summary(v, data.Filters())["stall"]
 
 
 MTPLX = "youssofal/qwen3.6-27b-mtplx-optimized-speed"

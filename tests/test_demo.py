@@ -135,8 +135,8 @@ def test_demo_measures_every_arm_on_both_engines(small_demo):
         assert db.execute("SELECT count(DISTINCT engine) FROM runs").fetchone()[0] == 3
         stored = {(r.comparable, r.method, r.depth): r.speedup for r in speedups(db).itertuples()}
         any_load = {(r.comparable, r.method, r.depth): r.speedup for r in speedups(db, ANY_LOAD).itertuples()}
-        outliers = db.execute(
-            f"SELECT {COMPARABLE_ID} AS comparable, method, depth, count(*) FILTER (WHERE outlier)"
+        stalls = db.execute(
+            f"SELECT {COMPARABLE_ID} AS comparable, method, depth, count(*) FILTER (WHERE stall)"
             f" FROM {flagged_sql('runs')} WHERE method != 'verify-cost' GROUP BY ALL"
         ).fetchall()
         # Per sweep with both: whether every greedy baseline of the prompt gave one output (tiny random
@@ -154,7 +154,7 @@ def test_demo_measures_every_arm_on_both_engines(small_demo):
         assert marked == (key not in stored), (key, stdout)
         assert abs(figure - stored.get(key, any_load[key])) <= 0.005, (key, figure, stored, any_load)
     assert ("* from runs judged not nominal" in stdout) == any(m for _, m, _ in figures.values())
-    assert {key: n for key, (_, _, n) in printed.items()} == {(g, m, d): n for g, m, d, n in outliers}
+    assert {key: n for key, (_, _, n) in printed.items()} == {(g, m, d): n for g, m, d, n in stalls}
 
 
 @pytest.mark.timeout(DEMO_SECONDS + 120)

@@ -219,7 +219,7 @@ def test_the_protocol_records_the_divergence_once_per_prompt_and_a_text_sample()
 
 def _stored(method, repeat, tps, **fields) -> dict:
     row = run_record("j1", method, 0 if method == "baseline" else 2, tps, prompt_id="p1", repeat=repeat, **fields)
-    return {**row.row(), "lease_id": "j1-lease-1", "agent_id": "a", "chip": "Apple M4 Pro"}
+    return {**row.row(), "lease_id": "j1-lease-1", "agent_id": "a", "machine_id": "a", "chip": "Apple M4 Pro"}
 
 
 def test_near_tie_pairs_stay_in_the_speedup_and_defects_do_not():
@@ -235,7 +235,7 @@ def test_near_tie_pairs_stay_in_the_speedup_and_defects_do_not():
     con.register("jobs", pd.DataFrame([("j1", 1, "done")], columns=["job_id", "attempt", "state"]))
     out = speedup.speedups(con)
     assert out.speedup[0] == pytest.approx(1.5) and out.pairs[0] == 1
-    counts = con.execute(speedup.outlier_counts_sql("runs")).df()
+    counts = con.execute(speedup.stall_counts_sql("runs")).df()
     assert counts.near_tie_runs.tolist() == [1]
 
 

@@ -90,10 +90,10 @@ def ingest_in_batches(rng: random.Random, scheduler, machine: str, job, runs: li
 
 
 def from_runs(con) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The figures as specfleet/speedup.py computes them from the whole runs table (outliers left out)."""
+    """The figures as specfleet/speedup.py computes them from the whole runs table (stalls included)."""
     arms = con.execute(
         f"SELECT {speedup.COMPARABLE_ID} AS comparable, chip, engine, any_value(target_reference), method, depth,"
-        f" exp(avg(ln(decode_tokens_per_second))) FROM {speedup.inliers_sql('runs')} WHERE method != 'verify-cost'"
+        f" median(decode_tokens_per_second) FROM runs WHERE method != 'verify-cost'"
         " AND env_nominal IS DISTINCT FROM false AND decode_tokens_per_second > 0"
         " GROUP BY comparable, chip, engine, method, depth ORDER BY ALL"
     ).df()

@@ -43,13 +43,19 @@ def test_warmup_per_prompt_stops_when_two_runs_agree_within_5_percent_or_at_the_
     }  # fmt: skip
     generates = [e for e in log if e[0] == "generate"]
     p1, p2 = (FakeEngine([], {}).tokenize(t) for t in ("hello", "world!"))
-    # Each prompt's warm-up comes right before its first measured run, on that prompt.
+    # Each prompt's warm-up comes right before its first measured run, on that prompt reversed
+    # (never the measured request: issue 37), then one unmeasured baseline run on the prompt, the
+    # greedy reference.
     assert [g[1] for g in generates[:8]] == ["baseline"] * 3 + ["draft"] * 2 + ["ngram"] * 3
-    assert all(g[3] == p1 for g in generates[:8])
+    assert all(list(g[3]) == list(reversed(p1)) for g in generates[:8]) and list(p1) != list(reversed(p1))
+    assert generates[8][1] == "baseline" and list(generates[8][3]) == list(p1)
     repeats = rounded_repeats(3, 3)
-    first_p2 = 8 + repeats * 3
-    assert all(g[3] == p2 for g in generates[first_p2 : first_p2 + 6])
-    assert len(generates) == 8 + 6 + 2 * repeats * 3  # no separate reference: the baseline's warm-up is it
+    first_p2 = 9 + repeats * 3
+    assert all(list(g[3]) == list(reversed(p2)) for g in generates[first_p2 : first_p2 + 6])
+    assert list(generates[first_p2 + 6][3]) == list(p2)
+    assert len(generates) == 8 + 6 + 2 + 2 * repeats * 3  # a reference per prompt
+    measured = [g for g in generates if g[1] != "baseline" and list(g[3]) in (list(p1), list(p2))]
+    assert len(measured) == 2 * 2 * repeats  # every arm request of a prompt's own tokens is a measured run
 
 
 def test_measured_runs_follow_the_williams_design_and_paired_runs_are_adjacent():
@@ -72,7 +78,7 @@ def test_measured_runs_follow_the_williams_design_and_paired_runs_are_adjacent()
 def test_cooldown_before_every_measured_run_and_environment_around_each():
     _, log, runs = run(spec(warmup=1, arms=ARMS[:2], repeats=2, cooldown_seconds=1.5))
     generates = [i for i, e in enumerate(log) if e[0] == "generate"]
-    measured = generates[2:6] + generates[8:12]  # each prompt: 2 warm-up runs, then 2 repeats x 2 arms
+    measured = generates[3:7] + generates[10:14]  # each prompt: 2 warm-ups and its reference, then 2 x 2 runs
     assert len(measured) == len(runs) == 2 * 2 * 2
     for i in measured:
         assert log[i - 2] == ("sleep", 1.5) and log[i - 1] == ("sample",) and log[i + 1] == ("sample",)
@@ -275,7 +281,8 @@ def test_server_arms_that_cannot_stay_up_together_still_run_pairs_back_to_back_w
         row = [SERVER_ARMS[i].method for i in williams(3)[repeat % len(williams(3))]]
         got = [r.method for r in runs if r.repeat == repeat and r.prompt_id == "p1"]
         assert got == row
-    p1 = generates[3 : 3 + 2 * 3 * repeats]  # p1's measured runs, each after its own warm-up
+    assert generates[3][1] == "baseline"  # the prompt's greedy reference, unmeasured
+    p1 = generates[4 : 4 + 2 * 3 * repeats]  # p1's measured runs, each after its own warm-up
     assert [g[1] for g in p1[0::2]] == [g[1] for g in p1[1::2]]  # warm-up, then the run, same arm
     assert {r.settings.server_state for r in runs} == {"fresh"}  # blocks are fresh, whatever was asked
     assert {r.warmup_runs for r in runs} == {1}

@@ -122,7 +122,7 @@ def test_markdown_report_plots_and_figures_equal_the_dashboards(fleet, sweeps, d
     group, speedups = table(md, "Speedup over the baseline against draft depth")
     expected = data.speedups(dashboard, data.Filters(comparable=group))
     expected = expected[expected["chip"] == "Apple M5 Max"]  # the studio's sweep holds every M5 Max run
-    columns = ["speedup", "ci_low", "ci_high", "machines", "pairs", "outlier_runs", "near_tie_runs"]
+    columns = ["speedup", "ci_low", "ci_high", "machines", "pairs", "stalled_runs", "stall_rate", "near_tie_runs"]
     same_figures(speedups, expected, ["chip", "method", "depth"], columns)
     assert abs(float(speedups["speedup"][0]) - expected_speedup(fleet[2], "Apple M5 Max", 3)) < 6e-4
 

@@ -79,15 +79,15 @@ def test_a_figure_whose_every_pair_ran_hot_is_there_with_no_machines():
     assert np.isnan(out["speedup"]) and (out["machines"], out["pairs"], out["excluded_pairs"]) == (0, 0, 1)
 
 
-def test_an_outlier_is_out_of_the_dashboards_figure_and_not_counted_as_not_nominal():
-    """Issue 26's run (a 5.4 s decode among repeats of about 0.68 s): out of the speedup and its
-    interval, not among the pairs left out as not nominal (the dashboard counts it as an outlier)."""
+def test_a_stall_is_in_the_dashboards_figure_and_not_counted_as_not_nominal():
+    """Issue 26's run (a 5.4 s decode among repeats of about 0.68 s): in the speedup (the median
+    over the prompt's repeats shrugs it off), not among the pairs left out as not nominal."""
     decode_seconds = [0.68, 0.70, 5.4, 0.66]
     runs = [stored("j1", "a", "baseline", 0, "p1", r, 80.0) for r in range(4)]
     runs += [stored("j1", "a", "draft", 2, "p1", r, 63 / s) for r, s in enumerate(decode_seconds)]
     out = stats.speedups(query_on(pd.DataFrame(runs))[1], "runs").iloc[0]
-    assert out["speedup"] == pytest.approx(63 / 80 / (0.68 * 0.70 * 0.66) ** (1 / 3))
-    assert (out["pairs"], out["excluded_pairs"]) == (3, 0)
+    assert out["speedup"] == pytest.approx(63 / 80 / (0.68 * 0.70) ** (1 / 2))
+    assert (out["pairs"], out["excluded_pairs"]) == (4, 0)
 
 
 def test_a_baseline_never_pairs_across_jobs():
@@ -102,7 +102,7 @@ def test_speedup_intervals_are_the_verdicts_t_interval():
             chip="M4",
             method="draft",
             depth=2,
-            agent_id=["a", "b", "b"],
+            machine_id=["a", "b", "b"],
             prompt_id=["p1", "p1", "p2"],
             log_ratio=np.log([1.0, 4.0, 4.0]),
         )
@@ -162,16 +162,16 @@ def test_summarise_bounds_each_machines_values_and_stays_conservative():
     rng = np.random.default_rng(4)
     machines = [rng.normal(level, 0.2, 5000) for level in (0.9, 1.0, 1.1, 1.05)]
     values = pd.DataFrame(
-        dict(g="x", agent_id=np.repeat(["a", "b", "c", "d"], 5000), prompt_id="p", tps=np.concatenate(machines))
+        dict(g="x", machine_id=np.repeat(["a", "b", "c", "d"], 5000), prompt_id="p", tps=np.concatenate(machines))
     )
     out = stats.summarise(values, by=("g",), column="tps").iloc[0]
     full = stats.bootstrap_ci(machines)  # every value resampled: the exact two-level interval
     assert out["median"] == pytest.approx(np.median(np.concatenate(machines)))  # the figure: every value
     assert out["ci_low"] <= full[0] + 0.002 and out["ci_high"] >= full[1] - 0.002  # as wide, or wider
     assert out["ci_high"] - out["ci_low"] < 1.5 * (full[1] - full[0])  # and not much wider
-    few = values.groupby("agent_id").head(stats.BOOTSTRAP_MAX_VALUES)  # at most k a machine: enter whole
+    few = values.groupby("machine_id").head(stats.BOOTSTRAP_MAX_VALUES)  # at most k a machine: enter whole
     capped = stats.summarise(few, by=("g",), column="tps").iloc[0]
-    whole = stats.bootstrap_ci([g["tps"].to_numpy() for _, g in few.groupby("agent_id")])
+    whole = stats.bootstrap_ci([g["tps"].to_numpy() for _, g in few.groupby("machine_id")])
     assert (capped["ci_low"], capped["ci_high"]) == whole
 
 
@@ -180,7 +180,7 @@ def test_summarise_counts_machines_prompts_runs_and_exclusions():
         dict(
             chip=["M4"] * 5 + ["M1"],
             arm="draft K=2",
-            agent_id=["a", "a", "b", "b", "b", "c"],
+            machine_id=["a", "a", "b", "b", "b", "c"],
             prompt_id=["p1", "p2", "p1", "p1", "p2", "p1"],
             tps=[1.4, 1.6, 1.5, 1.7, 9.0, 0.8],
             degraded=[False, False, False, False, True, False],

@@ -115,6 +115,7 @@ def test_the_reports_server_command_lines_are_one_row_per_arm_and_flags():
             "server_flags": "-fa on --spec-type draft-simple",
             "server_command": f"llama-server -m /m/t.gguf --port {port} -fa on --spec-type draft-simple",
             "agent_id": agent,
+            "machine_id": agent,
         }
         for port, agent in ((8001, "a"), (8002, "a"), (8003, "b"), (8004, "b"))
     ]

@@ -34,7 +34,7 @@ def fleet(seed: int, chips: int = 8, machines: int = 4, prompts: int = 10, sd: d
             unit = rng.normal(0, sd[variance.MACHINE])
             for p in range(prompts):
                 value = 3 + chip[c] + unit + prompt[p] + rng.normal(0, sd[variance.RESIDUAL])
-                rows.append(dict(chip=f"Apple M{c}", agent_id=f"c{c}-m{m}", prompt_id=f"p{p}", value=value))
+                rows.append(dict(chip=f"Apple M{c}", machine_id=f"c{c}-m{m}", prompt_id=f"p{p}", value=value))
     return pd.DataFrame(rows)
 
 
@@ -132,7 +132,7 @@ def test_the_synthetic_fleet_components(synthetic):
     from tests.support.synthetic import CHIPS
 
     values = queries.unit_values(synthetic, queries.Filters())
-    assert values["comparable"].nunique() == 1 and values["agent_id"].nunique() == 8
+    assert values["comparable"].nunique() == 1 and values["machine_id"].nunique() == 8
     table = queries.chip_components(synthetic, queries.Filters(), values)
     assert table["sd"].isna().all() and (table["note"] == variance.NO_SPREAD).all()
     decode = values[(values["figure"] == "decode tok/s") & (values["method"] == "baseline")]
@@ -141,7 +141,7 @@ def test_the_synthetic_fleet_components(synthetic):
     noisy = decode.assign(value=decode["value"] + np.random.default_rng(4).normal(0, 0.01, len(decode)))
     got = variance.components(noisy).set_index("component")
     chips = sorted(decode["chip"].unique())
-    one = decode[decode["agent_id"] == decode["agent_id"].iloc[0]]
+    one = decode[decode["machine_id"] == decode["machine_id"].iloc[0]]
     truth = {
         "chip": float(np.log([0.6 + 0.1 * CHIPS.index(c) for c in chips]).std(ddof=1)),
         "machine": 0.0,
@@ -173,7 +173,7 @@ def simulated():
             rows.append(
                 dict(
                     setting="s", version="llama.cpp=b1", chip=r.chip, method=method, depth=depth,
-                    agent_id=r.agent_id, prompt_id=r.prompt_id, log_tps=r.value + gain,
+                    machine_id=r.machine_id, prompt_id=r.prompt_id, log_tps=r.value + gain,
                     log_acceptance=math.log(0.6) if depth else math.nan, repeats=3, first_seq=0,
                 )
             )  # fmt: skip

@@ -321,6 +321,11 @@ class LlamaServerEngine:
     def _stateful(self, key: tuple) -> bool:
         return any(t in STATEFUL_TYPES for t in spec_types(key[0]))
 
+    def keeps_state(self, arm) -> bool:
+        """Whether the arm's drafter keeps state across requests (STATEFUL_TYPES): the protocol
+        then measures it on a server started for every run (agent/protocol.py)."""
+        return self._stateful(self._key(arm))
+
     # ------------------------------------------------------------------ Engine
 
     def load(self, target: str, draft: str | None = None) -> float:

@@ -47,7 +47,10 @@ for r in data.lossy_runs(v, f).itertuples():
     )
 widgets.server_flags(v, f)
 for column, what in (
-    ("outlier_runs", "outlier run(s) (beyond 3 MADs of their arm's repeats on the prompt) left out of the figures"),
+    (
+        "stalled_runs",
+        "stalled run(s) (under half the median speed of their arm's repeats on the prompt), kept in the figures",
+    ),
     ("near_tie_runs", "run(s) diverged at a near-tie (batch numerics flip two nearly tied tokens): kept, labelled"),
 ):
     if column in speedups and speedups[column].sum():

@@ -25,7 +25,7 @@ flagged = {
     "lossy": "changed the output against their reference: engine defects, in no speedup",
     "near-tie": "diverged at a near-tie (the target's top two tokens closer than batch numerics move them):"
     " kept in the speedups, labelled",
-    "outlier": "are outliers among their arm's repeats on the prompt (beyond 3 MADs): left out of the figures",
+    "stall": "stalled (under half the median speed of their arm's repeats on the prompt): counted, kept in the figures",
     "cannot draft": "ran a drafter whose settings cannot draft within max_new_tokens (drafter_warning)",
     "timings disagree": "were timed more than 5% apart by the client and by the server (timings_disagree)",
     "warm drafter": "started with drafter state inherited from earlier requests (drafter_warm)",

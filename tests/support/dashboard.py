@@ -87,6 +87,7 @@ def row(r: RunRecord, agent: str, chip: str, lease: str | None = None, seq: int 
         "lease_id": lease or f"lease-{r.job_id}",
         "sweep_id": "sweep",
         "agent_id": agent,
+        "machine_id": agent,  # one machine per agent in these fixtures
         "chip": chip,
         "record_sha256": sha(r.to_json()),
         "ingested_at": 1.77e9,
@@ -277,13 +278,14 @@ def seed_fleet(coordinator) -> pd.DataFrame:
 
 def expected_speedup(truth: pd.DataFrame, chip: str, depth: int) -> float:
     """specfleet's speedup worked out independently of the SQL: the log ratio of each nominal
-    pair, its mean over repeats, then over a machine's prompts, then over machines, exponentiated."""
+    pair, its median over repeats, then the mean over a machine's prompts, then over machines,
+    exponentiated."""
     t = truth[(truth["chip"] == chip) & ~truth["degraded"]]
     key = ["agent", "prompt", "repeat"]
     base = t[t["method"] == "baseline"].set_index(key)["tps"]
     arm = t[(t["method"] == "mtp") & (t["depth"] == depth)].set_index(key)["tps"]
     logs = np.log(arm / base.reindex(arm.index)).dropna()
-    per_prompt = logs.groupby(level=["agent", "prompt"]).mean()
+    per_prompt = logs.groupby(level=["agent", "prompt"]).median()
     return float(np.exp(per_prompt.groupby(level="agent").mean().mean()))
 
 

@@ -114,6 +114,7 @@ def _owner(j: str) -> str:
     """The REPLACE items that place a run of job j: job, lease, sweep, agent, chip."""
     return (
         f"{_job(j)} AS job_id, 'lease-' || {j} AS lease_id, {_sweep(j)} AS sweep_id, {_agent(j)} AS agent_id,"
+        f" {_agent(j)} AS machine_id,"
         f" list_extract({list(CHIPS)}, {_machine(j)} % {len(CHIPS)} + 1) AS chip"
     )
 
@@ -146,8 +147,16 @@ def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
                     }  # fmt: skip
                     con.execute(
                         "INSERT INTO agents VALUES (?, ?, ?, ?, '{}', '[]', ?, ?, 'idle', '', NULL, 1.7e9, 1.7e9,"
-                        " nextval('ingest_seq'))",
-                        [f"ag-{a:03d}", f"mac-{a:03d}", f"hash-{a}", json.dumps(fingerprint), chip, 2**35],
+                        " nextval('ingest_seq'), ?)",  # each agent its own machine
+                        [
+                            f"ag-{a:03d}",
+                            f"mac-{a:03d}",
+                            f"hash-{a}",
+                            json.dumps(fingerprint),
+                            chip,
+                            2**35,
+                            f"ag-{a:03d}",
+                        ],
                     )
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "cells.json"

@@ -49,7 +49,7 @@ def per_prompt(
                                 chip=chip,
                                 method=method,
                                 depth=depth,
-                                agent_id=f"{chip[-6:]}-{m}",
+                                machine_id=f"{chip[-6:]}-{m}",
                                 prompt_id=f"p{p}",
                                 log_tps=machine + prompt + gain + change + rng.normal(0, noise_sd),
                                 log_acceptance=math.log(accept) + rng.normal(0, 0.01) if depth else math.nan,
@@ -109,8 +109,9 @@ def stored_runs(fleet: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             rows.append(
                 template
                 | dict(
-                    run_id=f"run-{seq}", job_id=f"job-{r.agent_id}-{r.version}", lease_id="lease", sweep_id="sw",
-                    agent_id=r.agent_id, chip=r.chip, engine_version=r.version, method=r.method, depth=r.depth,
+                    run_id=f"run-{seq}", job_id=f"job-{r.machine_id}-{r.version}", lease_id="lease", sweep_id="sw",
+                    agent_id=r.machine_id, machine_id=r.machine_id, chip=r.chip, engine_version=r.version,
+                    method=r.method, depth=r.depth,
                     prompt_id=r.prompt_id, repeat=repeat, decode_tokens_per_second=tps, tokens_drafted=drafted,
                     tokens_accepted=round(drafted * math.exp(r.log_acceptance)) if r.depth else 0,
                     lossless=True if r.depth else None, env_nominal=True, seq=seq + 1000 * r.first_seq,

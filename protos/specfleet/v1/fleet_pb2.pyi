@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Fingerprint(_message.Message):
-    __slots__ = ("hostname", "os", "os_version", "chip", "gpu_cores", "performance_cores", "efficiency_cores", "memory_bytes", "model_identifier", "memory_bandwidth_bytes_per_second", "gpus", "engine_versions", "unavailable", "cpu_cores")
+    __slots__ = ("hostname", "os", "os_version", "chip", "gpu_cores", "performance_cores", "efficiency_cores", "memory_bytes", "model_identifier", "memory_bandwidth_bytes_per_second", "gpus", "engine_versions", "unavailable", "cpu_cores", "hardware_digest")
     class EngineVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Fingerprint(_message.Message):
     ENGINE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     os: str
     os_version: str
@@ -43,7 +44,8 @@ class Fingerprint(_message.Message):
     engine_versions: _containers.ScalarMap[str, str]
     unavailable: _containers.RepeatedScalarFieldContainer[str]
     cpu_cores: int
-    def __init__(self, hostname: _Optional[str] = ..., os: _Optional[str] = ..., os_version: _Optional[str] = ..., chip: _Optional[str] = ..., gpu_cores: _Optional[int] = ..., performance_cores: _Optional[int] = ..., efficiency_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., model_identifier: _Optional[str] = ..., memory_bandwidth_bytes_per_second: _Optional[float] = ..., gpus: _Optional[_Iterable[str]] = ..., engine_versions: _Optional[_Mapping[str, str]] = ..., unavailable: _Optional[_Iterable[str]] = ..., cpu_cores: _Optional[int] = ...) -> None: ...
+    hardware_digest: str
+    def __init__(self, hostname: _Optional[str] = ..., os: _Optional[str] = ..., os_version: _Optional[str] = ..., chip: _Optional[str] = ..., gpu_cores: _Optional[int] = ..., performance_cores: _Optional[int] = ..., efficiency_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., model_identifier: _Optional[str] = ..., memory_bandwidth_bytes_per_second: _Optional[float] = ..., gpus: _Optional[_Iterable[str]] = ..., engine_versions: _Optional[_Mapping[str, str]] = ..., unavailable: _Optional[_Iterable[str]] = ..., cpu_cores: _Optional[int] = ..., hardware_digest: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "lease_id", "sweep_id", "attempt", "lease_seconds", "spec_json")
