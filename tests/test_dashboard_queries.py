@@ -165,7 +165,7 @@ class _Runs:
         self.con.register("stored", runs)
         self.con.execute(f"CREATE VIEW labelled AS SELECT *, {queries.LABELS} FROM stored")
         flagged = speedup.flagged_sql("labelled")  # the mirror's stored flag (queries.RUN_FLAGS)
-        self.con.execute(f"CREATE VIEW runs AS SELECT * EXCLUDE (outlier_flag), outlier AS outlier_flag FROM {flagged}")
+        self.con.execute(f"CREATE VIEW runs AS SELECT * EXCLUDE (stall_flag), stall AS stall_flag FROM {flagged}")
 
     def query(self, sql, params=None):
         return self.con.execute(sql, params or []).df()
