@@ -155,12 +155,6 @@ RUN_FLAGS = [
 ]
 
 
-def _valid(source: str) -> str:
-    """specfleet.speedup.valid_sql on the mirror: the runs that may enter a figure (of an attempt
-    that counts; stalls included, issue 37)."""
-    return f"(SELECT r.* FROM {source} r WHERE {speedup.counts_sql('r')})"
-
-
 def open_mirror(address: str, token: str, path=None) -> Mirror:
     """A mirror of the coordinator at `address` with the labels the queries read (LABELS), the
     claims' keys (RUN_SYSTEMS) and the runs' stall flags (RUN_FLAGS); not synced yet. The
@@ -284,8 +278,10 @@ def filter_options(db) -> dict[str, list[str]]:
 RUNS_SHOWN = 1000  # the Runs page's table: the latest runs of the selection; downloads hold all
 
 
-def _narrowed(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
-    """selected(f) with verify-cost runs, narrowed to the chips and environment states given."""
+def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
+    """selected(f) with verify-cost runs, narrowed to the chips and environment states given, and
+    each run's `stall` flag, judged among all its arm's repeats before narrowing (stored as the
+    runs arrived: RUN_FLAGS)."""
     source, params = selected(f, generation=False)
     where = []
     if chips:
@@ -294,13 +290,7 @@ def _narrowed(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tu
     if states:
         where.append("list_contains($states::VARCHAR[], nominal)")
         params["states"] = list(states)
-    return f"(SELECT * FROM {source} WHERE {' AND '.join(where) or 'true'})", params
-
-
-def _runs_source(f: Filters, chips: tuple[str, ...], states: tuple[str, ...]) -> tuple[str, dict]:
-    """_narrowed's runs with each run's `stall` flag, judged among all its arm's repeats before
-    narrowing (stored as the runs arrived: RUN_FLAGS)."""
-    narrowed, params = _narrowed(f, chips, states)
+    narrowed = f"(SELECT * FROM {source} WHERE {' AND '.join(where) or 'true'})"
     return f"(SELECT * EXCLUDE (stall_flag), stall_flag AS stall FROM {narrowed})", params
 
 
@@ -702,7 +692,7 @@ def version_per_prompt(db, f: Filters) -> pd.DataFrame:
         " count(*) AS repeats, min(seq) AS first_seq, any_value(system_label) AS system_label,"
         " any_value(engine) AS engine, any_value(model) AS model, any_value(draft_model) AS draft_model,"
         " any_value(prompt_set) AS prompt_set, any_value(context_tokens) AS context_tokens,"
-        f" any_value(sampler) AS sampler FROM {_valid(source)} WHERE decode_tokens_per_second > 0"
+        f" any_value(sampler) AS sampler FROM {speedup.valid_sql(source)} WHERE decode_tokens_per_second > 0"
         " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
         " GROUP BY setting, version, chip, method, depth, machine_id, prompt_id",
         params,
@@ -749,7 +739,7 @@ def unit_values(db, f: Filters) -> pd.DataFrame:
     per_prompt = db.query(
         "SELECT comparable AS setting, '' AS version, chip, method, depth, machine_id, prompt_id,"
         " avg(ln(decode_tokens_per_second)) AS log_tps, NULL::DOUBLE AS log_acceptance, count(*) AS repeats"
-        f" FROM {_valid(source)} WHERE decode_tokens_per_second > 0"
+        f" FROM {speedup.valid_sql(source)} WHERE decode_tokens_per_second > 0"
         " AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
         " GROUP BY setting, chip, method, depth, machine_id, prompt_id",
         params,
