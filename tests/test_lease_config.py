@@ -53,7 +53,7 @@ def test_a_five_second_lease_holds_through_a_long_job(tmp_path, tiny_models):
             "prompt_sets": ["code"],
             "prompts": 2,
             "methods": {"ngram": [3]},
-            "max_new_tokens": 64,
+            "max_new_tokens": 192,
             "warmup": 0,
             "repeats": 4,
         }

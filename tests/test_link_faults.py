@@ -32,7 +32,7 @@ LEASE_SECONDS = 6.0  # the drop outlasts it ten times
 SLOW_SECONDS = 0.5  # added to every chunk after the drop
 
 
-def sweep_doc(name: str, gguf, repeats: int) -> str:
+def sweep_doc(name: str, gguf, repeats: int, tokens: int = 32) -> str:
     return yaml.safe_dump(
         {
             "name": name,
@@ -41,7 +41,7 @@ def sweep_doc(name: str, gguf, repeats: int) -> str:
             "prompt_sets": ["qa"],
             "prompts": 2,
             "methods": {"ngram": [3]},
-            "max_new_tokens": 32,
+            "max_new_tokens": tokens,
             "warmup": 0,
             "repeats": repeats,
         }
@@ -78,7 +78,9 @@ def test_a_60_s_drop_parks_nothing_reruns_nothing_and_a_slow_link_carries(tmp_pa
     try:
         admin = AdminApi(channel(endpoints["grpc"]), admin_credential(data))  # the admin's link is not faulty
         enrol(admin, endpoints["grpc"], proxy.address, config, "on-wifi")
-        sweep_id = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=sweep_doc("drop", tiny_models.gguf_target, 8))).sweep_id
+        sweep_id = admin.SubmitSweep(
+            pb.SubmitSweepRequest(yaml=sweep_doc("drop", tiny_models.gguf_target, 8, tokens=128))
+        ).sweep_id
         status = lambda: admin.GetSweep(pb.GetSweepRequest(sweep_id=sweep_id))  # noqa: E731
         agent = spawn("agent", "run", "--config-dir", str(config), log=log)
         spool = Spool(config / "spool")

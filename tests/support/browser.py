@@ -125,7 +125,13 @@ def options(page, selectbox) -> list[str]:
     selectbox.click()
     listbox = page.locator('[role="listbox"]')
     listbox.wait_for()
-    names = listbox.locator('[role="option"]').all_inner_texts()
+    names, deadline = [], time.monotonic() + 10
+    while time.monotonic() < deadline:  # a loaded machine draws the options a few at a time
+        now = listbox.locator('[role="option"]').all_inner_texts()
+        if now and now == names:
+            break
+        names = now
+        time.sleep(0.5)
     page.keyboard.press("Escape")
     return names
 
