@@ -101,10 +101,9 @@ def test_the_llama_cpp_engine_names_its_backend():
     assert make_engine("llama.cpp").backend() == ("cuda" if cuda else "cpu")
 
 
-@pytest.mark.engine
-def test_a_job_records_backend_and_energy_per_token(tiny_models):
-    model = str(tiny_models.gguf_target)
-    spec = JobSpec(
+def _baseline_job(model: str) -> JobSpec:
+    """One baseline run of one prompt on the tiny llama.cpp target, after one warm-up."""
+    return JobSpec(
         engine="llama.cpp",
         model={"target": model},
         prompt_set="qa",
@@ -116,6 +115,12 @@ def test_a_job_records_backend_and_energy_per_token(tiny_models):
         warmup=1,
         repeats=1,
     )
+
+
+@pytest.mark.engine
+def test_a_job_records_backend_and_energy_per_token(tiny_models):
+    model = str(tiny_models.gguf_target)
+    spec = _baseline_job(model)
     start = time.perf_counter()
     watts50 = energy.Counter("rapl", lambda: 50.0 * (time.perf_counter() - start))
     records: list[RunRecord] = []
@@ -223,18 +228,7 @@ def test_the_split_belongs_to_ioreport_runs():
 def test_a_mac_job_records_ioreport_energy_per_token(tiny_models, zeus):
     """The protocol's path on a Mac: run_job's default meter (energy.detect()) finds IOReport."""
     model = str(tiny_models.gguf_target)
-    spec = JobSpec(
-        engine="llama.cpp",
-        model={"target": model},
-        prompt_set="qa",
-        prompt_category="qa",
-        prompt_set_digest="0" * 64,
-        prompts=(Prompt("p1", "What is speculative decoding?"),),
-        arms=(Arm("baseline"),),
-        max_new_tokens=16,
-        warmup=1,
-        repeats=1,
-    )
+    spec = _baseline_job(model)
     records: list[RunRecord] = []
     run_job(spec, make_engine("llama.cpp"), records.append, "job", 1, identify(resolve(model, []), ""))
     (r,) = records
