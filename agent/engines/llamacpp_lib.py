@@ -11,6 +11,7 @@ A CPU build of that script is static and holds no libllama.so: nothing changes t
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 
@@ -63,11 +64,18 @@ def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     llama-bench's --no-repack / --repack 0), both alike so that their figures stay comparable. False
     where there is no /proc/cpuinfo (a Mac: no AMX; Apple's matrix units are another thing)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = CPUINFO.read_text()
-        except OSError:
-            return False
+        return _this_cpu_has_amx()
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             return "amx_int8" in line.partition(":")[2].split()
     return False
+
+
+@functools.cache
+def _this_cpu_has_amx() -> bool:
+    """cpu_has_amx of this machine's /proc/cpuinfo, read once per process (every model load and
+    server start asks)."""
+    try:
+        return cpu_has_amx(CPUINFO.read_text())
+    except OSError:
+        return False
