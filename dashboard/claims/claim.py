@@ -47,8 +47,6 @@ OWN_CONDITIONS = {
     "version",  # a range, exact versions or a change between versions (specfleet/versions.py)
 }
 DECLARED_CONDITIONS = {s.name: s for s in declared.CONDITIONS if s.name not in OWN_CONDITIONS}
-CONDITION_KEYS = OWN_CONDITIONS | set(DECLARED_CONDITIONS)
-SWEEP_FIELDS = ("target", "draft", "flags", "command", "arm_command", "max_new_tokens")
 # The system under test as runs record it (RunRecord.system): our in-process loops, llama.cpp's
 # own server, or for engine openai the OpenAI-compatible server's own name.
 OURS = "specfleet"

@@ -1,14 +1,29 @@
-"""The ledger file (dashboard/claims.yaml): read and check its records into Claims; a
-ClaimError names every faulty field."""
+"""The ledger file (dashboard/claims.yaml) as a pydantic 2 model, read into Claims.
+
+Each record is a `ClaimRecord`: strict types (an integer is never a string or a bool), `Literal`s
+for the engines, metrics, rules and prompt categories, pydantic's `Field` bounds for counts, and
+an unknown key refused at every level. The rules between fields are model validators: a
+`Conditions` checks its system and method against its engine, a `VerdictFields` its band, a
+`ClaimRecord` what needs the whole record (the metric against the rule and the version, the
+depth a claim needs, the sweep's fields against the engine). A model validator runs once its
+own fields are sound, and names every rule it finds broken (`_broken`), each under its field.
+
+`parse_claims` reads every record and raises one ClaimError naming every problem of the file:
+`claims[3] (mtplx-2-3x).conditions.depth: <why> (line 112)`, the line found from the YAML node
+tree (`yaml.compose`) by the problem's field path. The values a Claim holds are the file's as
+given (a YAML 2 stays 2, never 2.0: the generated sweep writes them back).
+"""
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import pydantic
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator
+from pydantic_core import PydanticCustomError
 
 from dashboard.claims.claim import (
     DECLARED_CONDITIONS,
@@ -19,17 +34,15 @@ from dashboard.claims.claim import (
     MIN_MACHINES_NAMED_CHIP,
     MIN_PROMPTS,
     OURS,
-    OWN_CONDITIONS,
     RULE_FIELDS,
     RULE_METRICS,
     SAMPLER_KEYS,
     SERVER_PRESETS,
-    SWEEP_FIELDS,
     Claim,
     Rule,
     _as_list,
 )
-from specfleet import versions
+from specfleet import schemas, versions
 from specfleet.record import (
     ENGINE_METHODS,
     ENGINES,
@@ -41,12 +54,10 @@ from specfleet.record import (
     is_speculative,
     least_depth,
 )
-from specfleet.schemas import setting_problem
 
 LEDGER = Path(__file__).parents[1] / "claims.yaml"
-CLAIM_KEYS = {"id", "statement", "source", "conditions", "metric", "expected", "verdict", "sweep", "note", "conflicts"}
-CONDITION_KEYS = OWN_CONDITIONS | set(DECLARED_CONDITIONS)
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+CONFIG = ConfigDict(extra="forbid", strict=True)
+MAX_NEW_TOKENS = 16384
 
 
 class ClaimError(ValueError):
@@ -55,293 +66,476 @@ class ClaimError(ValueError):
         self.problems = problems
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+# ---------------------------------------------------------------- field types
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _worded(message: str) -> WrapValidator:
+    """Any fault of the field named in one sentence of ours (`message`), not pydantic's own."""
+
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            schemas.refuse("worded", message)
+
+    return WrapValidator(check)
 
 
-def _band(v: dict) -> tuple[float, float]:
-    if v["rule"] == "above":
-        return float(v["threshold"]), math.inf
-    if v["rule"] == "below":
-        return 0.0, float(v["threshold"])
-    if v["rule"] == "none_measured":
-        return 0.0, 0.0
-    return float(v["low"]), float(v["high"])
+def _that(test, message: str) -> AfterValidator:
+    """A value `test` holds for; `message` otherwise."""
+
+    def check(value):
+        if not test(value):
+            schemas.refuse("worded", message)
+        return value
+
+    return AfterValidator(check)
 
 
-def _check(i: int, rec: Any, problems: list[str]) -> Claim | None:
-    where = f"claims[{i}]"
-    if not isinstance(rec, dict):
-        problems.append(f"{where}: must be a mapping of claim fields")
-        return None
-    if isinstance(rec.get("id"), str):
-        where = f"claims[{i}] ({rec['id']})"
-    before = len(problems)
+def _one_or_many(tp, message: str | None = None):
+    """A value of `tp` or a list of them, kept as given (the claim selects on every item): a
+    faulty item named by `message`, or by its own problem."""
+    adapter = pydantic.TypeAdapter(tp, config=CONFIG)
 
-    def fail(name: str, why: str) -> None:
-        problems.append(f"{where}.{name}: {why}")
+    def check(value):
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                schemas.refuse("worded", message or "must not be null")
+            try:
+                adapter.validate_python(item)
+            except ValidationError as e:
+                schemas.refuse("worded", message or schemas.why(e.errors(include_url=False)[0]).removeprefix(": "))
+        return value
 
-    for key in sorted(set(rec) - CLAIM_KEYS, key=str):
-        fail(key, f"unknown field (allowed: {', '.join(sorted(CLAIM_KEYS))})")
-    if not isinstance(rec.get("id"), str) or not ID_RE.match(rec["id"]):
-        fail("id", "is required: lower-case letters, digits, '_', '.', '-'")
-    for name in ("statement", "metric"):
-        if not isinstance(rec.get(name), str) or not rec[name].strip():
-            fail(name, "is required: a non-empty string")
-    if not isinstance(rec.get("expected"), (str, int, float)) or isinstance(rec.get("expected"), bool):
-        fail("expected", "is required: the figure or range as the source gives it")
-    source = rec.get("source")
-    if not isinstance(source, dict) or not all(isinstance(source.get(k), str) for k in ("file", "section")):
-        fail("source", "is required: a mapping with file and section (and quote)")
-    if isinstance(rec.get("metric"), str) and rec["metric"] not in METRICS:
-        fail("metric", f"unknown metric {rec['metric']!r} (known: {', '.join(METRICS)})")
+    return Annotated[Any, AfterValidator(check)]
 
-    cond = rec.get("conditions")
-    if not isinstance(cond, dict):
-        fail("conditions", "is required: a mapping of engine, system, method, models, chip, depth, sampler")
-        cond = {}
-    for key in sorted(set(cond) - CONDITION_KEYS, key=str):
-        hint = {
-            "model_family": " (models are named by exact reference: use models or digests)",
-            "implementation": " (the system under test is `system`, as runs record it, with its engine and method)",
-        }.get(key, "")
-        fail(f"conditions.{key}", f"unknown field (allowed: {', '.join(sorted(CONDITION_KEYS))}){hint}")
-    engine = cond.get("engine")
-    if engine not in ENGINES:
-        fail("conditions.engine", f"is required: one of {', '.join(ENGINES)}")
-    system = _check_system(engine, cond.get("system"), fail)
-    method = cond.get("method")
-    if engine in ENGINES and (
-        not isinstance(method, str) or method in ("baseline", VERIFY_COST) or not is_method(engine, method)
-    ):
-        known = ", ".join(m for m in ENGINE_METHODS[engine] if m != "baseline")
-        lists = " or a comma list of them" if engine == LLAMA_SERVER else ""
-        fail("conditions.method", f"is required: a method engine {engine} runs ({known}){lists}, got {method!r}")
-    for name in ("quantisation", "architecture", "chip", "prompt_set"):
-        if cond.get(name) is not None and (not isinstance(cond[name], str) or not cond[name].strip()):
-            fail(f"conditions.{name}", "must be a non-empty string or null")
-    if cond.get("version") is not None and (why := versions.condition_problem(cond["version"])):
-        fail("conditions.version", why)
-    elif versions.is_change(cond.get("version")) and rec.get("metric") not in versions.CHANGE_FIGURES:
-        fail("metric", f"a change between versions is settled on {' or '.join(versions.CHANGE_FIGURES)}")
-    chip = cond.get("chip")
-    if isinstance(chip, str) and "*" in chip[:-1]:
-        fail("conditions.chip", "an exact chip name, or a prefix ending in '*' (Apple*)")
-    models = cond.get("models")
-    if models is not None and (
-        not isinstance(models, list) or not models or not all(isinstance(m, str) and m.strip() for m in models)
-    ):
-        fail("conditions.models", "must be a list of exact model references (Hugging Face ids or file names)")
-    elif models and any("/" in m and m.count("/") > 1 or m.startswith(("/", "~", ".")) for m in models):
-        fail("conditions.models", "a reference is a Hugging Face id (org/name) or a file name, never a path")
-    digests = cond.get("digests")
-    if digests is not None and (
-        not isinstance(digests, list)
-        or not digests
-        or not all(isinstance(d, str) and SHA256_RE.match(d) for d in digests)
-    ):
-        fail("conditions.digests", "must be a list of SHA-256 digests (64 lower-case hex digits)")
-    categories = _as_list(cond.get("prompt_category"))
-    if not all(c in PROMPT_CATEGORIES for c in categories):
-        fail("conditions.prompt_category", f"must be one of {', '.join(PROMPT_CATEGORIES)} or a list of them")
-    contexts = _as_list(cond.get("context_tokens"))
-    if not all(_is_int(c) and c >= 0 for c in contexts):
-        fail("conditions.context_tokens", "must be a token count >= 0 or a list of them")
-    depths = _as_list(cond.get("depth"))
-    if (depths or rec.get("metric") != "runs") and (
-        not depths or not all(_is_int(d) and 0 <= d <= MAX_DEPTH for d in depths)
-    ):
-        fail(
-            "conditions.depth",
-            f"is required: a draft depth 0-{MAX_DEPTH} or a list of them (a claim of metric runs may leave it out)",
-        )
-    elif isinstance(method, str) and is_speculative(method) and 0 in depths and least_depth(engine, method) > 0:
-        fail("conditions.depth", f"a {method} run records a depth 1-{MAX_DEPTH}: depth 0 selects none")
-    for name, setting in DECLARED_CONDITIONS.items():
-        values = _as_list(cond.get(name))
-        why = next(
-            (
-                setting_problem(setting, v) or "must not be null"
-                for v in values
-                if v is None or setting_problem(setting, v)
-            ),
-            None,
-        )
-        if why:
-            fail(f"conditions.{name}", why)
-    sampler = cond.get("sampler", {})
-    if not isinstance(sampler, dict):
-        fail("conditions.sampler", f"must be a mapping of {', '.join(SAMPLER_KEYS)}")
-        sampler = {}
-    for key, value in sampler.items():
-        if key not in SAMPLER_KEYS:
-            fail(f"conditions.sampler.{key}", f"unknown field (allowed: {', '.join(SAMPLER_KEYS)})")
-        elif not _is_number(value):
-            fail(f"conditions.sampler.{key}", f"must be a number, got {value!r}")
 
-    v = rec.get("verdict")
-    rule = None
-    if not isinstance(v, dict) or v.get("rule") not in RULE_FIELDS:
-        fail("verdict.rule", f"is required: one of {', '.join(RULE_FIELDS)}")
-    else:
-        allowed = {"rule", "low", "high", "threshold", "min_machines", "min_runs", "min_prompts"}
-        for key in sorted(set(v) - allowed, key=str):
-            fail(f"verdict.{key}", "unknown field")
-        for name in RULE_FIELDS[v["rule"]]:
-            if not _is_number(v.get(name)):
-                fail(f"verdict.{name}", f"is required for rule {v['rule']}: a number")
-        if v["rule"] in RULE_METRICS and rec.get("metric") not in RULE_METRICS[v["rule"]]:
-            fail("verdict.rule", f"{v['rule']} needs metric {' or '.join(RULE_METRICS[v['rule']])}")
-        if v["rule"] not in RULE_METRICS and rec.get("metric") in ("best_depth", "runs"):
-            fail("verdict.rule", f"metric {rec['metric']} needs rule best_depth_in or none_measured")
-        low, high = v.get("low"), v.get("high")
-        if _is_number(low) and _is_number(high):
-            if v["rule"] == "range" and not 0 <= low < high:
-                fail("verdict.low", f"must lie in [0, verdict.high) ({high})")
-            if v["rule"] == "best_depth_in" and low > high:
-                fail("verdict.low", f"must not exceed verdict.high ({high})")
-        if v["rule"] in ("above", "below") and _is_number(v.get("threshold")):
-            if v["threshold"] < 0 or (v["rule"] == "below" and v["threshold"] == 0):
-                fail("verdict.threshold", "must be a ratio > 0")
-        named_chip = isinstance(chip, str) and not chip.endswith("*")
-        least = {
-            "min_machines": MIN_MACHINES_NAMED_CHIP if named_chip else MIN_MACHINES_FLEET,
-            "min_prompts": MIN_PROMPTS,
-            "min_runs": 1,
-        }
-        for name, floor in least.items():
-            if name in v and (not _is_int(v[name]) or v[name] < floor):
-                why = (
-                    "must be a positive integer"
-                    if floor == 1
-                    else (
-                        f"must be an integer >= {floor}: fewer gives wrong verdicts more often than the nominal 2.5%"
-                        " (bench/verdicts.py)"
-                    )
-                )
-                fail(f"verdict.{name}", why)
-        if len(problems) == before:
-            rule = Rule(v["rule"], *_band(v), **{name: v.get(name, floor) for name, floor in least.items()})
-    sweep = rec.get("sweep", {})
-    if not isinstance(sweep, dict):
-        fail("sweep", f"must be a mapping of {', '.join(SWEEP_FIELDS)}")
-        sweep = {}
-    _check_sweep(sweep, engine, system, method, fail, depths)
-    if rec.get("note") is not None and not isinstance(rec["note"], str):
-        fail("note", "must be a string")
-    conflicts = rec.get("conflicts", [])
-    if not isinstance(conflicts, list) or not all(isinstance(x, str) and ID_RE.match(x) for x in conflicts):
-        fail("conflicts", "must be a list of claim ids (the claims the seeds hold against this one)")
-        conflicts = []
-    if len(problems) != before or rule is None:
-        return None
-    return Claim(
-        id=rec["id"],
-        statement=rec["statement"].strip(),
-        source=source,
-        conditions={**cond, "system": system, "sampler": sampler},
-        metric=rec["metric"],
-        expected=str(rec["expected"]),
-        rule=rule,
-        sweep=sweep,
-        note=(rec.get("note") or "").strip(),
-        conflicts=tuple(conflicts),
+Text = Annotated[str, _that(str.strip, "must be a non-empty string")]
+Number = Annotated[schemas.Int | schemas.Float, _worded("must be a number")]
+Slug = Annotated[str, _that(ID_RE.match, "is required: lower-case letters, digits, '_', '.', '-'")]
+
+
+def _is_reference(m: str) -> bool:
+    return not (m.count("/") > 1 or m.startswith(("/", "~", ".")))
+
+
+Models = Annotated[
+    list[Text],
+    Field(min_length=1),
+    _worded("must be a list of exact model references (Hugging Face ids or file names)"),
+    _that(
+        lambda ms: all(map(_is_reference, ms)),
+        "a reference is a Hugging Face id (org/name) or a file name, never a path",
+    ),
+]
+Digests = Annotated[
+    list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]],
+    Field(min_length=1),
+    _worded("must be a list of SHA-256 digests (64 lower-case hex digits)"),
+]
+Chip = Annotated[Text, _that(lambda c: "*" not in c[:-1], "an exact chip name, or a prefix ending in '*' (Apple*)")]
+DEPTHS = f"is required: a draft depth 0-{MAX_DEPTH} or a list of them (a claim of metric runs may leave it out)"
+Depths = _one_or_many(Annotated[int, Field(ge=0, le=MAX_DEPTH)], DEPTHS)
+Categories = _one_or_many(
+    Literal[PROMPT_CATEGORIES], f"must be one of {', '.join(PROMPT_CATEGORIES)} or a list of them"
+)
+Contexts = _one_or_many(Annotated[int, Field(ge=0)], "must be a token count >= 0 or a list of them")
+
+
+def _version_problem(value):
+    if value is not None and (why := versions.condition_problem(value)):
+        schemas.refuse("worded", why)
+    return value
+
+
+def _floor_words(floor: int) -> str:
+    if floor == 1:
+        return "must be a positive integer"
+    return (
+        f"must be an integer >= {floor}: fewer gives wrong verdicts more often than the nominal 2.5%"
+        " (bench/verdicts.py)"
     )
 
 
-def _check_system(engine, system, fail) -> str | None:
-    """The claim's system, as runs of its engine record it: our in-process engines' runs are
-    "specfleet", llama-server's "llama-server" (both may be left out), an OpenAI-compatible
-    server's its own name (required)."""
-    if system is not None and (not isinstance(system, str) or not system.strip()):
-        fail("conditions.system", "must be the system's name as its runs record it")
-        return None
-    if engine in IN_PROCESS_ENGINES:
-        if system not in (None, OURS):
-            fail(
-                "conditions.system",
-                f"engine {engine} runs specfleet's own in-process loops, system {OURS!r}, never {system!r}"
-                " (a claim about another system names the engine its runs record: llama-server or openai)",
-            )
-        return OURS
-    if engine == LLAMA_SERVER:
-        if system not in (None, LLAMA_SERVER):
-            fail("conditions.system", f"engine llama-server's runs are system 'llama-server', never {system!r}")
-        return LLAMA_SERVER
-    if engine == "openai":
-        if system is None:
-            fail(
-                "conditions.system",
-                "is required for engine openai: the OpenAI-compatible server's name as its runs record it"
-                " (MTPLX, OptiQ, oMLX, mlx_lm.server, ...)",
-            )
-        elif system in (OURS, LLAMA_SERVER):
-            fail("conditions.system", f"{system!r} is not an OpenAI-compatible server's name (engine openai)")
-        return system
-    return None
+def _floor(floor: int) -> AfterValidator:
+    """An integer count of at least `floor`: fewer machines or prompts give wrong verdicts more
+    often than the nominal rate."""
+    return _that(lambda n: n >= floor, _floor_words(floor))
 
 
-def _check_sweep(sweep: dict, engine, system, method, fail, depths=()) -> None:
-    """The claim's sweep fields: model paths, llama-server flags, an OpenAI-compatible
-    server's command templates (required where SERVER_PRESETS has none, and setting the claim's
-    depth: a command without {depth} would run the server's own depth under the claim's K),
-    max_new_tokens."""
-    for key in sorted(set(sweep) - set(SWEEP_FIELDS), key=str):
-        fail(f"sweep.{key}", f"unknown field (allowed: {', '.join(SWEEP_FIELDS)})")
-    for key in ("target", "draft", "flags", "command", "arm_command"):
-        if key in sweep and (not isinstance(sweep[key], str) or not sweep[key].strip()):
-            fail(f"sweep.{key}", "must be a non-empty string")
-    tokens = sweep.get("max_new_tokens", 1)
-    if not _is_int(tokens) or not 1 <= tokens <= 16384:
-        fail("sweep.max_new_tokens", "must be a token count 1-16384")
-    if "flags" in sweep and engine != LLAMA_SERVER:
-        fail("sweep.flags", "llama-server's flags apply to engine llama-server (openai: sweep.command, arm_command)")
+def _broken(found: list[tuple[tuple, str]]) -> None:
+    """Raise every broken rule of a model validator at once, each under its field (loc, why)."""
+    if found:
+        raise PydanticCustomError("rules", "{count} rule(s) broken", {"count": len(found), "found": found})
+
+
+# ---------------------------------------------------------------- the record's parts
+
+
+class SourceFields(BaseModel):
+    model_config = CONFIG
+    file: str
+    section: str
+    quote: str | None = None
+
+
+SamplerFields = pydantic.create_model(
+    "SamplerFields", __config__=CONFIG, **{key: (Number | None, None) for key in SAMPLER_KEYS}
+)
+# Every declared setting a claim may select on (specfleet/settings.py `condition`): a value or a
+# list of values, each checked against the setting's own generated annotation.
+_DeclaredConditions = pydantic.create_model(
+    "DeclaredConditions",
+    __config__=CONFIG,
+    **{
+        name: (_one_or_many(schemas.setting_type(s, optional=False)) | None, None)
+        for name, s in DECLARED_CONDITIONS.items()
+    },
+)
+
+
+def system_problem(engine: str, system: str | None) -> str:
+    """Why a claim's system is not one runs of `engine` record ("" when it is)."""
+    if engine in IN_PROCESS_ENGINES and system not in (None, OURS):
+        return (
+            f"engine {engine} runs specfleet's own in-process loops, system {OURS!r}, never {system!r}"
+            " (a claim about another system names the engine its runs record: llama-server or openai)"
+        )
+    if engine == LLAMA_SERVER and system not in (None, LLAMA_SERVER):
+        return f"engine llama-server's runs are system 'llama-server', never {system!r}"
+    if engine == "openai" and system is None:
+        return (
+            "is required for engine openai: the OpenAI-compatible server's name as its runs record it"
+            " (MTPLX, OptiQ, oMLX, mlx_lm.server, ...)"
+        )
+    if engine == "openai" and system in (OURS, LLAMA_SERVER):
+        return f"{system!r} is not an OpenAI-compatible server's name (engine openai)"
+    return ""
+
+
+class Conditions(_DeclaredConditions):
+    """The runs a claim is about (the ledger's header says what each field selects)."""
+
+    engine: Literal[ENGINES]
+    system: Annotated[Text, _worded("must be the system's name as its runs record it")] | None = None
+    method: str
+    models: Models | None = None
+    digests: Digests | None = None
+    quantisation: Text | None = None
+    architecture: Text | None = None
+    chip: Chip | None = None
+    depth: Depths | None = None
+    sampler: SamplerFields = SamplerFields()
+    prompt_category: Categories | None = None
+    prompt_set: Text | None = None
+    context_tokens: Contexts | None = None
+    version: Annotated[Any, AfterValidator(_version_problem)] = None
+
+    @property
+    def resolved_system(self) -> str:
+        """The system as runs of the engine record it: specfleet for our loops and llama-server
+        for llama.cpp's server (either may be left out), an OpenAI-compatible server's own name."""
+        return {LLAMA_SERVER: LLAMA_SERVER}.get(self.engine, OURS) if self.system is None else self.system
+
+    @pydantic.model_validator(mode="after")
+    def _runs_can_record_it(self):
+        found = []
+        if why := system_problem(self.engine, self.system):
+            found.append((("system",), why))
+        if self.method in ("baseline", VERIFY_COST) or not is_method(self.engine, self.method):
+            known = ", ".join(m for m in ENGINE_METHODS[self.engine] if m != "baseline")
+            lists = " or a comma list of them" if self.engine == LLAMA_SERVER else ""
+            found.append(
+                (
+                    ("method",),
+                    f"is required: a method engine {self.engine} runs ({known}){lists}, got {self.method!r}",
+                )
+            )
+        elif is_speculative(self.method) and 0 in _as_list(self.depth) and least_depth(self.engine, self.method) > 0:
+            found.append((("depth",), f"a {self.method} run records a depth 1-{MAX_DEPTH}: depth 0 selects none"))
+        _broken(found)
+        return self
+
+
+class VerdictFields(BaseModel):
+    """The rule that settles a claim, its tolerance band and what a verdict needs."""
+
+    model_config = CONFIG
+    rule: Literal[tuple(RULE_FIELDS)]
+    low: Number | None = None
+    high: Number | None = None
+    threshold: Number | None = None
+    min_machines: Annotated[int, _floor(min(MIN_MACHINES_NAMED_CHIP, MIN_MACHINES_FLEET))] | None = None
+    min_prompts: Annotated[int, _floor(MIN_PROMPTS)] = MIN_PROMPTS
+    min_runs: Annotated[int, _floor(1)] = 1
+
+    @pydantic.model_validator(mode="after")
+    def _band_holds(self):
+        found = [
+            ((name,), f"is required for rule {self.rule}: a number")
+            for name in RULE_FIELDS[self.rule]
+            if getattr(self, name) is None
+        ]
+        low, high, threshold = self.low, self.high, self.threshold
+        if low is not None and high is not None:
+            if self.rule == "range" and not 0 <= low < high:
+                found.append((("low",), f"must lie in [0, verdict.high) ({high})"))
+            if self.rule == "best_depth_in" and low > high:
+                found.append((("low",), f"must not exceed verdict.high ({high})"))
+        if self.rule in ("above", "below") and threshold is not None:
+            if threshold < 0 or (self.rule == "below" and threshold == 0):
+                found.append((("threshold",), "must be a ratio > 0"))
+        _broken(found)
+        return self
+
+    def band(self) -> tuple[float, float]:
+        if self.rule == "above":
+            return float(self.threshold), math.inf
+        if self.rule == "below":
+            return 0.0, float(self.threshold)
+        if self.rule == "none_measured":
+            return 0.0, 0.0
+        return float(self.low), float(self.high)
+
+
+class SweepFields(BaseModel):
+    """What the generated sweep needs beyond the conditions (dashboard/claims/sweeps.py)."""
+
+    model_config = CONFIG
+    target: Text = None
+    draft: Text = None
+    flags: Text = None
+    command: Text = None
+    arm_command: Text = None
+    max_new_tokens: Annotated[
+        int, Field(ge=1, le=MAX_NEW_TOKENS), _worded(f"must be a token count 1-{MAX_NEW_TOKENS}")
+    ] = 256
+
+
+def sweep_problems(sweep: SweepFields, c: Conditions) -> list[tuple[tuple, str]]:
+    """The sweep's fields against the claim's system: llama-server's flags on llama-server, an
+    OpenAI-compatible server's command templates on openai (required where SERVER_PRESETS has
+    none, and setting the claim's depth: a command without {depth} would run the server's own
+    depth under the claim's K)."""
+    given = sweep.model_fields_set
+    found = []
+    if "flags" in given and c.engine != LLAMA_SERVER:
+        found.append(
+            (
+                ("sweep", "flags"),
+                "llama-server's flags apply to engine llama-server (openai: sweep.command, arm_command)",
+            )
+        )
     for key in ("command", "arm_command"):
-        if key in sweep and engine != "openai":
-            fail(f"sweep.{key}", "an OpenAI-compatible server's command template applies to engine openai")
-    if engine == "openai" and isinstance(system, str) and isinstance(method, str):
-        preset = SERVER_PRESETS.get(system, {})
+        if key in given and c.engine != "openai":
+            found.append((("sweep", key), "an OpenAI-compatible server's command template applies to engine openai"))
+    if c.engine != "openai":
+        return found
+    system, method = c.resolved_system, c.method
+    preset = SERVER_PRESETS.get(system, {})
+    if "command" not in given and "baseline" not in preset:
         known = ", ".join(SERVER_PRESETS)
-        if "command" not in sweep and "baseline" not in preset:
-            fail("sweep.command", f"is required: no command is known for {system} (known: {known}); a template")
-        if "arm_command" not in sweep and method not in preset:
-            fail("sweep.arm_command", f"is required: no {method} command is known for {system}; a template")
-        arm = sweep.get("arm_command") or preset.get(method)
-        if depths and isinstance(arm, str) and "{depth}" not in arm:
-            fail(
-                "conditions.depth",
+        found.append(
+            (("sweep", "command"), f"is required: no command is known for {system} (known: {known}); a template")
+        )
+    if "arm_command" not in given and method not in preset:
+        found.append((("sweep", "arm_command"), f"is required: no {method} command is known for {system}; a template"))
+    arm = sweep.arm_command or preset.get(method)
+    if _as_list(c.depth) and arm is not None and "{depth}" not in arm:
+        found.append(
+            (
+                ("conditions", "depth"),
                 f"{system}'s {method} command sets no depth ({arm!r} has no {{depth}}): its runs would record K"
                 f" while {system} runs its own depth; give sweep.arm_command with {{depth}}, or list the claim in"
                 " docs/claims.md until the server's depth option is known",
             )
+        )
+    return found
+
+
+class ClaimRecord(BaseModel):
+    """One record of the ledger: a claim, where it comes from, the runs it is about and the rule
+    that settles it."""
+
+    model_config = CONFIG
+    id: Slug
+    statement: Text
+    source: SourceFields
+    conditions: Conditions
+    metric: Literal[METRICS]
+    expected: Annotated[str | int | float, _worded("is required: the figure or range as the source gives it")]
+    verdict: VerdictFields
+    sweep: SweepFields = SweepFields()
+    note: str | None = None
+    conflicts: Annotated[
+        list[Slug], _worded("must be a list of claim ids (the claims the seeds hold against this one)")
+    ] = []
+
+    @property
+    def named_chip(self) -> bool:
+        chip = self.conditions.chip
+        return chip is not None and not chip.endswith("*")
+
+    @property
+    def min_machines(self) -> int:
+        """The machines per chip a verdict needs: the record's, or the least for its chip."""
+        least = MIN_MACHINES_NAMED_CHIP if self.named_chip else MIN_MACHINES_FLEET
+        return least if self.verdict.min_machines is None else self.verdict.min_machines
+
+    @pydantic.model_validator(mode="after")
+    def _parts_agree(self):
+        found = []
+        metric, rule, c = self.metric, self.verdict.rule, self.conditions
+        if versions.is_change(c.version) and metric not in versions.CHANGE_FIGURES:
+            found.append(
+                (("metric",), f"a change between versions is settled on {' or '.join(versions.CHANGE_FIGURES)}")
+            )
+        depths = _as_list(c.depth)
+        if not depths and metric != "runs":
+            found.append((("conditions", "depth"), DEPTHS))
+        if rule in RULE_METRICS and metric not in RULE_METRICS[rule]:
+            found.append((("verdict", "rule"), f"{rule} needs metric {' or '.join(RULE_METRICS[rule])}"))
+        if rule not in RULE_METRICS and metric in ("best_depth", "runs"):
+            found.append((("verdict", "rule"), f"metric {metric} needs rule best_depth_in or none_measured"))
+        least = MIN_MACHINES_NAMED_CHIP if self.named_chip else MIN_MACHINES_FLEET
+        if self.min_machines < least:
+            found.append((("verdict", "min_machines"), _floor_words(least)))
+        _broken(found + sweep_problems(self.sweep, c))
+        return self
+
+    def claim(self, raw: dict) -> Claim:
+        """The Claim of this record; `raw` is the record as the file gives it, whose values the
+        claim keeps as given."""
+        cond = raw["conditions"]
+        return Claim(
+            id=self.id,
+            statement=self.statement.strip(),
+            source=raw["source"],
+            conditions={**cond, "system": self.conditions.resolved_system, "sampler": cond.get("sampler", {})},
+            metric=self.metric,
+            expected=str(self.expected),
+            rule=Rule(
+                self.verdict.rule,
+                *self.verdict.band(),
+                min_machines=self.min_machines,
+                min_prompts=self.verdict.min_prompts,
+                min_runs=self.verdict.min_runs,
+            ),
+            sweep=raw.get("sweep", {}),
+            note=(self.note or "").strip(),
+            conflicts=tuple(self.conflicts),
+        )
+
+
+# ---------------------------------------------------------------- problems, by line
+
+# Hints for a key the ledger once had.
+_RENAMED = {
+    "model_family": " (models are named by exact reference: use models or digests)",
+    "implementation": " (the system under test is `system`, as runs record it, with its engine and method)",
+}
+_PARTS = {
+    (): ClaimRecord,
+    ("source",): SourceFields,
+    ("conditions",): Conditions,
+    ("conditions", "sampler"): SamplerFields,
+    ("verdict",): VerdictFields,
+    ("sweep",): SweepFields,
+}
+
+
+def _errors(error: ValidationError) -> list[tuple[tuple, str]]:
+    """Each problem of a record's validation as (field path, why), a model validator's broken
+    rules each under its own field, an unknown key with the keys allowed there."""
+    out = []
+    for e in error.errors(include_url=False):
+        loc = tuple(e["loc"])
+        if e["type"] == "rules":
+            out += [(loc + tuple(sub), f": {why}") for sub, why in e["ctx"]["found"]]
+            continue
+        why = schemas.why(e)
+        if e["type"] == "extra_forbidden" and loc[:-1] in _PARTS:
+            allowed = ", ".join(sorted(_PARTS[loc[:-1]].model_fields))
+            why += f" (allowed: {allowed}){_RENAMED.get(str(loc[-1]), '') if loc[:-1] == ('conditions',) else ''}"
+        out.append((loc, why))
+    return out
+
+
+def _line(node: yaml.Node, loc: tuple) -> int:
+    """The line a field path starts on in the composed YAML: of its key or item, or, for a part
+    that is not there, of the nearest enclosing one that is."""
+    line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        elif isinstance(node, yaml.MappingNode):
+            pair = next(
+                (kv for kv in node.value if isinstance(kv[0], yaml.ScalarNode) and kv[0].value == str(part)), None
+            )
+            if pair is None:
+                break
+            line, node = pair[0].start_mark.line + 1, pair[1]
+        else:
+            break
+    return line
+
+
+def _read(text: str) -> tuple[Any, yaml.Node | None]:
+    """The file's records and its node tree (for lines)."""
+    try:
+        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError as e:
+        raise ClaimError([f"file: not valid YAML ({str(e).splitlines()[0]})"]) from None
+
+
+def _record(i: int, rec: Any, tree: yaml.Node) -> tuple[Claim | None, list[str]]:
+    """One record as a Claim, or the problems that keep it from being one."""
+    if not isinstance(rec, dict):
+        return None, [f"claims[{i}]: must be a mapping of claim fields (line {_line(tree, (i,))})"]
+    where = f"claims[{i}]" + (f" ({rec['id']})" if isinstance(rec.get("id"), str) else "")
+    try:
+        record = ClaimRecord.model_validate(rec)
+    except ValidationError as e:
+        return None, [f"{schemas.where_of(loc, where)}{why} (line {_line(tree, (i, *loc))})" for loc, why in _errors(e)]
+    return record.claim(rec), []
+
+
+def _ledger_problems(claims: list[tuple[int, Claim]], tree: yaml.Node) -> list[str]:
+    """What is wrong between records: an id used twice, a conflict naming no other claim of the
+    ledger (or the claim itself)."""
+    problems = []
+    seen: set[str] = set()
+    for i, c in claims:
+        if c.id in seen:
+            problems.append(f"claims ({c.id}).id: used twice (line {_line(tree, (i, 'id'))})")
+        seen.add(c.id)
+    for i, c in claims:
+        for other in c.conflicts:
+            if other not in seen or other == c.id:
+                line = _line(tree, (i, "conflicts"))
+                problems.append(
+                    f"claims ({c.id}).conflicts: {other!r} is not another claim of this ledger (line {line})"
+                )
+    return problems
 
 
 def parse_claims(text: str) -> list[Claim]:
-    """Parse and check a ledger; raise ClaimError naming every faulty field."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ClaimError([f"file: not valid YAML ({str(e).splitlines()[0]})"]) from None
+    """Parse and check a ledger; raise one ClaimError naming every problem of every record, each
+    by its field and its line."""
+    doc, tree = _read(text)
     if not isinstance(doc, list):
         raise ClaimError(["file: must be a list of claim records"])
     problems: list[str] = []
-    claims = [c for i, rec in enumerate(doc) if (c := _check(i, rec, problems)) is not None]
-    seen: set[str] = set()
-    for c in claims:
-        if c.id in seen:
-            problems.append(f"claims ({c.id}).id: used twice")
-        seen.add(c.id)
-    for c in claims:  # conflicts name claims of the same ledger, never the claim itself
-        for other in c.conflicts:
-            if other not in seen or other == c.id:
-                problems.append(f"claims ({c.id}).conflicts: {other!r} is not another claim of this ledger")
+    claims: list[tuple[int, Claim]] = []  # each with its record's index
+    for i, rec in enumerate(doc):
+        claim, found = _record(i, rec, tree)
+        problems += found
+        claims += [(i, claim)] if claim is not None else []
+    problems += _ledger_problems(claims, tree)
     if problems:
         raise ClaimError(problems)
-    return claims
+    return [c for _, c in claims]
 
 
 def load_claims(path: Path = LEDGER) -> list[Claim]:
