@@ -1,4 +1,4 @@
-"""Claims across versions (dashboard/claims.py conditions.version, specfleet/versions.py): a claim
+"""Claims across versions (dashboard/claims/ conditions.version, specfleet/versions.py): a claim
 may name a version range, exact builds or commits, or a named range mapped to them, and selects
 only those runs; a claim about a change between versions is settled by the version comparison
 (ratio to / from, paired by machine) against its band. On the fleet of tests/support/versions.py:

@@ -151,7 +151,7 @@ def register_runs(con, runs) -> None:
 
 def fleet_db(runs, jobs: pd.DataFrame | None = None):
     """A DuckDB connection holding `runs` (a DataFrame of stored runs) as "runs" and `jobs` (by
-    default jobs_of(runs)) as "jobs": what dashboard/claims.py evaluates on. A frame without
+    default jobs_of(runs)) as "jobs": what dashboard/claims/evaluation.py evaluates on. A frame without
     columns is no runs table at all, as in a mirror before its first run."""
     con = duckdb.connect()
     if len(runs.columns):
