@@ -302,6 +302,7 @@ class SweepFields(BaseModel):
     """What the generated sweep needs beyond the conditions (dashboard/claims/sweeps.py)."""
 
     model_config = CONFIG
+    # Each may be left out; given, it is a non-empty string (a null is refused, as a typo would be).
     target: Text = None
     draft: Text = None
     flags: Text = None
@@ -484,7 +485,7 @@ def _line(node: yaml.Node, loc: tuple) -> int:
 def _read(text: str) -> tuple[Any, yaml.Node | None]:
     """The file's records and its node tree (for lines)."""
     try:
-        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.CSafeLoader)
+        return yaml.load(text, Loader=yaml.CSafeLoader), yaml.compose(text, Loader=yaml.CSafeLoader)
     except yaml.YAMLError as e:
         raise ClaimError([f"file: not valid YAML ({str(e).splitlines()[0]})"]) from None
 
