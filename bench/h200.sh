@@ -14,6 +14,8 @@
 #   bench/h200.sh crash     issue 28's crash, tried as a user would: protobuf first, numpy first, nothing first
 #   bench/h200.sh lossless  bench/h200/lossless.py: our greedy arms against the baseline, in place and through the chain
 #   bench/h200.sh parity    bench/h200/parity.py: our greedy baseline against llama-server's, setting by setting
+#   bench/h200.sh fadiag    bench/h200/fa_diag.py: the tiny model with flash attention, ours against llama-bench
+#                           by threads and threading settings (its head size has no CUDA flash-attention kernel)
 #   bench/h200.sh tiny      the tiny models alone
 #   bench/h200.sh models    the tiny models (deterministic: the same digests as anywhere) and bench/shaped.py's
 #   bench/h200.sh tests     the project's engine tests on the GPU (tests/test_engines.py, its MTP, n-gram
@@ -109,6 +111,8 @@ PY
         timeout 60 python3 bench/h200/lossless.py "$SPECFLEET_TINY_DIR" ;;
     parity)
         timeout 150 python3 bench/h200/parity.py "$SPECFLEET_TINY_DIR" ;;
+    fadiag)
+        timeout $(( $(left) - 20 )) python3 bench/h200/fa_diag.py "$SPECFLEET_TINY_DIR" --rounds "${ROUNDS:-3}" ;;
     tiny)
         python3 -m cli.tiny "$SPECFLEET_TINY_DIR" >/dev/null ;;
     models)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent.engines import llamacpp, make_engine  # noqa: E402
 from agent.engines.base import EngineError, Request  # noqa: E402
 from agent.engines.llama_server import UNKNOWN_ID  # noqa: E402
-from cli.tinymodels import make_tiny  # noqa: E402
+from cli.tiny import make_tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_FLAGS = ("-c", "4096", "-fa", "on", "--parallel", "1")  # cli/demo.py SERVER_FLAGS
