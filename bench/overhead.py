@@ -6,7 +6,8 @@ Printed, each a median over `--repeats` runs after two warm-up runs:
 
     baseline   per model: the tiny target and two of real vocabulary sizes, 49,152 and 151,936
                tokens (bench/shaped.py; --trunk smol gives them SmolLM2-135M's layers). Our decode
-               tok/s with flash attention on and off against `llama-bench -p 0 -n N` with each,
+               tok/s with flash attention on and off against `llama-bench -p 0 -n N -d P`
+               with each, P the prompt's length that ours decodes after (fa on also at -d 0),
                and against llama-server's baseline as its client sees it (flash attention on,
                paired and interleaved with ours); the loop's tok/s and time outside forward
                passes per token in each greedy mode (agent/engines/llamacpp.py GREEDY): "device",
@@ -224,7 +225,12 @@ def baseline(name: str, model: Path, n: int, repeats: int) -> dict:
         out["modes"][mode] = measure(ours, request, repeats)
     greedy(default)
     out["argmax"] = argmax_after_decode(ours, request, repeats)
-    out["bench_fa_on"] = llama_bench(model, n, ours.n_threads, True)
+    # llama-bench at the prompt's depth, as ours decodes after it (the figure set against ours), and
+    # on an empty context beside it: the tiny target's flash attention runs on the CPU on CUDA
+    # (no kernel for its 32-wide heads), whose cost grows with the cells attended to
+    out["bench_fa_on"] = llama_bench(model, n, ours.n_threads, True, len(prompt))
+    out["bench_fa_on_d0"] = llama_bench(model, n, ours.n_threads, True)
+    out["depth"] = len(prompt)
     ours.close()
     # llama-bench's context holds its n tokens (-p 0 -n n), ours 4,096: like for like, ours is
     # also measured in a context of the request's size (padded to 256, as llama.cpp pads the
@@ -241,7 +247,7 @@ def baseline(name: str, model: Path, n: int, repeats: int) -> dict:
     off.load(str(model))
     out["ours_fa_off_4096"] = plain_tps(off, request, repeats)
     off.close()
-    out["bench_fa_off"] = llama_bench(model, n, out["threads"], False)
+    out["bench_fa_off"] = llama_bench(model, n, out["threads"], False, len(prompt))
     out["context"] = fitted
     return out
 
@@ -253,7 +259,8 @@ def print_baseline(b: dict) -> None:
         f"fa off: ours {b['ours_fa_off']:8.1f} bench {b['bench_fa_off']:8.1f} ({off:.3f}) | "
         f"server {b['server']:8.1f} (ours/server {b['ours_server']:.3f}, ours {b['ours_paired']:.1f} beside it) | "
         f"ours in a context of {b['context']} (above) or 4096: fa on {b['ours_fa_on_4096']:.1f}, "
-        f"fa off {b['ours_fa_off_4096']:.1f}",
+        f"fa off {b['ours_fa_off_4096']:.1f} | llama-bench at depth {b['depth']} (above) or 0: fa on "
+        f"{b['bench_fa_on_d0']:.1f} (ours/bench {b['ours_fa_on'] / b['bench_fa_on_d0']:.3f})",
         flush=True,
     )
     print(
