@@ -1,6 +1,7 @@
 """The decode loops' own cost, against llama-bench and llama-server, in one run (issue 28, item 3).
 
     python3 bench/overhead.py [--models DIR] [--shaped DIR] [--trunk tiny|smol] [--tokens 128] [--repeats 7]
+        [--skip-arms] [--only-arms] [--steps] [--loop RUNS]
 
 Printed, each a median over `--repeats` runs after two warm-up runs:
 
@@ -23,6 +24,8 @@ Printed, each a median over `--repeats` runs after two warm-up runs:
                passes (`llama_decode` and `llama_process` with a `llama_synchronize` after each,
                timed by wrapping those two functions) and how much outside: the loop's own
                Python, ctypes and sampling work.
+    --loop R   only the loop against one argmax at 49k and 151k (below), R runs of each, every
+               run a fresh process: the medians, their range and the load average beside each.
     targets    the issues', each met or missed: outside time at most 20 us a token at every
                vocabulary size (issue 28); at 49k and 151k, the loop's median step outside forward
                passes at most 10 us more than one argmax over the same row right after a decode
@@ -252,6 +255,26 @@ def baseline(name: str, model: Path, n: int, repeats: int) -> dict:
     return out
 
 
+def loop_floor(name: str, model: Path, n: int, repeats: int) -> dict:
+    """The loop's median step outside forward passes (the engine's greedy mode) against one argmax
+    of the row after a decode, alone (--loop: the issue-40 figure without the comparisons around
+    it, which take minutes on a loaded CPU), with the load average before and after."""
+    engine = make_engine("llama.cpp")
+    engine.load(str(model))
+    request = Request(engine.tokenize(PROMPT), n)
+    load = os.getloadavg()[0]
+    step = measure(engine, request, repeats)["gap_median"] * 1e6
+    argmax = argmax_after_decode(engine, request, repeats) * 1e6
+    engine.close()
+    out = {"model": name, "step": step, "argmax": argmax, "beyond": step - argmax, "load": (load, os.getloadavg()[0])}
+    print(
+        f"{name:5} loop step outside {step:6.1f} us, argmax {argmax:6.1f} us, beyond {step - argmax:6.1f} us "
+        f"(<= {BEYOND_ARGMAX_TARGET_US:g}); load average {out['load'][0]:.1f} -> {out['load'][1]:.1f}",
+        flush=True,
+    )
+    return out
+
+
 def print_baseline(b: dict) -> None:
     on, off = b["ours_fa_on"] / b["bench_fa_on"], b["ours_fa_off"] / b["bench_fa_off"]
     print(
@@ -387,6 +410,9 @@ def section(name: str, args) -> object:
         return result
     if name == "steps":
         return steps(tiny, args)
+    if name.startswith("loop-"):
+        vocab = name.removeprefix("loop-")
+        return loop_floor(vocab, make_shaped(args.shaped, vocab, args.trunk), args.tokens, args.repeats)
     if name == "servers":
         result = against_server(tiny, args.tokens, args.repeats)
         for arm, (r, mine, theirs) in result.items():
@@ -486,6 +512,27 @@ def in_child(name: str, argv: list[str]) -> object:
         return json.loads(out.read_text())
 
 
+def loop_runs(args, argv: list[str]) -> int:
+    """--loop: the loop against one argmax at 49k and 151k, each run a fresh process, the models
+    alternating; the medians over the runs and bench/noise.py's line for the whole."""
+    with NoiseProbe() as probe:
+        start = time.perf_counter()
+        runs = [in_child(f"loop-{vocab}", argv) for _ in range(args.loop) for vocab in VOCABS]
+        end = time.perf_counter()
+    for vocab in VOCABS:
+        mine = [r for r in runs if r and r["model"] == vocab]
+        if mine:
+            beyond = statistics.median(r["beyond"] for r in mine)
+            print(
+                f"{vocab:5} median of {len(mine)}: step {statistics.median(r['step'] for r in mine):.1f}, argmax "
+                f"{statistics.median(r['argmax'] for r in mine):.1f}, beyond {beyond:.1f} us "
+                f"({min(r['beyond'] for r in mine):.1f} to {max(r['beyond'] for r in mine):.1f}) <= "
+                f"{BEYOND_ARGMAX_TARGET_US:g}: {'met' if beyond <= BEYOND_ARGMAX_TARGET_US else 'MISSED'}"
+            )
+    print(probe.summary(start, end))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=Path, default=Path(".data/tiny"), help="tiny models directory")
@@ -496,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-arms", action="store_true", help="leave out the per-arm table")
     parser.add_argument("--only-arms", action="store_true", help="the per-arm table alone")
     parser.add_argument("--steps", action="store_true", help="also time the parts of one decode step (steps())")
+    parser.add_argument("--loop", type=int, metavar="RUNS", help="only the loop against one argmax, RUNS times")
     parser.add_argument("--section", help=argparse.SUPPRESS)  # a child's one section
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -510,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             make_shaped(args.shaped, vocab, args.trunk)  # once, before the children time anything
     # The arms first: in two H200 runs every multi-pass arm measured after the server sections ran
     # 2-20x slower than in a fresh machine's process (cause not established).
+    if args.loop:
+        return loop_runs(args, argv)
     names = ["arms"] if args.only_arms else ([] if args.skip_arms else ["arms"]) + ["tiny", *VOCABS, "servers"]
     names += ["steps"] if args.steps else []
     with NoiseProbe() as probe:

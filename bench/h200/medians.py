@@ -22,6 +22,10 @@ BASELINE = re.compile(
 )
 BEYOND = re.compile(r"outside forward passes beyond one argmax of the row, (\w+): ([\d.]+) - ([\d.]+)")
 OUTSIDE = re.compile(r"outside forward passes, (\w+): ([\d.]+) us/token <= ")
+# llama-bench on an empty context beside the one at the prompt's depth (bench/overhead.py since call 12)
+DEPTH0 = re.compile(
+    r"^(\w+)\s+fa on: .* llama-bench at depth \d+ \(above\) or 0: fa on ([\d.]+) \(ours/bench ([\d.]+)\)", re.M
+)
 SERVERS = re.compile(r"^(ngram-mod K=8|mtp K=2 / draft-mtp)\s+ours/llama-server ([\d.]+)", re.M)
 
 
@@ -33,6 +37,9 @@ def figures(run: str) -> dict[str, float]:
         out[f"{model} ours/llama-bench fa off"] = float(m.group(7))
         out[f"{model} ours/llama-server"] = float(m.group(9))
         out[f"{model} llama-bench fa on tok/s"] = float(m.group(3))
+    for m in DEPTH0.finditer(run):
+        out[f"{m.group(1)} llama-bench fa on at depth 0 tok/s"] = float(m.group(2))
+        out[f"{m.group(1)} ours/llama-bench fa on, bench at depth 0"] = float(m.group(3))
     for model, us in OUTSIDE.findall(run):
         out[f"{model} outside us/token (runs' means)"] = float(us)
     for model, step, argmax in BEYOND.findall(run):
@@ -51,7 +58,7 @@ def main(paths: list[str]) -> int:
     for key in dict.fromkeys(k for r in runs for k in r):
         values = [r[key] for r in runs if key in r]
         print(
-            f"{key:38} median {statistics.median(values):9.3f}  range {min(values):.3f}-{max(values):.3f}  "
+            f"{key:44} median {statistics.median(values):9.3f}  range {min(values):.3f}-{max(values):.3f}  "
             f"({' '.join(f'{v:g}' for v in values)})"
         )
     return 0
