@@ -262,13 +262,13 @@ def loop_floor(name: str, model: Path, n: int, repeats: int) -> dict:
     engine = make_engine("llama.cpp")
     engine.load(str(model))
     request = Request(engine.tokenize(PROMPT), n)
-    load = os.getloadavg()[0]
+    load, backend = os.getloadavg()[0], engine.backend()
     step = measure(engine, request, repeats)["gap_median"] * 1e6
     argmax = argmax_after_decode(engine, request, repeats) * 1e6
     engine.close()
     out = {"model": name, "step": step, "argmax": argmax, "beyond": step - argmax, "load": (load, os.getloadavg()[0])}
     print(
-        f"{name:5} loop step outside {step:6.1f} us, argmax {argmax:6.1f} us, beyond {step - argmax:6.1f} us "
+        f"{name:5} {backend} loop step outside {step:6.1f} us, argmax {argmax:6.1f} us, beyond {step - argmax:6.1f} us "
         f"(<= {BEYOND_ARGMAX_TARGET_US:g}); load average {out['load'][0]:.1f} -> {out['load'][1]:.1f}",
         flush=True,
     )
