@@ -290,7 +290,6 @@ def summary_table(runs, jobs) -> str:
     # every run, printed with a mark that says so: the load changes a label, never the figures.
     con.execute("CREATE VIEW runs_any_load AS SELECT * REPLACE (NULL::BOOLEAN AS env_nominal) FROM runs")
     any_load = speedup.speedups(con, "runs_any_load").set_index(["comparable", "method", "depth"])["speedup"]
-    flagged = False
     arms = con.execute(
         f"SELECT {speedup.COMPARABLE_ID} AS comparable, engine, system, method, depth,"
         " median(decode_tokens_per_second) AS tps, median(server_decode_tokens_per_second) AS server_tps,"
@@ -302,32 +301,52 @@ def summary_table(runs, jobs) -> str:
         " GROUP BY ALL ORDER BY engine, comparable, method, depth"
     ).df()
     groups = speedup.groups(con).set_index("comparable")
-    lines = []
+    lines, flagged = [], False
     for comparable, rows in arms.groupby("comparable", sort=False):
-        g = groups.loc[comparable]
-        draft = f", draft {g.draft_reference}@{g.draft_digest[:12]}" if g.draft_reference else ""
-        settings = declared.describe(g.to_dict(), SUMMARY_KEYS)  # the other checked settings not at their default
-        lines += [
-            f"comparable group {comparable}: {_system(rows.engine.iloc[0], rows.system.iloc[0])} "
-            f"{g.target_reference}@{g.target_digest[:12]}{draft}, "
-            f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens"
-            + (f", {settings.replace(' · ', ', ')}" if settings else ""),
-            f"{'system':12} {'method':13} {'K':>2} {'decode tok/s':>13} {'server tok/s':>12} {'speedup':>8} "
-            f"{'acceptance':>10} {'lossless':>8} {'runs':>5} {'stalls':>8}",
-        ]
-        for r in rows.itertuples():
-            key, mark = (comparable, r.method, r.depth), ""
-            ratio = 1.0 if r.method == "baseline" else figures.get(key, float("nan"))
-            if pd.isna(ratio) and key in any_load:
-                ratio, mark, flagged = any_load[key], NOT_NOMINAL, True
-            acceptance = "-" if pd.isna(r.acceptance) else f"{r.acceptance:.2f}"
-            server_tps = "-" if pd.isna(r.server_tps) else f"{r.server_tps:.1f}"
-            lossless = "NO" if not r.lossless else "near-tie" if r.near_tie else "yes"
-            lines.append(
-                f"{_system(r.engine, r.system):12} {r.method:13} {r.depth:>2} {r.tps:13.1f} {server_tps:>12} "
-                f"{f'{ratio:.2f}{mark}':>8} {acceptance:>10} {lossless:>8} {r.runs:>5} {r.stalls:>8}"
-            )
-        lines.append("")
+        group_lines, group_flagged = _group_lines(comparable, rows, groups.loc[comparable], figures, any_load)
+        lines += group_lines
+        flagged = flagged or group_flagged
+    lines += _footnotes(arms, flagged)
+    differ = speedup.what_differs(groups.reset_index())
+    if differ:
+        lines += [f"{len(groups)} comparable groups, never pooled: they differ in {', '.join(differ)}", ""]
+    lines += _same_tokens(con)
+    lines += _verify_cost_lines(con)
+    return "\n".join(lines).rstrip()
+
+
+def _group_lines(comparable: str, rows, g, figures, any_load) -> tuple[list[str], bool]:
+    """One comparable group's heading and its arms' rows (summary_table); whether a speedup among
+    them came from runs judged not nominal (marked NOT_NOMINAL)."""
+    draft = f", draft {g.draft_reference}@{g.draft_digest[:12]}" if g.draft_reference else ""
+    settings = declared.describe(g.to_dict(), SUMMARY_KEYS)  # the other checked settings not at their default
+    lines = [
+        f"comparable group {comparable}: {_system(rows.engine.iloc[0], rows.system.iloc[0])} "
+        f"{g.target_reference}@{g.target_digest[:12]}{draft}, "
+        f"prompts {g.prompt_set}, context {g.context_tokens} tokens, {g.max_new_tokens} new tokens"
+        + (f", {settings.replace(' · ', ', ')}" if settings else ""),
+        f"{'system':12} {'method':13} {'K':>2} {'decode tok/s':>13} {'server tok/s':>12} {'speedup':>8} "
+        f"{'acceptance':>10} {'lossless':>8} {'runs':>5} {'stalls':>8}",
+    ]
+    flagged = False
+    for r in rows.itertuples():
+        key, mark = (comparable, r.method, r.depth), ""
+        ratio = 1.0 if r.method == "baseline" else figures.get(key, float("nan"))
+        if pd.isna(ratio) and key in any_load:
+            ratio, mark, flagged = any_load[key], NOT_NOMINAL, True
+        acceptance = "-" if pd.isna(r.acceptance) else f"{r.acceptance:.2f}"
+        server_tps = "-" if pd.isna(r.server_tps) else f"{r.server_tps:.1f}"
+        lossless = "NO" if not r.lossless else "near-tie" if r.near_tie else "yes"
+        lines.append(
+            f"{_system(r.engine, r.system):12} {r.method:13} {r.depth:>2} {r.tps:13.1f} {server_tps:>12} "
+            f"{f'{ratio:.2f}{mark}':>8} {acceptance:>10} {lossless:>8} {r.runs:>5} {r.stalls:>8}"
+        )
+    return [*lines, ""], flagged
+
+
+def _footnotes(arms, flagged: bool) -> list[str]:
+    """What the summary's marks mean, for the marks it shows: not nominal, near-tie, stalls."""
+    lines = []
     if flagged:
         lines += [f"{NOT_NOMINAL} from runs judged not nominal (a busy or hot machine): measure on a quiet one", ""]
     if arms.near_tie.any():
@@ -342,19 +361,19 @@ def summary_table(runs, jobs) -> str:
             " counted, kept in the row's figures (a speedup is the median over a prompt's repeats)",
             "",
         ]
-    differ = speedup.what_differs(groups.reset_index())
-    if differ:
-        lines += [f"{len(groups)} comparable groups, never pooled: they differ in {', '.join(differ)}", ""]
-    lines += _same_tokens(con)
+    return lines
+
+
+def _verify_cost_lines(con) -> list[str]:
+    """The verify-cost curves, T(M)/T(1) for M = 1..max_rows, per engine and context."""
     curves = con.execute(
         f"SELECT engine, context_tokens, verify_cost_seconds FROM runs WHERE method = '{VERIFY_COST}' ORDER BY ALL"
     ).fetchall()
-    for engine, context, seconds in curves:
-        lines.append(
-            f"verify cost, {engine}, {context} tokens of context: T(M)/T(1) for M = 1..{len(seconds)}: "
-            + " ".join(f"{t / seconds[0]:.2f}" for t in seconds)
-        )
-    return "\n".join(lines).rstrip()
+    return [
+        f"verify cost, {engine}, {context} tokens of context: T(M)/T(1) for M = 1..{len(seconds)}: "
+        + " ".join(f"{t / seconds[0]:.2f}" for t in seconds)
+        for engine, context, seconds in curves
+    ]
 
 
 def _same_tokens(con) -> list[str]:
@@ -385,6 +404,30 @@ def _system(engine: str, system: str) -> str:
     return engine if system == "specfleet" else system
 
 
+class _Children:
+    """The demo's child processes (coordinator, agent, dashboard), each logging to logs/<name>.log,
+    started with a lifeline (should the demo be killed, SIGKILL or a killed test, they stop too)
+    and stopped in reverse order."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, cmd: list[str], env=None) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 - the child process owns it
+        proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(self.procs):
+            stop_child(proc)
+            os.close(proc.lifeline)
+
+
 def run_demo(
     data_dir: Path,
     dashboard: bool = True,
@@ -402,6 +445,46 @@ def run_demo(
         print(f"demo failed: dashboard port {dashboard_port} is in use; pass --dashboard-port", file=sys.stderr)
         return 1
     print(f"specfleet demo: everything goes in {data_dir}", flush=True)
+    sweeps = _chosen_sweeps(data_dir, real, models_dir, small, only)
+    if isinstance(sweeps, int):
+        return sweeps
+    coordinator_dir = data_dir / "coordinator"
+    coordinator_dir.mkdir(parents=True, exist_ok=True)
+    (coordinator_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    children = _Children(logs)
+    # Ctrl-C and SIGTERM stop the demo through the finally below, even when started from a shell
+    # that set SIGINT to be ignored (a background job).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
+    try:
+        admin, address = _start_fleet(children, coordinator_dir, data_dir / "agent", logs)
+        if not _run_sweeps(admin, sweeps, children.procs):
+            return 1
+        if dashboard:
+            token = admin_credential(coordinator_dir)
+            dash = children.start("dashboard", dashboard_command(dashboard_port), dashboard_environment(address, token))
+            _wait_for_http(
+                f"http://127.0.0.1:{dashboard_port}/_stcore/health", dash, "dashboard", logs / "dashboard.log"
+            )
+            print(f"\ndashboard: http://127.0.0.1:{dashboard_port}  (Ctrl-C stops everything)", flush=True)
+            while True:
+                time.sleep(3600)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except RuntimeError as e:
+        print(f"demo failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        children.stop()
+        print("demo stopped", flush=True)
+
+
+def _chosen_sweeps(data_dir: Path, real: bool, models_dir: Path | None, small: bool, only) -> list[dict] | int:
+    """The demo's sweeps (run_demo), `only` those named if given; the exit status when there are
+    none to run (1: the real models are missing, 2: `only` names no demo sweep)."""
     if real:
         try:
             sweeps = real_sweeps(models_dir or REAL_MODELS_DIR)
@@ -424,90 +507,58 @@ def run_demo(
             print(f"demo failed: no demo sweep {', '.join(unknown)} (the demo's: {', '.join(names)})", file=sys.stderr)
             return 2
         sweeps = [sweep for sweep in sweeps if sweep["name"] in only]
-    coordinator_dir, agent_dir = data_dir / "coordinator", data_dir / "agent"
-    coordinator_dir.mkdir(parents=True, exist_ok=True)
-    (coordinator_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    procs: list[subprocess.Popen] = []
-    # Ctrl-C and SIGTERM stop the demo through the finally below, even when started from a shell
-    # that set SIGINT to be ignored (a background job).
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.default_int_handler)
+    return sweeps
 
-    def start(name: str, cmd: list[str], env=None) -> subprocess.Popen:
-        log = open(logs / f"{name}.log", "a")  # noqa: SIM115 - the child process owns it
-        # With a lifeline: should the demo be killed (SIGKILL, a killed test), its children stop too.
-        proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        procs.append(proc)
-        return proc
 
-    try:
-        (logs / "coordinator.log").unlink(missing_ok=True)
-        coordinator = start(
-            "coordinator",
-            _specfleet(
-                "coordinator", "serve", "--data-dir", str(coordinator_dir), "--port", "0", "--metrics-port", "0"
-            ),
+def _start_fleet(children: _Children, coordinator_dir: Path, agent_dir: Path, logs: Path) -> tuple[AdminApi, str]:
+    """A coordinator on a free port and the demo agent enrolled with it and running: its admin
+    client and gRPC address."""
+    (logs / "coordinator.log").unlink(missing_ok=True)
+    coordinator = children.start(
+        "coordinator",
+        _specfleet("coordinator", "serve", "--data-dir", str(coordinator_dir), "--port", "0", "--metrics-port", "0"),
+    )
+    endpoints = _wait_for(coordinator_dir / ENDPOINTS_FILE, coordinator, "coordinator", logs / "coordinator.log")
+    address = endpoints["grpc"]
+    print(f"coordinator: gRPC {address}, metrics http://{endpoints['metrics']}/metrics", flush=True)
+    admin = AdminApi(channel(address), admin_credential(coordinator_dir))
+    _enrol(address, admin, agent_dir)
+    identity = AgentIdentity.load(agent_dir)
+    if identity.coordinator != address:  # the coordinator picked a new port this time
+        AgentIdentity(**{**identity.__dict__, "coordinator": address}).save(agent_dir)
+    # --ignore-doctor: the demo's own coordinator and dashboard share the machine with its agent.
+    children.start("agent", _specfleet("agent", "run", "--config-dir", str(agent_dir), "--ignore-doctor"))
+    print(f"agent: {DEMO_AGENT} running, logs in {logs}", flush=True)
+    return admin, address
+
+
+def _run_sweeps(admin: AdminApi, sweeps: list[dict], procs) -> bool:
+    """Submit the sweeps, watch them to their end and print each one's outcome and summary;
+    whether every one ran without a failed job."""
+    submitted = []
+    for spec in sweeps:
+        sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
+        print(f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s) submitted", flush=True)
+        for note in sweep.notes:
+            print(f"  note: {note}", flush=True)
+        submitted.append((spec, sweep.sweep_id))
+    final = _watch_sweeps(admin, [sweep_id for _, sweep_id in submitted], procs)
+    for spec, sweep_id in submitted:
+        status = final[sweep_id]
+        runs, _ = fetch_table(admin, "runs")
+        jobs, _ = fetch_table(admin, "jobs")
+        runs = runs.filter(pc.equal(runs["sweep_id"], sweep_id)) if runs is not None else None
+        targets = ", ".join(f"{engine}: {Path(m['target']).name}" for engine, m in spec["models"].items())
+        print(
+            f"\nsweep {spec['name']} {status.state} ({targets}): {status.jobs_done} job(s) done, "
+            f"{status.jobs_failed} failed, {status.runs} runs"
         )
-        endpoints = _wait_for(coordinator_dir / ENDPOINTS_FILE, coordinator, "coordinator", logs / "coordinator.log")
-        address = endpoints["grpc"]
-        print(f"coordinator: gRPC {address}, metrics http://{endpoints['metrics']}/metrics", flush=True)
-        admin = AdminApi(channel(address), admin_credential(coordinator_dir))
-        _enrol(address, admin, agent_dir)
-        identity = AgentIdentity.load(agent_dir)
-        if identity.coordinator != address:  # the coordinator picked a new port this time
-            AgentIdentity(**{**identity.__dict__, "coordinator": address}).save(agent_dir)
-        # --ignore-doctor: the demo's own coordinator and dashboard share the machine with its agent.
-        start("agent", _specfleet("agent", "run", "--config-dir", str(agent_dir), "--ignore-doctor"))
-        print(f"agent: {DEMO_AGENT} running, logs in {logs}", flush=True)
-
-        submitted = []
-        for spec in sweeps:
-            sweep = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=yaml.safe_dump(spec)))
-            print(f"sweep {spec['name']} ({sweep.sweep_id}): {sweep.jobs} job(s) submitted", flush=True)
-            for note in sweep.notes:
-                print(f"  note: {note}", flush=True)
-            submitted.append((spec, sweep.sweep_id))
-        final = _watch_sweeps(admin, [sweep_id for _, sweep_id in submitted], procs)
-        for spec, sweep_id in submitted:
-            status = final[sweep_id]
-            runs, _ = fetch_table(admin, "runs")
-            jobs, _ = fetch_table(admin, "jobs")
-            runs = runs.filter(pc.equal(runs["sweep_id"], sweep_id)) if runs is not None else None
-            targets = ", ".join(f"{engine}: {Path(m['target']).name}" for engine, m in spec["models"].items())
-            print(
-                f"\nsweep {spec['name']} {status.state} ({targets}): {status.jobs_done} job(s) done, "
-                f"{status.jobs_failed} failed, {status.runs} runs"
-            )
-            for failure in status.failures:
-                print(f"  failed {failure}")
-            if runs is None or status.jobs_failed:
-                return 1
-            print("\n" + summary_table(runs, jobs), flush=True)
-        if dashboard:
-            token = admin_credential(coordinator_dir)
-            dash = start("dashboard", dashboard_command(dashboard_port), env=dashboard_environment(address, token))
-            _wait_for_http(
-                f"http://127.0.0.1:{dashboard_port}/_stcore/health", dash, "dashboard", logs / "dashboard.log"
-            )
-            print(f"\ndashboard: http://127.0.0.1:{dashboard_port}  (Ctrl-C stops everything)", flush=True)
-            while True:
-                time.sleep(3600)
-        return 0
-    except KeyboardInterrupt:
-        return 130
-    except RuntimeError as e:
-        print(f"demo failed: {e}", file=sys.stderr)
-        return 1
-    finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            stop_child(proc)
-            os.close(proc.lifeline)
-        print("demo stopped", flush=True)
+        for failure in status.failures:
+            print(f"  failed {failure}")
+        if runs is None or status.jobs_failed:
+            return False
+        print("\n" + summary_table(runs, jobs), flush=True)
+    return True
 
 
 def _port_free(port: int) -> bool:
