@@ -665,16 +665,9 @@ def roofline(db, f: Filters) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- versions
 
-# A setting: every checked key but the versions (specfleet/versions.py); a version: the
-# version keys' values, joined.
-SETTING_ID = (
-    "left(md5(concat_ws('|', "
-    + ", ".join(f"coalesce(CAST({k} AS VARCHAR), '')" for k in versions.SETTING_KEYS)
-    + ")), 12)"
-)
-VERSION_LABEL = (
-    "concat_ws(' · ', " + ", ".join(f"nullif(CAST({k} AS VARCHAR), '')" for k in versions.VERSION_KEYS) + ")"
-)
+# A setting's id and a version's label: specfleet/versions.py's SQL (from the declaration's checked
+# keys), the same text the coordinator's /metrics names them by.
+SETTING_ID, VERSION_LABEL = versions.SETTING_SQL, versions.VERSION_SQL
 SETTING_COLUMNS = ["setting", "system_label", "engine", "model", "draft_model", "prompt_set", "context_tokens"]
 SETTING_COLUMNS += ["sampler", "versions"]
 

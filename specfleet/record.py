@@ -12,13 +12,13 @@ declaration's.
 A setting (anything that can change a measurement) is declared in specfleet/settings.py; the
 record carries the declared settings in its `settings` part (one store column each, named as the
 setting) and its checked keys are the declaration's. Adding a measured field to the record touches
-this file, a numbered store migration that adds its column, the schema version and the page that
-shows it: ingest and export follow `RunRecord.columns()`.
+this file, a numbered store migration that adds its column, a version of SCHEMA_HISTORY and the page
+that shows it: ingest and export follow `RunRecord.columns()`.
 
-The record's schema version moves with every field (the history below, `FIELDS_SINCE`). A record
-of an older version is read with the fields it predates unknown (None, never a guessed value); a
-record of a newer version is refused with `NewerSchema`, which the coordinator answers so that the
-agent holds it until the coordinator is upgraded.
+The record's schema version moves with every field (the history below, `SCHEMA_HISTORY`, and the
+declared rows' `since`). A record of an older version is read with the fields it predates unknown
+(None, never a guessed value); a record of a newer version is refused with `NewerSchema`, which the
+coordinator answers so that the agent holds it until the coordinator is upgraded.
 """
 
 from __future__ import annotations
@@ -48,47 +48,42 @@ from specfleet.schemas import (
     text,
 )
 
-# Record schema history (as pyperf writes its format history): what each version added.
-#
-# 1 - the first record
-# 2 - the system under test: system, server_version, server_command, server_decode_tokens_per_second,
-#     server_prefill_seconds, timings_disagree, drafter_warm, interleaving (migration 003); the
-#     accelerator: backend, energy_source, energy_joules, joules_per_token (005); power_mode (007)
-# 3 - settings: the declared settings, one column each (008)
-# 4 - divergence, divergence_position, divergence_token, divergence_reference_token, divergence_margin,
-#     divergence_threshold, drafter_warning, text_sample (011); settings.kv_cache_type (009),
-#     settings.server_state, server_requests, warmup_converged, spec_draft_n_min, prompt_format,
-#     system_prompt, reasoning (012)
-# 5 - settings.memory_gb (014)
-# 7 - energy_cpu_joules, energy_gpu_joules, energy_ane_joules, energy_dram_joules (025: IOReport's
-#     split of a Mac run's energy); env_before / env_after thermal_pressure (026), a part's field
-#     that an older record lacks (None)
-# Later versions are the declaration's: a row of specfleet/settings.py carries the version that added
-# it (`since`) and moves SCHEMA_VERSION by itself; docs/sweeps.md lists every version's fields.
-#
-# The one table of it: a field's path ("power_mode", "settings.threads", "sampler.top_p") -> the
-# version that added it; a field not named is the first version's.
-_OWN_FIELDS_SINCE = {
-    **dict.fromkeys(
+# Record schema history (as pyperf writes its format history), the one table of it: each version, what
+# it added (the store migration that added the columns), and the record's own fields it added (a field
+# path: "power_mode", "divergence"; one named by no version is the first's). A declared setting
+# (specfleet/settings.py: a cell's setting, "settings.<name>"; a sampler field, "sampler.<key>") is added
+# by its row's `since` alone, never named here: a row whose `since` is past the last version below makes
+# a version of its own, and SCHEMA_VERSION moves with it. docs/sweeps.md lists every version's fields.
+SCHEMA_HISTORY: dict[int, tuple[str, tuple[str, ...]]] = {
+    1: ("the first record", ()),
+    2: ("the system under test (migration 003), the accelerator (005), the power mode (007)",
         ("system", "server_version", "server_command", "server_decode_tokens_per_second", "server_prefill_seconds",
          "timings_disagree", "drafter_warm", "interleaving", "backend", "energy_source", "energy_joules",
-         "joules_per_token", "power_mode"),
-        2,
-    ),
-    **dict.fromkeys(
-        ("divergence", "divergence_position", "divergence_token", "divergence_reference_token", "divergence_margin",
-         "divergence_threshold", "drafter_warning", "text_sample"),
-        4,
-    ),
-    **dict.fromkeys(("energy_cpu_joules", "energy_gpu_joules", "energy_ane_joules", "energy_dram_joules"), 7),
+         "joules_per_token", "power_mode")),
+    3: ("the declared settings, one column each (008)", ()),
+    4: ("where an output diverged, the drafter's warning and a text sample (011); settings of 009, 012",
+        ("divergence", "divergence_position", "divergence_token", "divergence_reference_token",
+         "divergence_margin", "divergence_threshold", "drafter_warning", "text_sample")),
+    5: ("the machine's memory as a setting (014)", ()),
+    6: ("sampler min_p (015), the drafter's start (019)", ()),
+    7: ("IOReport's split of a Mac run's energy (025); env_before/env_after thermal_pressure (026), a part's "
+        "field that an older record lacks (None)",
+        ("energy_cpu_joules", "energy_gpu_joules", "energy_ane_joules", "energy_dram_joules")),
 }  # fmt: skip
-FIELDS_SINCE = {
-    **_OWN_FIELDS_SINCE,
-    "settings": min(s.since for s in declared.CARRIED),
-    **{f"settings.{s.name}": s.since for s in declared.CARRIED},
-    **{f"{s.part}.{s.key}": s.since for s in declared.DECLARED if s.part and s.since > 1},
-}
-SCHEMA_VERSION = max(FIELDS_SINCE.values())
+
+
+def _field_versions() -> dict[str, int]:
+    """Field path -> the version that added it: the history's own fields and the declared rows' `since`."""
+    return {
+        **{path: version for version, (_, paths) in SCHEMA_HISTORY.items() for path in paths},
+        "settings": min(s.since for s in declared.CARRIED),
+        **{f"settings.{s.name}": s.since for s in declared.CARRIED},
+        **{f"{s.part}.{s.key}": s.since for s in declared.DECLARED if s.part and s.since > 1},
+    }
+
+
+FIELD_VERSIONS = _field_versions()  # derived, never written: the history above and the declaration's rows
+SCHEMA_VERSION = max([*SCHEMA_HISTORY, *FIELD_VERSIONS.values()])
 # The record's parts whose later fields an older record reads as unknown (None).
 _PARTS = ("settings", *dict.fromkeys(s.part for s in declared.DECLARED if s.part))
 
@@ -614,7 +609,7 @@ def _schema_of(data: dict[str, Any]) -> int:
 
 def _upgrade(data: dict[str, Any], schema: int) -> tuple[dict[str, Any], list[str]]:
     """A record of an older schema in the current one's shape, the fields it predates unknown
-    (FIELDS_SINCE), and a problem for each such field it holds all the same."""
+    (FIELD_VERSIONS), and a problem for each such field it holds all the same."""
     if schema == SCHEMA_VERSION:
         return data, []
 
@@ -624,7 +619,7 @@ def _upgrade(data: dict[str, Any], schema: int) -> tuple[dict[str, Any], list[st
     parts = {part: dict(data[part]) for part in _PARTS if isinstance(data.get(part), dict)}
     parts.setdefault("settings", {})
     problems = []
-    for path, since in FIELDS_SINCE.items():
+    for path, since in FIELD_VERSIONS.items():
         if since <= schema:
             continue
         part, _, key = path.rpartition(".")

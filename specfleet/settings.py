@@ -21,7 +21,8 @@ Derived from `DECLARED`, never listed again by hand:
   (`server_argv`, `llama_cparams`), and the sampler as each engine applies it (llama.cpp's chain
   `sampler_chain`, a server's request `sampler_request`, mlx-lm's `sampler_keywords`); free server
   flags that a setting owns are refused in a sweep, naming the setting;
-- the record's schema history (specfleet/record.py FIELDS_SINCE: each row's `since`);
+- the record's schema history for the declared fields (each row's `since`; specfleet/record.py
+  SCHEMA_HISTORY holds the record's own fields);
 - `CHECKED_KEYS` (specfleet/record.py), the claims' condition keys, the `/metrics` group info
   labels, the sampler's label (`sampler_label`, `sampler_label_sql`) and the dashboard's group label
   (`describe`).
@@ -94,7 +95,8 @@ class Setting:
     unset: Any = None  # a value that leaves it to the engine or the agent (threads 0, top_k 0): no flag, no sampler
     part: str = ""  # the record's part it is a field of ("sampler": Sampler's field <name minus "sampler_">)
     spec_types: tuple[str, ...] = ()  # ARM: the llama-server --spec-type values it is a parameter of
-    # SAMPLER rows, how each engine applies the value: llama.cpp's llama_sampler_init_<llama_sampler>(value,
+    # SAMPLER rows (`engines`: those that apply it; a sweep or request that sets it for another is refused,
+    # `sampler_problems`), how each engine applies the value: llama.cpp's llama_sampler_init_<llama_sampler>(value,
     # *llama_args) at place `chain` of the chain (in process); llama-server's `samplers` entry and the request's
     # JSON key (llama-server and OpenAI-compatible servers); the keyword of mlx-lm's make_sampler and of
     # llama-cpp-python's Llama.generate (the reference arms).
@@ -323,6 +325,17 @@ def sampler_chain(sampler) -> list[tuple[Setting, Any]]:
     order, leaving out those at their `unset` value or unknown (None)."""
     rows = sorted((s for s in SAMPLER if s.llama_sampler), key=lambda s: s.chain)
     return [(s, v) for s in rows if (v := getattr(sampler, s.key)) is not None and v != s.unset]
+
+
+def sampler_problems(sampler, engine: str) -> list[str]:
+    """The sampler's rows set (other than unknown or their `unset`) that `engine` does not apply (a
+    row's `engines`), as `<key>: applies to <engines> only, not <engine>`: a run must never record a
+    sampler setting its engine ignored."""
+    return [
+        f"{s.key}: applies to {', '.join(s.engines)} only, not {engine}"
+        for s in SAMPLER
+        if engine not in s.engines and (v := getattr(sampler, s.key)) is not None and v != s.unset
+    ]
 
 
 def sampler_keywords(sampler) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Every key a sweep file takes: the declared rows' (specfleet/settings.py: the sam
 parameters, the cell's settings, llama-server's spec-type parameters), each with its type, bounds,
 default, what it changes and the record schema that added it; the file's own parts (target, models,
 verify_cost: their pydantic models in specfleet/sweeps.py) with theirs; and the record's schema
-history (specfleet/record.py FIELDS_SINCE). `python -m specfleet.sweep_reference` writes the page;
-tests/test_sweep_reference.py fails when it is not current.
+history (specfleet/record.py SCHEMA_HISTORY and the rows' `since`). `python -m specfleet.sweep_reference`
+writes the page; tests/test_sweep_reference.py fails when it is not current.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from specfleet import settings as declared
-from specfleet.record import FIELDS_SINCE, SCHEMA_VERSION
+from specfleet.record import FIELD_VERSIONS, SCHEMA_HISTORY, SCHEMA_VERSION
 from specfleet.sweeps import ModelFields, TargetFields, VerifyCostFields
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "sweeps.md"
@@ -110,11 +110,15 @@ def _part_rows(prefix: str, part: type[BaseModel]) -> list[str]:
 
 
 def _history() -> list[str]:
+    """Each schema version: what specfleet/record.py SCHEMA_HISTORY says it added, and every field
+    path it added (the record's own and the declared rows')."""
     by_version: dict[int, list[str]] = {}
-    for path, since in FIELDS_SINCE.items():
+    for path, since in FIELD_VERSIONS.items():
         by_version.setdefault(since, []).append(f"`{path}`")
-    lines = ["| schema | fields it added |", "| --- | --- |", "| 1 | the first record |"]
-    lines += [f"| {v} | {', '.join(by_version[v])} |" for v in sorted(by_version)]
+    lines = ["| schema | what it added | fields it added |", "| --- | --- | --- |"]
+    for v in range(1, SCHEMA_VERSION + 1):
+        what = SCHEMA_HISTORY[v][0] if v in SCHEMA_HISTORY else "declared settings"
+        lines.append(f"| {v} | {what} | {', '.join(by_version.get(v, []))} |")
     return lines
 
 

@@ -388,7 +388,7 @@ def parse_sweep(text: str, source: str = "") -> Sweep:
         target=target.model_dump(exclude_unset=True) if target is not None else {},
         models=clean_models,
         engines=engines,
-        samplers=_samplers(c, doc),
+        samplers=_samplers(c, doc, known_engines),
         prompt_sets=_prompt_sets(c, doc),
         context_tokens=_contexts(c, doc),
         arms=arms,
@@ -472,16 +472,21 @@ def _models(c: _Checker, doc: dict, known_engines: list[str], methods: dict) -> 
     return clean_models
 
 
-def _samplers(c: _Checker, doc: dict) -> list[Sampler]:
+def _samplers(c: _Checker, doc: dict, engines: list[str]) -> list[Sampler]:
+    """`samplers`: each entry a Sampler (SamplerFields), refused where it sets a row that one of
+    the sweep's engines does not apply (settings.sampler_problems)."""
     samplers = doc.get("samplers") or [{}]
     if not isinstance(samplers, list):
         c.fail("samplers", f"must be a list of {{{', '.join(s.key for s in declared.SAMPLER)}}}")
         samplers = []
-    return [
-        Sampler(**fields.model_dump())
-        for i, s in enumerate(samplers)
-        if (fields := c.part(f"samplers[{i}]", SamplerFields, s)) is not None
-    ]
+    out = []
+    for i, entry in enumerate(samplers):
+        fields = c.part(f"samplers[{i}]", SamplerFields, entry)
+        if fields is not None:
+            out.append(Sampler(**fields.model_dump()))
+            for problem in dict.fromkeys(p for e in engines for p in declared.sampler_problems(out[-1], e)):
+                c.fail(f"samplers[{i}].{problem.partition(':')[0]}", problem.partition(": ")[2])
+    return out
 
 
 def _prompt_sets(c: _Checker, doc: dict) -> list[str]:

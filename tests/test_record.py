@@ -2,7 +2,6 @@
 through JSON and store rows unchanged; the job spec likewise; the checked keys."""
 
 import dataclasses
-import inspect
 import json
 
 import pytest
@@ -21,7 +20,7 @@ from specfleet.record import (
     Sampler,
     differences,
 )
-from specfleet.record import FIELDS_SINCE as RECORD_FIELDS_SINCE
+from specfleet.record import FIELD_VERSIONS as RECORD_FIELD_VERSIONS
 from tests.support.fleet import another_value, as_schema, run_record, setting_changes
 
 
@@ -272,14 +271,14 @@ def test_an_older_record_reads_with_what_it_predates_unknown():
     old = RunRecord.from_dict({**data, "schema": 2})
     assert old.schema == SCHEMA_VERSION
     assert all(getattr(old.settings, s.name) is None for s in declared.CARRIED)
-    oldest = {k: v for k, v in data.items() if RECORD_FIELDS_SINCE.get(k, 1) <= 1}
+    oldest = {k: v for k, v in data.items() if RECORD_FIELD_VERSIONS.get(k, 1) <= 1}
     assert RunRecord.from_dict({**oldest, "schema": 1}).power_mode is None
     with pytest.raises(InvalidRecord, match="threads: unknown field|settings: unknown field"):
         RunRecord.from_dict({**data, "schema": 2, "settings": {"threads": 4}})
 
 
 def test_the_schema_version_moved_with_every_field():
-    """Every field of the record is the first schema's or named in FIELDS_SINCE, and every
+    """Every field of the record is the first schema's or named in FIELD_VERSIONS, and every
     declared setting's `since` is a schema this code reads: a field added without moving the
     version fails here."""
     first = {
@@ -296,18 +295,18 @@ def test_the_schema_version_moved_with_every_field():
         "schema",
     }  # fmt: skip
     fields = {f.name for f in dataclasses.fields(RunRecord)}
-    assert fields - first == {path for path in RECORD_FIELDS_SINCE if "." not in path}
+    assert fields - first == {path for path in RECORD_FIELD_VERSIONS if "." not in path}
     # A part's fields (settings.<name>, sampler.<key>) are in the one table with the version that added them.
     parts = {"settings": declared.Settings, "sampler": Sampler}
-    for path in (p for p in RECORD_FIELDS_SINCE if "." in p):
+    for path in (p for p in RECORD_FIELD_VERSIONS if "." in p):
         part, key = path.split(".")
         assert key in {f.name for f in dataclasses.fields(parts[part])}, path
-    assert {f"settings.{s.name}" for s in declared.CARRIED} <= set(RECORD_FIELDS_SINCE)
+    assert {f"settings.{s.name}" for s in declared.CARRIED} <= set(RECORD_FIELD_VERSIONS)
     # The version is the newest field's, a record's own or a declared row's (its `since`).
-    assert max(RECORD_FIELDS_SINCE.values()) == SCHEMA_VERSION
+    assert max(RECORD_FIELD_VERSIONS.values()) == SCHEMA_VERSION
     assert all(1 <= s.since <= SCHEMA_VERSION for s in declared.DECLARED)
     # The history at the top of specfleet/record.py (pyperf's format history) names every version its
     # own fields moved to (a declared row's later version is its own `since`, listed in docs/sweeps.md).
-    history = inspect.getsource(record_module)
-    own = {1, *(v for path, v in RECORD_FIELDS_SINCE.items() if "." not in path)}
-    assert all(f"# {v} - " in history for v in own), own
+    own = {1, *(v for path, v in RECORD_FIELD_VERSIONS.items() if "." not in path)}
+    assert own <= set(record_module.SCHEMA_HISTORY), own
+    assert all(path in RECORD_FIELD_VERSIONS for _, paths in record_module.SCHEMA_HISTORY.values() for path in paths)

@@ -184,34 +184,51 @@ def test_a_set_value_is_not_missing(value):
 # ---------------------------------------------------------------- rows that are not Settings' fields
 
 
+def _one_engine_sweep(engine: str, extra: str) -> str:
+    return f"name: s\nengines: [{engine}]\nmodels: {{{engine}: {{target: t.gguf}}}}\nprompt_sets: [qa]\n{extra}"
+
+
 @pytest.mark.parametrize("row", declared.SAMPLER, ids=lambda s: s.name)
 def test_every_sampler_row_is_parsed_recorded_labelled_and_sent(row):
     """A sampler row alone makes a sampler field: the sweep's samplers entry, Sampler, the job spec,
-    the record's column, the label, and each engine's request (llama.cpp's chain, a server's body)."""
+    the record's column (and the store's: a migration adds it), the label in Python and in SQL,
+    each engine's request (llama.cpp's chain, a server's body) and its line in docs/sweeps.md; an
+    engine that does not apply it (the row's `engines`) is refused it, by the sweep and the engine."""
     import duckdb
 
-    from agent.engines.base import Request
+    from agent.engines.base import EngineError, Request, validate
     from agent.engines.llama_server import LlamaServerEngine
+    from coordinator.store import migrate
+    from specfleet import sweep_reference
 
+    engine = next(e for e in ("llama.cpp", "llama-server", "mlx") if e in row.engines)
     other = another_value(row)
     fields = {**({"temperature": 0.7} if row.key != "temperature" else {}), row.key: other}
     entry = ", ".join(f"{k}: {v!r}" for k, v in fields.items())
-    (cell,) = parse_sweep(
-        BASE.replace("llama.cpp, llama-server, mlx", "llama.cpp") + f"samplers: [{{{entry}}}]\n"
-    ).cells()
+    (cell,) = parse_sweep(_one_engine_sweep(engine, f"samplers: [{{{entry}}}]\n")).cells()
     assert getattr(cell.sampler, row.key) == other and JobSpec.from_json(cell.to_json()).sampler == cell.sampler
     record = run_record("job-1", sampler=cell.sampler)
     assert record.row()[row.name] == other and RunRecord.from_json(record.to_json()) == record
     assert row.name in CHECKED_KEYS
+    with duckdb.connect() as store:
+        migrate(store)
+        assert row.name in {c for (c,) in store.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()}
     columns = ", ".join(f"{getattr(cell.sampler, s.key)!r} AS {s.name}" for s in declared.SAMPLER)
     label = duckdb.connect().execute(f"SELECT {declared.sampler_label_sql()} FROM (SELECT {columns})").fetchone()[0]
     assert label == cell.sampler.label() and f"{row.short or row.label}=" in label
     if row.llama_sampler:
         assert (row, other) in declared.sampler_chain(cell.sampler)
-    if row.request_key:
-        assert LlamaServerEngine._body(None, Request((1, 2), 4, sampler=cell.sampler))[row.request_key] == other
+    if row.request_key and "llama-server" in row.engines:
+        body = LlamaServerEngine._body(None, Request((1, 2), 4, sampler=cell.sampler))
+        assert body[row.request_key] == other and (not row.server_sampler or row.server_sampler in body["samplers"])
+    assert any(line.startswith(f"| `{row.sweep}` |") for line in sweep_reference.render().splitlines())
     with pytest.raises(SweepError, match=re.escape(f"samplers[0].{row.key}: must be")):
         parse_sweep(BASE + f"samplers: [{{{row.key}: {row.hi * 2 if row.hi else 'x'}}}]\n")
+    for ignoring in (e for e in ("llama.cpp", "llama-server", "mlx") if e not in row.engines):
+        with pytest.raises(SweepError, match=re.escape(f"samplers[0].{row.key}: applies to")):
+            parse_sweep(_one_engine_sweep(ignoring, f"samplers: [{{{entry}}}]\n"))
+        with pytest.raises(EngineError, match=re.escape(f"bad sampler: {row.key}: applies to")):
+            validate(Request((1, 2), 4, sampler=cell.sampler), ignoring, ("baseline",), 10, False)
 
 
 @pytest.mark.parametrize("row", declared.JOB_FIELDS, ids=lambda s: s.name)

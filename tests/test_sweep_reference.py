@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specfleet import settings as declared
 from specfleet import sweep_reference
-from specfleet.record import FIELDS_SINCE
+from specfleet.record import FIELD_VERSIONS
 
 
 def test_the_sweep_reference_is_current():
@@ -23,5 +23,5 @@ def test_the_page_names_every_key_its_bounds_default_and_schema():
             assert cells[2].startswith(f"{s.lo:g}" if isinstance(s.lo, float) else str(s.lo)), line
         assert cells[3] == ("unset" if s.default is None else f"`{s.default!r}`" if s.type is str else f"`{s.default}`")
         assert cells[5].rstrip(" |") == (str(s.since) if s.recorded else "not recorded"), line
-    for path in FIELDS_SINCE:
+    for path in FIELD_VERSIONS:
         assert f"`{path}`" in page, path

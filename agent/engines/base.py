@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from specfleet import settings as declared
 from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exported for the engines)
     MAX_DEPTH,
     METHODS,
@@ -22,7 +23,7 @@ from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exporte
     Sampler,
     Settings,
 )
-from specfleet.schemas import settings_problems
+from specfleet.schemas import setting_problem, settings_problems
 
 
 class EngineError(ValueError):
@@ -239,6 +240,9 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
     problems = settings_problems(request.settings, "")  # the declaration's own checker (its bounds llama.cpp's)
     if problems:
         raise EngineError("bad settings: " + "; ".join(problems))
+    problems = declared.sampler_problems(request.sampler, engine)  # a sampler row this engine does not apply
+    if problems:
+        raise EngineError("bad sampler: " + "; ".join(problems))
     lo, hi = request.settings.ngram_n_min, request.settings.ngram_n_max
     if method in ("ngram", "ref-ngram") and not (lo is not None and hi is not None and lo <= hi):
         raise EngineError(f"ngram needs ngram_n_min <= ngram_n_max, got {lo} and {hi}")
@@ -247,5 +251,6 @@ def validate(request: Request, engine: str, methods: Sequence[str], vocab_size: 
     bad = [t for t in request.prompt_tokens if not 0 <= t < vocab_size]
     if bad:
         raise EngineError(f"prompt tokens outside the vocabulary of {vocab_size}: {bad[:5]}")
-    if request.max_new_tokens < 1:
-        raise EngineError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
+    problem = setting_problem(declared.BY_NAME["max_new_tokens"], request.max_new_tokens)  # the row's bounds
+    if problem:
+        raise EngineError(f"max_new_tokens {problem}")

@@ -13,7 +13,7 @@ from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet import settings as declared
 from specfleet.client import AdminApi, AgentApi, channel
 from specfleet.data_dir import admin_credential
-from specfleet.record import FIELDS_SINCE, ModelIdentity, RunRecord, Sampler, Settings
+from specfleet.record import FIELD_VERSIONS, ModelIdentity, RunRecord, Sampler, Settings
 
 LINUX_BOX = pb.Fingerprint(hostname="box", os="linux", chip="Test CPU", memory_bytes=16 * 2**30, cpu_cores=2)
 
@@ -65,9 +65,9 @@ def another_value(setting: declared.Setting):
 
 def as_schema(data: dict, schema: int) -> dict:
     """A record's dict as a writer of `schema` wrote it: every field the one schema table
-    (specfleet/record.py FIELDS_SINCE) dates later left out, a part's fields too."""
-    out = {k: v for k, v in data.items() if FIELDS_SINCE.get(k, 1) <= schema}
-    for path, since in FIELDS_SINCE.items():
+    (specfleet/record.py FIELD_VERSIONS) dates later left out, a part's fields too."""
+    out = {k: v for k, v in data.items() if FIELD_VERSIONS.get(k, 1) <= schema}
+    for path, since in FIELD_VERSIONS.items():
         part, _, key = path.rpartition(".")
         if part and since > schema and isinstance(out.get(part), dict):
             out[part] = {k: v for k, v in out[part].items() if k != key}
