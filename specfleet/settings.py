@@ -144,6 +144,12 @@ DECLARED: tuple[Setting, ...] = (
             "--min-p, mlx-lm's min_p)", default=0.0, unset=0.0, sweep="samplers[].min_p", lo=0, hi=1, since=6,
             core=True, part="sampler", llama_sampler="min_p", llama_args=(1,), chain=3, server_sampler="min_p",
             request_key="min_p", keyword="min_p"),
+    Setting("sampler_xtc_probability", float, RECORD, "xtc_probability",
+            "XTC (exclude top choices): the chance at each token of cutting every token more likely than the "
+            "threshold 0.1 but the least likely of them (0: off; llama.cpp's --xtc-probability, mlx-lm's "
+            "xtc_probability)", default=0.0, unset=0.0, sweep="samplers[].xtc_probability", lo=0, hi=1, since=8,
+            core=True, part="sampler", chain=4, server_sampler="xtc", request_key="xtc_probability", short="xtc",
+            engines=("llama-server", "openai")),
     Setting("prompt_set_digest", str, RECORD, "prompts", "SHA-256 of the prompts and context documents read",
             since=1, core=True),
     Setting("context_tokens", int, RECORD, "context",
