@@ -157,6 +157,23 @@ def test_greedy_is_argmax_and_sampled_runs_take_the_cells_sampler(engine):
 # ---------------------------------------------------------------- with the real server
 
 
+def test_a_sampler_row_alone_reaches_the_real_server_xtc(engine, tiny_models):
+    """XTC's probability, added to the sampler as one row of specfleet/settings.py and a migration:
+    the real llama-server takes it (its request key, 'xtc' in the samplers chain). A sampled run
+    with the same seed repeats token for token; with XTC at 1 (every token more likely than 0.1 but
+    the least of them cut) the same seed gives other tokens."""
+    e = engine()
+    e.load(str(tiny_models.gguf_target))
+    prompt = e.tokenize("The capital of France is")
+
+    def tokens(xtc: float) -> list[int]:
+        return e.generate(Request(prompt, 24, sampler=Sampler(temperature=1.0, seed=5, xtc_probability=xtc))).tokens
+
+    off = tokens(0.0)
+    assert len(off) == 24 and tokens(0.0) == off
+    assert tokens(1.0) != off
+
+
 def test_runs_are_timed_per_event_and_carry_the_servers_own_accounting(engine, tiny_models):
     e = engine()
     assert e.load(str(tiny_models.gguf_mtp_hybrid)) > 0
