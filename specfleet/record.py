@@ -33,6 +33,7 @@ from pydantic import AfterValidator, Field
 
 from specfleet import settings as declared
 from specfleet.schemas import (
+    STRICT,
     Bool,
     Float,
     Int,
@@ -675,10 +676,8 @@ class VerifyCost:
     repeats: Int = 5
 
 
-_JOB = {s.name: s for s in declared.JOB_FIELDS}
-
-
 @model(InvalidRecord, "job spec")
+@declared.with_fields(declared.JOB_SPEC_FIELDS, lambda s: STRICT[s.type])
 class JobSpec:
     """One cell of a sweep, as the coordinator hands it to an agent: what the worker runs.
 
@@ -701,12 +700,11 @@ class JobSpec:
     settings: SettingsField = Settings()
     verify_cost: VerifyCost | None = None
     server: ServerSpec | None = None  # server engines only
-    # The job's own parameters (specfleet/settings.py JOB_FIELDS): their defaults the declaration's.
-    max_new_tokens: Int = _JOB["max_new_tokens"].default
-    warmup: Int = _JOB["warmup"].default  # warm-up runs per arm and prompt, at most, until two agree within 5%
-    repeats: Int = _JOB["repeats"].default
-    deadline_seconds: Float = _JOB["deadline_seconds"].default
-    cooldown_seconds: Float = _JOB["cooldown_seconds"].default
+    # Then the job's own parameters (specfleet/settings.py JOB_SPEC_FIELDS: max_new_tokens, warmup, repeats,
+    # deadline_seconds, cooldown_seconds), fields generated from their rows (`with_fields`): each its row's
+    # strict type and default. Their bounds are checked where a sweep is read (specfleet/sweeps.py JobFields),
+    # the engines' max_new_tokens by its row again (agent/engines/base.py validate); a spec carries what the
+    # coordinator wrote (a test's job may take a deadline shorter than a sweep file allows).
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -107,6 +107,7 @@ class Setting:
     request_key: str = ""
     keyword: str = ""
     short: str = ""  # how a sampler label writes it ("T" of "T=0.7"); its label when ""
+    spec_field: bool = True  # JOB rows: a field of the job spec, read by the worker; False: the sweep's own
 
     @property
     def key(self) -> str:
@@ -232,7 +233,7 @@ DECLARED: tuple[Setting, ...] = (
             engines=SERVERS),
     # ---- the job's own parameters (the job spec's fields; not settings of a run's record)
     Setting("prompts", int, JOB, "prompts per set", "The first N prompts of each prompt set; unset: all",
-            sweep="prompts", lo=1, hi=10_000, recorded=False, checked=False, since=1, core=True),
+            sweep="prompts", lo=1, hi=10_000, recorded=False, checked=False, since=1, core=True, spec_field=False),
     Setting("warmup", int, JOB, "warm-up cap",
             "Warm-up runs per arm and prompt before the measured ones, until two consecutive runs agree within 5%; "
             "at most this many (0: none)", default=10, sweep="warmup", lo=0, hi=20, recorded=False, checked=False,
@@ -241,7 +242,8 @@ DECLARED: tuple[Setting, ...] = (
             "Measured runs per arm and prompt, rounded up to complete the arms' Williams design", default=3,
             sweep="repeats", lo=1, hi=1000, recorded=False, checked=False, since=1, core=True),
     Setting("max_attempts", int, JOB, "attempts", "Attempts of a job before it fails (a lease lost, a worker crashed)",
-            default=3, sweep="max_attempts", lo=1, hi=20, recorded=False, checked=False, since=1, core=True),
+            default=3, sweep="max_attempts", lo=1, hi=20, recorded=False, checked=False, since=1, core=True,
+            spec_field=False),
     Setting("deadline_seconds", float, JOB, "deadline", "Seconds a job may run before the agent stops it",
             default=3600.0, sweep="deadline_seconds", lo=10, hi=7 * 86400, recorded=False, checked=False, since=1,
             core=True),
@@ -277,7 +279,8 @@ assert len(BY_NAME) == len(DECLARED), "a setting is declared twice"
 CARRIED = tuple(s for s in DECLARED if not s.core)
 SWEEP_SETTINGS = tuple(s for s in CARRIED if s.sweep)  # Settings' fields a sweep sets: scalar or a dimension
 SAMPLER = tuple(s for s in DECLARED if s.part == "sampler")  # Sampler's fields, in order
-JOB_FIELDS = tuple(s for s in DECLARED if s.source == JOB)  # the job spec's own sweep fields
+JOB_FIELDS = tuple(s for s in DECLARED if s.source == JOB)  # the job's own sweep fields (Sweep's)
+JOB_SPEC_FIELDS = tuple(s for s in JOB_FIELDS if s.spec_field)  # those the job spec carries to the worker
 ARM_PARAMS = tuple(s for s in DECLARED if s.source == ARM)
 # Each llama-server --spec-type's own parameters: sweep key -> its flag.
 TYPE_PARAMS = {
@@ -297,6 +300,20 @@ Settings = dataclasses.make_dataclass(
         "(threads), read from the server (flags); None where a setting is unknown or does not apply.",
     },
 )
+
+
+def with_fields(rows, annotation=lambda s: s.type | None):
+    """A class decorator: each of `rows` added to the class as a field (its name, `annotation(row)`,
+    the row's default) before dataclasses or pydantic read the class's annotations: the job's own
+    parameters of Sweep and JobSpec, written once, here."""
+
+    def add(cls):
+        for s in rows:
+            cls.__annotations__[s.name] = annotation(s)
+            setattr(cls, s.name, s.default)
+        return cls
+
+    return add
 
 
 def for_engine(settings, engine: str):

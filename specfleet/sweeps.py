@@ -104,6 +104,7 @@ class SweepError(ValueError):
 
 
 @dataclass(frozen=True)
+@declared.with_fields(declared.JOB_FIELDS)  # then max_new_tokens, prompts, warmup, repeats, ...: the job's rows
 class Sweep:
     name: str
     target: dict[str, Any]
@@ -111,17 +112,10 @@ class Sweep:
     engines: list[str]
     samplers: list[Sampler]
     prompt_sets: list[str]
-    prompts: int | None  # the first N prompts of each set; None: all
     context_tokens: list[int]
     arms: list[Arm]  # in-process engines' arms, from `methods`
     settings: dict[str, list]  # declared setting -> its values (more than one: a dimension of the matrix)
     verify_cost: VerifyCost | None
-    max_new_tokens: int
-    warmup: int
-    repeats: int
-    max_attempts: int
-    deadline_seconds: float
-    cooldown_seconds: float = 0.0  # rest before every measured run (thermal recovery)
     server: ServerSpec | None = None  # server engines: what every arm shares
     server_arms: dict[str, list[Arm]] | None = None  # server engine -> its arms (specfleet/server_arms.py)
 
@@ -161,11 +155,7 @@ class Sweep:
                                 settings=settings,
                                 verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES else None,
                                 server=server,
-                                max_new_tokens=self.max_new_tokens,
-                                warmup=self.warmup,
-                                repeats=self.repeats,
-                                deadline_seconds=self.deadline_seconds,
-                                cooldown_seconds=self.cooldown_seconds,
+                                **{s.name: getattr(self, s.name) for s in declared.JOB_SPEC_FIELDS},
                             )
                         )
         return cells
