@@ -67,6 +67,7 @@ from agent.engines.base import Request  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
 from bench.servers import NGRAM_MOD, PROMPT, engines, llama_bench, paired, ratio, side_by_side, tps  # noqa: E402
 from bench.shaped import VOCABS, make_shaped  # noqa: E402
+from cli.demo import ngram_mod_flags, ngram_mod_settings  # noqa: E402
 from cli.tiny import make_tiny  # noqa: E402
 
 OUTSIDE_TARGET_US = 20.0
@@ -168,7 +169,7 @@ def argmax_after_decode(engine, request: Request, repeats: int) -> float:
 def ngram_mod(prompt, n: int, k: int, **server) -> Request:
     """An ngram-mod request with NGRAM_MOD's parameters: in the request's declared settings
     (specfleet/settings.py) where it has them, else as its own fields."""
-    params = {"ngram_mod_n_match": NGRAM_MOD["n_match"], "ngram_mod_n_min": NGRAM_MOD["n_min"]}
+    params = ngram_mod_settings(NGRAM_MOD)
     if "settings" in {f.name for f in dataclasses.fields(Request)}:
         from specfleet.settings import Settings
 
@@ -307,7 +308,7 @@ def against_server(tiny, n: int, repeats: int) -> dict:
     ours, server = engines(tiny.gguf_target)
     prompt = ours.tokenize(PROMPT)
     k, mod = 8, NGRAM_MOD
-    flags = ("--spec-ngram-mod-n-match", str(mod["n_match"]), "--spec-ngram-mod-n-min", str(mod["n_min"]))
+    flags = ngram_mod_flags(mod)
     mine_request, theirs_request = ngram_mod(prompt, n, k), Request(prompt, n, "ngram-mod", k, flags=flags)
 
     def fresh_server():

@@ -35,7 +35,7 @@ from agent.engines.base import Request, Settings  # noqa: E402
 from agent.engines.llama_server import PROJECT_BUILD  # noqa: E402
 from agent.summary import summarise  # noqa: E402
 from bench.noise import NoiseProbe  # noqa: E402
-from cli.demo import NGRAM_MOD  # noqa: E402  (the tiny models' ngram-mod parameters, as the demo runs them)
+from cli.demo import NGRAM_MOD, ngram_mod_flags, ngram_mod_settings  # noqa: E402  (the tiny models' ngram-mod parameters, as the demo runs them)
 from cli.tiny import make_tiny  # noqa: E402
 
 PROMPT = (
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{line}  vs llama-bench tg{n} @ d{len(prompt)}")
 
         k, mod = args.ngram_depth, NGRAM_MOD
-        flags = ("--spec-ngram-mod-n-match", str(mod["n_match"]), "--spec-ngram-mod-n-min", str(mod["n_min"]))
+        flags = ngram_mod_flags(mod)
         mine, theirs = side_by_side(
             ours,
             server,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 n,
                 "ngram-mod",
                 k,
-                settings=Settings(ngram_mod_n_match=mod["n_match"], ngram_mod_n_min=mod["n_min"]),
+                settings=Settings(**ngram_mod_settings(mod)),
             ),
             Request(prompt, n, "ngram-mod", k, flags=flags),
             repeats,

@@ -71,6 +71,18 @@ SERVER_FLAGS = "-c 4096 -fa on --parallel 1"
 NGRAM_MOD = {"n_match": 4, "n_min": 1}
 
 
+def ngram_mod_settings(params: dict[str, int] = NGRAM_MOD) -> dict[str, int]:
+    """ngram-mod's parameters by sweep key ({"n_match": 4}) as the declared settings our loops take
+    ({"ngram_mod_n_match": 4}: specfleet/settings.py, sweep key ngram_mod.<key>)."""
+    rows = {s.sweep.partition(".")[2]: s.name for s in declared.SWEEP_SETTINGS if s.sweep.startswith("ngram_mod.")}
+    return {rows[key]: value for key, value in params.items()}
+
+
+def ngram_mod_flags(params: dict[str, int] = NGRAM_MOD) -> tuple[str, ...]:
+    """The same parameters as llama-server's flags (specfleet/settings.py TYPE_PARAMS["ngram-mod"])."""
+    return tuple(word for key, value in params.items() for word in (declared.TYPE_PARAMS["ngram-mod"][key], str(value)))
+
+
 def demo_sweeps(models, small: bool = False) -> list[dict]:
     """The tiny Llama pair with every method on both engines; MTP (and draft, n-gram, which
     must roll back recurrent state) on the hybrid Qwen3.5-style model on both engines, and

@@ -255,3 +255,19 @@ def test_every_spec_type_parameter_is_its_arms_flag_within_llama_cpps_bounds(row
     too_big = arms.replace(f"{key}: {row.lo + 1}", f"{key}: {row.hi + 1}")
     with pytest.raises(SweepError, match=re.escape(f"arms[0].params.{key}: must be at most {row.hi:g}")):
         parse_sweep(f"name: s\nengines: [llama-server]\n{models}prompt_sets: [qa]\n{too_big}")
+
+
+def test_the_demos_ngram_mod_parameters_are_the_declarations_settings_and_flags():
+    """cli/demo.py's NGRAM_MOD (bench/servers.py and bench/overhead.py run it too) reaches our loop
+    as the declared settings and llama-server as the declared flags, never spelled by hand."""
+    from cli.demo import NGRAM_MOD, ngram_mod_flags, ngram_mod_settings
+
+    assert ngram_mod_settings({"n_match": 4, "n_min": 1}) == {"ngram_mod_n_match": 4, "ngram_mod_n_min": 1}
+    assert ngram_mod_flags({"n_match": 4, "n_min": 1}) == (
+        "--spec-ngram-mod-n-match",
+        "4",
+        "--spec-ngram-mod-n-min",
+        "1",
+    )
+    settings = Settings(**ngram_mod_settings())
+    assert (settings.ngram_mod_n_match, settings.ngram_mod_n_min) == (NGRAM_MOD["n_match"], NGRAM_MOD["n_min"])
