@@ -164,7 +164,6 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
     chips, machines, prompts = (int(data[c].nunique()) for c in ("chip", "machine_id", "prompt_id"))
     if data.groupby("machine_id")["chip"].nunique().gt(1).any():
         raise ValueError("a machine (machine_id) belongs to one chip")
-    rows = {}
     y = data["value"].to_numpy(dtype=float)
     per_chip = data.groupby("chip")["machine_id"].nunique()
     resid_df = n - machines - prompts + 1
@@ -177,9 +176,24 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
         return pd.DataFrame(
             [_missing(c, k, NO_SPREAD) for c, k in zip(COMPONENTS, (chips, machines, prompts, n))], columns=COLUMNS
         )
-    x = _prompt_dummies(data["prompt_id"])
-    scale = math.nan
-    if chips >= 2 and (per_chip >= 2).any():
+    rows, scale = _chip_and_machine_rows(data, y, chips, machines, per_chip.ge(2).any(), confidence)
+    rows[PROMPT], prompt_scale = _prompt_row(data, y, prompts, confidence)
+    if not np.isfinite(scale) and np.isfinite(prompt_scale):
+        scale = prompt_scale * n / max(resid_df, 1)  # the centring's lost degrees of freedom
+    rows[RESIDUAL] = _residual_row(scale, n, resid_df, confidence)
+    return pd.DataFrame([rows[c] for c in COMPONENTS], columns=COLUMNS)
+
+
+def _chip_and_machine_rows(
+    data: pd.DataFrame, y: np.ndarray, chips: int, machines: int, repeated_chip: bool, confidence: float
+) -> tuple[dict, float]:
+    """The chip's and the machine's rows and the residual variance of their fit (NaN without
+    one): a chip and a machine-within-chip component where some chip has two machines, one
+    machine component (or chip and unit together) where machines differ, else missing rows."""
+    rows: dict = {}
+    n, x = len(data), _prompt_dummies(data["prompt_id"])
+    k = x.shape[1]
+    if chips >= 2 and repeated_chip:
         vc = {"machine": {}}
         for chip, idx in data.groupby("chip", sort=True).indices.items():
             codes, _ = pd.factorize(data["machine_id"].to_numpy()[idx], sort=True)
@@ -188,17 +202,14 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
             vc["machine"][chip] = z
         result, bse = _fit(y, x, data["chip"].to_numpy(), np.ones((n, 1)), vc)
         scale = float(result.scale)
-        k = x.shape[1]
         # params and bse after the fixed effects: the chip intercept's, then the machine
         # component's, both relative to the scale
         rows[CHIP] = _satterthwaite(CHIP, float(result.params[k]), float(bse[k]), chips, confidence)
         rows[MACHINE] = _satterthwaite(MACHINE, float(result.params[k + 1]), float(bse[k + 1]), machines, confidence)
-        for c in (CHIP, MACHINE):
-            rows[c] = _scaled(rows[c], scale)
-    elif machines >= 2:
+        return {c: _scaled(rows[c], scale) for c in (CHIP, MACHINE)}, scale
+    if machines >= 2:
         result, bse = _fit(y, x, data["machine_id"].to_numpy(), np.ones((n, 1)))
         scale = float(result.scale)
-        k = x.shape[1]
         if chips >= 2:  # every chip has one machine: the chip's and the unit's shares are one
             row = _satterthwaite(CHIP, float(result.params[k]), float(bse[k]), chips, confidence)
             rows[CHIP] = _scaled(row, scale) | dict(note="one machine per chip: chip and unit together")
@@ -207,27 +218,32 @@ def components(values: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataF
             row = _satterthwaite(MACHINE, float(result.params[k]), float(bse[k]), machines, confidence)
             rows[MACHINE] = _scaled(row, scale)
             rows[CHIP] = _missing(CHIP, chips, "one chip: no spread between chips")
-    else:
-        rows[CHIP] = _missing(CHIP, chips, "one machine: no spread between chips or units")
-        rows[MACHINE] = _missing(MACHINE, machines, "one machine: no spread between units")
-    if prompts >= 2:
-        centred = y - data.groupby("machine_id")["value"].transform("mean").to_numpy(dtype=float)
-        result, bse = _fit(centred, np.ones((n, 1)), data["prompt_id"].to_numpy(), np.ones((n, 1)))
-        rows[PROMPT] = _scaled(
-            _satterthwaite(PROMPT, float(result.params[1]), float(bse[1]), prompts, confidence), float(result.scale)
-        )
-        if not np.isfinite(scale):
-            scale = float(result.scale) * n / max(resid_df, 1)  # the centring's lost degrees of freedom
-    else:
-        rows[PROMPT] = _missing(PROMPT, prompts, "one prompt: no spread between prompts")
-    if np.isfinite(scale):
-        alpha = 1 - confidence
-        low = resid_df * scale / stats.chi2.ppf(1 - alpha / 2, resid_df)
-        high = resid_df * scale / stats.chi2.ppf(alpha / 2, resid_df)
-        rows[RESIDUAL] = _row(RESIDUAL, scale, low, high, n, float(resid_df))
-    else:
-        rows[RESIDUAL] = _missing(RESIDUAL, n, "no fit")
-    return pd.DataFrame([rows[c] for c in COMPONENTS], columns=COLUMNS)
+        return rows, scale
+    rows[CHIP] = _missing(CHIP, chips, "one machine: no spread between chips or units")
+    rows[MACHINE] = _missing(MACHINE, machines, "one machine: no spread between units")
+    return rows, math.nan
+
+
+def _prompt_row(data: pd.DataFrame, y: np.ndarray, prompts: int, confidence: float) -> tuple[dict, float]:
+    """The prompt's row, fitted on the values centred on their machine's mean, and that fit's
+    residual variance (NaN with one prompt)."""
+    if prompts < 2:
+        return _missing(PROMPT, prompts, "one prompt: no spread between prompts"), math.nan
+    n = len(data)
+    centred = y - data.groupby("machine_id")["value"].transform("mean").to_numpy(dtype=float)
+    result, bse = _fit(centred, np.ones((n, 1)), data["prompt_id"].to_numpy(), np.ones((n, 1)))
+    row = _satterthwaite(PROMPT, float(result.params[1]), float(bse[1]), prompts, confidence)
+    return _scaled(row, float(result.scale)), float(result.scale)
+
+
+def _residual_row(scale: float, n: int, resid_df: int, confidence: float) -> dict:
+    """The residual's row: its variance with the chi-square interval on resid_df."""
+    if not np.isfinite(scale):
+        return _missing(RESIDUAL, n, "no fit")
+    alpha = 1 - confidence
+    low = resid_df * scale / stats.chi2.ppf(1 - alpha / 2, resid_df)
+    high = resid_df * scale / stats.chi2.ppf(alpha / 2, resid_df)
+    return _row(RESIDUAL, scale, low, high, n, float(resid_df))
 
 
 def _scaled(row: dict, scale: float) -> dict:
