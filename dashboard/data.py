@@ -380,19 +380,24 @@ def _selection_state(address: str, token: str) -> dict:
 def selections(v: Version) -> dict[str, dict]:
     """Per claim id, the runs its conditions select and what each condition left out. Runs
     never change once stored: each claim's counts are carried forward and only the runs
-    stored since are counted (claims.selection with seqs, merge_selections)."""
+    stored since are counted, for every claim in one scan (queries.selections_of, merge_selections)."""
     path = ledger_path()
     mtime = os.path.getmtime(path)
     state = _selection_state(v.address, v.token)
-    out = {}
+    claims = _claims(path, mtime)
     with state["lock"], contextlib.closing(_db(v).cursor()) as con:
-        for c in _claims(path, mtime):
+        due: dict[int, list[ledger.Claim]] = {}  # per runs' sequence counted up to: the claims to count on
+        for c in claims:
             seen, upto, sel = state.get(c.id, (None, 0, None))
-            if seen != mtime:
-                upto, sel = 0, None
-            if sel is None or upto < v.runs:
-                new = ledger.selection(c, con, (upto, v.runs))
-                sel = new if sel is None else ledger.merge_selections(sel, new)
-                state[c.id] = (mtime, v.runs, sel)
-            out[c.id] = sel
-    return out
+            if seen != mtime or sel is None:
+                upto = 0
+            if seen != mtime or sel is None or upto < v.runs:
+                due.setdefault(upto, []).append(c)
+        for upto, some in due.items():  # one scan for all claims counted up to the same run
+            counted = queries.selections_of(some, con, (upto, v.runs), cells=True)
+            for c in some:
+                seen, _, sel = state.get(c.id, (None, 0, None))
+                new = counted[c.id]
+                old = sel if seen == mtime and upto else None
+                state[c.id] = (mtime, v.runs, new if old is None else ledger.merge_selections(old, new))
+        return {c.id: state[c.id][2] for c in claims}
