@@ -303,10 +303,13 @@ def run_count(db) -> int:
 
 
 def filter_options(db) -> dict[str, list[str]]:
+    """Per filter field, the values of the generation runs (read from the mirror's group_cells,
+    which holds each of them, where it has them: GROUP_CELLS)."""
+    table = "group_cells" if _has_table(db, "group_cells") else "runs"
     out = {}
     for field, column in FILTER_COLUMNS.items():
         df = db.query(
-            f"SELECT DISTINCT {column} AS value FROM runs"
+            f"SELECT DISTINCT {column} AS value FROM {table}"
             f" WHERE method != '{VERIFY_COST}' AND {column} != '' ORDER BY 1",
         )
         out[field] = df["value"].tolist() if not df.empty else []

@@ -59,6 +59,7 @@ def _compare(mirror, last: int, ledger, short: int) -> dict:
     with mirror.cursor() as con, view.cursor() as of_sweep:
         out = {
             "groups": [(queries.groups(mirror, f), queries.groups(Direct(mirror), f)) for f in filters],
+            "options": (queries.filter_options(mirror), queries.filter_options(Direct(mirror))),
             "counted": queries.selections_of(ledger, con, (0, last), cells=True),
             "scanned": queries.selections_of(ledger, con, (0, last)),
             "one by one": {c.id: claims.selection(c, con, (0, last)) for c in ledger},
@@ -83,10 +84,12 @@ def test_the_later_sync_adds_runs_to_groups_the_mirror_held(synced_twice):
 
 
 @pytest.mark.parametrize("sync", [0, 1])
-def test_the_counted_groups_equal_the_groups_of_every_run(synced_twice, sync):
+def test_the_counted_groups_and_filters_equal_those_of_every_run(synced_twice, sync):
     for counted, direct in synced_twice[sync]["groups"]:
         assert len(counted) and (counted["runs"] > 0).all()
         pd.testing.assert_frame_equal(counted, direct)
+    counted, direct = synced_twice[sync]["options"]
+    assert counted == direct and all(counted[k] for k in ("model", "system", "method", "sampler"))
 
 
 @pytest.mark.parametrize("sync", [0, 1])
