@@ -13,6 +13,7 @@ Its peak memory (ru_maxrss) closes its report. Prints one table with the issue's
 
     .venv/bin/python bench/dashboard.py                 # 10k, 100k, 1M (about 15 minutes)
     .venv/bin/python bench/dashboard.py --sizes 10000   # one size
+    .venv/bin/python bench/dashboard.py --sizes 1000000 --keep build/bench   # seed once, copy after
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -168,14 +170,30 @@ def ingest_block(held, runs: int, scrape_address: str | None) -> float:
     return per * len(held) / elapsed
 
 
-def measure(size: int, tmp: Path) -> dict:
-    from tests.support.processes import start_coordinator, stop
+def seeded(size: int, tmp: Path, keep: Path | None) -> Path:
+    """A fresh store of `size` synthetic runs in tmp: seeded there, or, with `keep`, copied from
+    the one seeded there once (keep/fleet-SIZE; a million runs take minutes to seed on 2 cores)."""
     from tests.support.synthetic import seed
 
     data_dir = tmp / f"fleet-{size}"
+    if keep is None:
+        seed(data_dir, size)
+        return data_dir
+    kept = keep / f"fleet-{size}"
+    if not kept.exists():
+        shutil.rmtree(keep / f"partial-{size}", ignore_errors=True)  # a seed cut short
+        seed(keep / f"partial-{size}", size)
+        (keep / f"partial-{size}").rename(kept)  # there only once whole
+    shutil.copytree(kept, data_dir)
+    return data_dir
+
+
+def measure(size: int, tmp: Path, keep: Path | None = None) -> dict:
+    from tests.support.processes import start_coordinator, stop
+
     out: dict = {"size": size}
     start = time.perf_counter()
-    seed(data_dir, size)
+    data_dir = seeded(size, tmp, keep)
     out["seed"] = time.perf_counter() - start
     start = time.perf_counter()
     proc, endpoints = start_coordinator(data_dir)
@@ -254,12 +272,13 @@ def report(results: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--keep", type=Path, help="seed each size once into this folder, copied from there after")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child()
     with NoiseProbe() as probe, tempfile.TemporaryDirectory(prefix="specfleet-bench-dashboard-") as tmp:
-        results = [measure(n, Path(tmp)) for n in args.sizes]
+        results = [measure(n, Path(tmp), args.keep) for n in args.sizes]
     print("seconds unless named; pages rendered through Streamlit's AppTest; runs stored 10k at a time")
     report(results)
     print(probe.summary())
