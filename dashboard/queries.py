@@ -179,8 +179,9 @@ SELECTION_CELLS = [
 
 
 # Per comparable group, its checked keys, what names it and what the filters select on, chip and
-# machine: the generation runs, counted as runs arrive (of this page: runs is append-only), so
-# that the group selector reads a few thousand rows, not a million (groups()).
+# machine: the generation runs, counted as runs arrive (the page's, with the labels the mirror
+# derives from them: LABELS), so that the group selector and the filters read a few thousand
+# rows, not a million (groups(), filter_options()).
 GROUP_COLUMNS = ("comparable", *CHECKED_KEYS, "target_reference", "draft_reference", "prompt_set", "model")
 GROUP_COLUMNS += ("draft_model", "system_label", "method", "sampler", "chip", "machine_id")
 _GROUPED = ", ".join(GROUP_COLUMNS)
@@ -189,7 +190,7 @@ GROUP_CELLS = [
     " FROM runs LIMIT 0",
     f"CREATE OR REPLACE TABLE group_cells AS SELECT {_GROUPED}, sum(n)::BIGINT AS n, min(first_seq) AS first_seq"
     f" FROM (SELECT * FROM group_cells UNION ALL BY NAME SELECT {_GROUPED}, count(*) AS n, min(seq) AS first_seq"
-    f" FROM runs WHERE seq >= (SELECT min(seq) FROM _batch) AND method != '{VERIFY_COST}' GROUP BY ALL) GROUP BY ALL",
+    f" FROM (SELECT *, {LABELS} FROM _batch) WHERE method != '{VERIFY_COST}' GROUP BY ALL) GROUP BY ALL",
 ]
 
 
