@@ -288,7 +288,7 @@ def version_changes(v: Version, f: Filters, tolerance: float = queries.versions.
 
 @on_runs
 def version_settings(v: Version, f: Filters) -> pd.DataFrame:
-    return queries.version_settings(queries.version_per_prompt(_db(v), f))
+    return queries.version_settings(queries.version_per_prompt(_db(v), f, several=True))
 
 
 @on_runs

@@ -178,19 +178,25 @@ SELECTION_CELLS = [
 ]
 
 
-# Per comparable group, its checked keys, what names it and what the filters select on, chip and
-# machine: the generation runs, counted as runs arrive (the page's, with the labels the mirror
-# derives from them: LABELS), so that the group selector and the filters read a few thousand
-# rows, not a million (groups(), filter_options()).
+# A setting's id and a version's label: specfleet/versions.py's SQL (from the declaration's checked
+# keys), the same text the coordinator's /metrics names them by.
+SETTING_ID, VERSION_LABEL = versions.SETTING_SQL, versions.VERSION_SQL
+# Per comparable group (its checked keys, so its setting and version too), what names it and
+# what the filters select on, chip and machine: the generation runs, counted as runs arrive (the
+# page's, with the labels the mirror derives from them: LABELS), so that the group selector, the
+# filters and the Versions page's choice of settings read a few thousand rows, not a million
+# (groups(), filter_options(), version_per_prompt()).
 GROUP_COLUMNS = ("comparable", *CHECKED_KEYS, "target_reference", "draft_reference", "prompt_set", "model")
 GROUP_COLUMNS += ("draft_model", "system_label", "method", "sampler", "chip", "machine_id")
-_GROUPED = ", ".join(GROUP_COLUMNS)
+_COUNTED = ", ".join(GROUP_COLUMNS) + f", {SETTING_ID} AS setting, {VERSION_LABEL} AS version"
+GROUP_COLUMNS += ("setting", "version")
 GROUP_CELLS = [
-    f"CREATE TABLE IF NOT EXISTS group_cells AS SELECT {_GROUPED}, 0::BIGINT AS n, 0::BIGINT AS first_seq"
+    f"CREATE TABLE IF NOT EXISTS group_cells AS SELECT {_COUNTED}, 0::BIGINT AS n, 0::BIGINT AS first_seq"
     " FROM runs LIMIT 0",
-    f"CREATE OR REPLACE TABLE group_cells AS SELECT {_GROUPED}, sum(n)::BIGINT AS n, min(first_seq) AS first_seq"
-    f" FROM (SELECT * FROM group_cells UNION ALL BY NAME SELECT {_GROUPED}, count(*) AS n, min(seq) AS first_seq"
-    f" FROM (SELECT *, {LABELS} FROM _batch) WHERE method != '{VERIFY_COST}' GROUP BY ALL) GROUP BY ALL",
+    f"CREATE OR REPLACE TABLE group_cells AS SELECT {', '.join(GROUP_COLUMNS)}, sum(n)::BIGINT AS n,"
+    f" min(first_seq) AS first_seq FROM (SELECT * FROM group_cells UNION ALL BY NAME SELECT {_COUNTED},"
+    f" count(*) AS n, min(seq) AS first_seq FROM (SELECT *, {LABELS} FROM _batch) WHERE method != '{VERIFY_COST}'"
+    " GROUP BY ALL) GROUP BY ALL",
 ]
 
 
@@ -723,20 +729,30 @@ def roofline(db, f: Filters) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- versions
 
-# A setting's id and a version's label: specfleet/versions.py's SQL (from the declaration's checked
-# keys), the same text the coordinator's /metrics names them by.
-SETTING_ID, VERSION_LABEL = versions.SETTING_SQL, versions.VERSION_SQL
 SETTING_COLUMNS = ["setting", "system_label", "engine", "model", "draft_model", "prompt_set", "context_tokens"]
 SETTING_COLUMNS += ["sampler", "versions"]
 
 
-def version_per_prompt(db, f: Filters) -> pd.DataFrame:
+def version_per_prompt(db, f: Filters, several: bool = False) -> pd.DataFrame:
     """specfleet/versions.py's input: per setting, version, chip, arm, machine and prompt, the
     mean log decode tok/s over the prompt's repeats, the log of the mean acceptance rate, the
     repeats and the first ingest sequence; with what names the setting. Only runs that may
     enter a figure (specfleet.speedup: the job's current attempt, nominal or unknown, never
-    lossy, a speed above 0); `f.comparable` is ignored (a group holds one version)."""
-    source, params = selected(dataclasses.replace(f, comparable=""))
+    lossy, a speed above 0); `f.comparable` is ignored (a group holds one version). With
+    `several`, only the runs of settings that the runs `f` selects hold under two or more
+    versions, all that version_settings and version_changes read: found in the mirror's
+    group_cells (GROUP_CELLS) where it has them, and the runs narrowed to their groups."""
+    f = dataclasses.replace(f, comparable="")
+    source, params = selected(f)
+    if several and _has_table(db, "group_cells"):
+        cells, _ = selected(f, table="group_cells")
+        groups = db.query(
+            f"SELECT DISTINCT comparable FROM {cells} WHERE setting IN (SELECT setting FROM {cells}"
+            " GROUP BY setting HAVING count(DISTINCT version) >= 2)",
+            params,
+        )
+        params = {**params, "several": groups["comparable"].tolist() if not groups.empty else []}
+        source = f"(SELECT * FROM {source} WHERE list_contains($several::VARCHAR[], comparable))"
     return db.query(
         f"SELECT {SETTING_ID} AS setting, {VERSION_LABEL} AS version, chip, method, depth, machine_id, prompt_id,"
         " avg(ln(decode_tokens_per_second)) AS log_tps, ln(nullif(avg(acceptance_rate), 0)) AS log_acceptance,"
@@ -769,7 +785,7 @@ def version_changes(db, f: Filters, tolerance: float = versions.TOLERANCE) -> pd
     under several (decode tok/s per arm, speedup, acceptance), per chip, with what names the
     setting: ratio new / old, its interval, the change called (regression, gain, unchanged,
     inconclusive) with tolerance `tolerance`."""
-    per_prompt = version_per_prompt(db, f)
+    per_prompt = version_per_prompt(db, f, several=True)
     settings = version_settings(per_prompt)
     if settings.empty:
         return pd.DataFrame(columns=[*versions.COLUMNS, *SETTING_COLUMNS[1:-1]])

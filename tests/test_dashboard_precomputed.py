@@ -60,6 +60,18 @@ def _compare(mirror, last: int, ledger, short: int) -> dict:
         out = {
             "groups": [(queries.groups(mirror, f), queries.groups(Direct(mirror), f)) for f in filters],
             "options": (queries.filter_options(mirror), queries.filter_options(Direct(mirror))),
+            "settings": [
+                (queries.version_per_prompt(mirror, f, several=True), queries.version_per_prompt(Direct(mirror), f))
+                for f in filters
+            ],
+            # each group's setting and version as counted, against the runs' own
+            "misnamed": int(
+                mirror.query(
+                    f"SELECT count(*) AS n FROM runs r JOIN group_cells g USING (comparable)"
+                    f" WHERE g.setting != {queries.SETTING_ID.replace('CAST(', 'CAST(r.')}"
+                    f" OR g.version != {queries.VERSION_LABEL.replace('CAST(', 'CAST(r.')}"
+                )["n"][0]
+            ),
             "counted": queries.selections_of(ledger, con, (0, last), cells=True),
             "scanned": queries.selections_of(ledger, con, (0, last)),
             "one by one": {c.id: claims.selection(c, con, (0, last)) for c in ledger},
@@ -105,3 +117,14 @@ def test_a_shorter_range_or_one_sweep_is_counted_on_its_runs(synced_twice):
     assert seen["short"] == seen["short one by one"] == first["counted"] != seen["counted"]
     assert seen["sweep"] == seen["sweep one by one"]
     assert any(s["selected"] for s in seen["sweep"].values())
+
+
+@pytest.mark.parametrize("sync", [0, 1])
+def test_the_versions_page_reads_the_settings_of_several_versions_alone(synced_twice, sync):
+    """The synthetic fleet measured each setting under one version: no setting to read, and the
+    counted settings and versions are the runs' own."""
+    seen = synced_twice[sync]
+    assert seen["misnamed"] == 0
+    for several, every in seen["settings"]:
+        assert len(every) and several.empty
+        pd.testing.assert_frame_equal(queries.version_settings(several), queries.version_settings(every))
