@@ -128,3 +128,28 @@ def test_the_versions_page_reads_the_settings_of_several_versions_alone(synced_t
     for several, every in seen["settings"]:
         assert len(every) and several.empty
         pd.testing.assert_frame_equal(queries.version_settings(several), queries.version_settings(every))
+
+
+def test_the_versions_of_a_planted_regression_read_from_the_counts_equal_those_of_every_run(tmp_path):
+    """tests/support/versions.py's fleet (one setting under two versions) added to a mirror as
+    pages of new rows, its runs in two pages (the later one adds runs to groups held): the
+    narrowed Versions figures equal those of every run."""
+    from tests.support.versions import Db, per_prompt, stored_runs
+
+    runs, jobs = stored_runs(per_prompt(5))
+    mirror = queries.open_mirror("127.0.0.1:1", "unused", path=tmp_path / "mirror.duckdb")
+    try:
+        mirror._add("jobs", "job_id", jobs, 1)
+        half = len(runs) // 2
+        for page in (runs.iloc[:half], runs.iloc[half:]):
+            mirror._add("runs", "run_id", page.reset_index(drop=True), int(page["seq"].max()))
+        every = Db(runs, jobs)
+        got, expected = (queries.version_changes(db, queries.Filters()) for db in (mirror, every))
+        assert len(got) and (got["change"] == "regression").any()
+        pd.testing.assert_frame_equal(got, expected)
+        pd.testing.assert_frame_equal(
+            queries.version_settings(queries.version_per_prompt(mirror, queries.Filters(), several=True)),
+            queries.version_settings(queries.version_per_prompt(every, queries.Filters())),
+        )
+    finally:
+        mirror.close()
