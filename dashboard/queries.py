@@ -167,7 +167,7 @@ RUN_FLAGS = [
 SELECTION_COLUMNS = (
     "engine", "system", "method", "depth", "chip", "target_reference", "target_digest", "target_quantisation",
     "target_architecture", "prompt_category", "prompt_set", "context_tokens", "engine_version", "server_version",
-    *(f"sampler_{k}" for k in ledger.SAMPLER_KEYS), *sorted(ledger.DECLARED_CONDITIONS),
+    *(f"sampler_{s.key}" for s in declared.SAMPLER), *sorted(ledger.DECLARED_CONDITIONS),
 )  # fmt: skip
 _CELLS = ", ".join(SELECTION_COLUMNS)
 SELECTION_CELLS = [
