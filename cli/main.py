@@ -183,12 +183,14 @@ def cmd_coordinator_serve(args) -> int:
         tls_cert=opt(args.tls_cert),
         tls_key=opt(args.tls_key),
         tls_client_ca=opt(args.tls_client_ca),
+        store=args.store,
+        name=args.name,
     )
     coordinator = Coordinator(config).start()
     quiet_gc()
     print(
         f"coordinator: gRPC on {config.host}:{coordinator.port}, metrics on {coordinator.metrics_port}, "
-        f"data in {config.data_dir}",
+        f"data in {coordinator.store.path}",
         flush=True,
     )
     done = threading.Event()
@@ -602,6 +604,14 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--tls-cert", help="serve gRPC and /metrics over TLS with this certificate")
     flag(p, "--tls-key", help="the certificate's key")
     flag(p, "--tls-client-ca", help="require client certificates (mTLS)")
+    flag(
+        p,
+        "--store",
+        default="file",
+        help="'file' (one DuckDB file in --data-dir) or ducklake:postgres://USER@HOST:PORT/DB?data_path=DIR,"
+        " a DuckLake several coordinators share",
+    )
+    flag(p, "--name", default="", help="this coordinator's label on /metrics (specfleet_coordinator_info)")
     p.set_defaults(fn=cmd_coordinator_serve)
 
     token = sub.add_parser("token", help="enrolment tokens").add_subparsers(dest="sub", required=True)

@@ -79,8 +79,9 @@ def ensure_admin_credential(store: Store, existing: str | None) -> str:
     credential = existing or "sfadm." + secrets.token_urlsafe(32)
     with store.tx() as con:
         con.execute(
-            "INSERT INTO admin_credentials VALUES (?, ?) ON CONFLICT DO NOTHING",
-            [hash_secret(credential), time.time()],
+            "INSERT INTO admin_credentials SELECT $hash, $now"  # no key on a lake table to conflict on
+            " WHERE NOT EXISTS (SELECT 1 FROM admin_credentials WHERE credential_hash = $hash)",
+            {"hash": hash_secret(credential), "now": time.time()},
         )
     return credential
 

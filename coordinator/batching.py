@@ -18,13 +18,16 @@ MAX_BATCH = 1000
 
 
 class Database:
-    """Runs blocking store work on one thread, off the event loop, in the caller's context."""
+    """Runs blocking store work on one thread, off the event loop, in the caller's context,
+    through `retrying(fn, *args)` (Store.retrying: a lake transaction that lost the race to
+    another coordinator runs again)."""
 
-    def __init__(self):
+    def __init__(self, retrying: Callable = lambda fn, *args: fn(*args)):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duckdb")
+        self._retrying = retrying
 
     async def run(self, fn: Callable, *args: Any) -> Any:
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        call = functools.partial(contextvars.copy_context().run, self._retrying, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ _KEY_COLUMNS = ", ".join(CHECKED_KEYS)
 # figure_groups takes its checked keys' types from runs (_schema).
 SCHEMA = """
 CREATE TABLE figure_groups (
-    comparable VARCHAR PRIMARY KEY, {keys}, target_reference VARCHAR, draft_reference VARCHAR,
+    comparable VARCHAR, {keys}, target_reference VARCHAR, draft_reference VARCHAR,
     prompt_set VARCHAR, runs BIGINT);
 CREATE TABLE figure_arms (
     comparable VARCHAR, chip VARCHAR, engine VARCHAR, method VARCHAR, depth INTEGER,
@@ -69,12 +69,14 @@ _COLLECT = (
 _PROMPT_RUNS = "figure_prompt_runs"
 _TOUCHED_PROMPTS = f"(SELECT DISTINCT job_id, attempt, prompt_id FROM {_PROMPT_RUNS} WHERE {_GENERATION})"
 
+# MERGE, not INSERT ... ON CONFLICT: a DuckLake table has no key to conflict on (coordinator/lake.py).
 _GROUPS = f"""
-INSERT INTO figure_groups
-SELECT {speedup.COMPARABLE_ID} AS comparable, {_KEY_COLUMNS}, any_value(target_reference),
-       any_value(draft_reference), any_value(prompt_set), count(*)
-FROM {_BATCH} AND {_GENERATION} GROUP BY ALL
-ON CONFLICT DO UPDATE SET runs = runs + excluded.runs
+MERGE INTO figure_groups g USING (
+    SELECT {speedup.COMPARABLE_ID} AS comparable, {_KEY_COLUMNS}, any_value(target_reference) AS target_reference,
+           any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set, count(*) AS runs
+    FROM {_BATCH} AND {_GENERATION} GROUP BY ALL) b ON g.comparable = b.comparable
+WHEN MATCHED THEN UPDATE SET runs = g.runs + b.runs
+WHEN NOT MATCHED THEN INSERT BY NAME
 """
 _FORGET = "DELETE FROM {table} f USING " + _TOUCHED_PROMPTS + " t"
 _FORGET += " WHERE f.job_id = t.job_id AND f.attempt = t.attempt AND f.prompt_id = t.prompt_id"

@@ -197,6 +197,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     _reclaim_lapsed(scheduler, [reports[i] for i in todo])
     now = time.time()
     stored = {}  # run id -> (seq, agent id, record sha256) of the runs in this batch that are stored
+    unique = scheduler.store.unique_keys
     # One statement inserts the new runs: it commits on its own, and the store's lock keeps
     # every other writer out between the leases' check and the insert.
     with scheduler.store.autocommit() as con:
@@ -233,7 +234,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
             rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag, machines[r.agent_id]])
         if rows:
             try:
-                inserted = _insert(con, [v for _, v in rows.values()])
+                inserted = _insert(con, [v for _, v in rows.values()], unique)
             except duckdb.Error as e:
                 if store_fault(e):
                     raise
@@ -242,7 +243,7 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 inserted = []
                 for i, values in rows.values():
                     try:
-                        inserted += _insert(con, [values])
+                        inserted += _insert(con, [values], unique)
                     except duckdb.Error as one:
                         if store_fault(one):
                             raise
@@ -298,19 +299,30 @@ def _machine_of(con, agent_id: str) -> str:
     return row[0] if row and row[0] else agent_id
 
 
-def _insert(con, rows: list[list]) -> list[tuple[str, int]]:
+def _insert(con, rows: list[list], unique_keys: bool = True) -> list[tuple[str, int]]:
     """Insert rows (column values in INSERTED_COLUMNS order); (run id, seq) of each stored.
-    A run id stored already is skipped (a retry)."""
+    A run id stored already is skipped (a retry). Without unique_keys (a lake table has no key
+    to refuse a duplicate: coordinator/lake.py) the stored run ids are always left out first."""
     columns = [list(column) for column in zip(*rows)]
     run_ids = columns[0]
-    try:  # one list parameter per column: DuckDB reads the rows without calling back into Python
-        return con.execute(INSERT_BATCH + " RETURNING run_id, seq", columns).fetchall()
-    except duckdb.ConstraintException:  # a retry of a stored run: the statement stored
-        return con.execute(  # nothing; insert the others (checking costs 2-3 ms)
+    if unique_keys:
+        try:  # one list parameter per column: DuckDB reads the rows without calling back into Python
+            return con.execute(INSERT_BATCH + " RETURNING run_id, seq", columns).fetchall()
+        except duckdb.ConstraintException:  # a retry of a stored run: the statement stored nothing
+            pass
+        return con.execute(  # insert the others (checking costs 2-3 ms)
             INSERT_BATCH + f" WHERE b.run_id NOT IN (SELECT run_id FROM runs WHERE run_id IN"
             f" {placeholders(run_ids)}) RETURNING run_id, seq",
             columns + run_ids,
         ).fetchall()
+    # A DuckLake insert returns nothing (no RETURNING): the new run ids are those not stored before.
+    stored = f"SELECT run_id FROM runs WHERE run_id IN {placeholders(run_ids)}"
+    fresh = set(run_ids) - {run_id for (run_id,) in con.execute(stored, run_ids).fetchall()}
+    if not fresh:
+        return []
+    con.execute(INSERT_BATCH, [[c for c, run_id in zip(column, run_ids) if run_id in fresh] for column in columns])
+    fresh = list(fresh)
+    return con.execute(f"SELECT run_id, seq FROM runs WHERE run_id IN {placeholders(fresh)}", fresh).fetchall()
 
 
 # One list parameter per column; DuckDB takes each list's type from its Python values (casts

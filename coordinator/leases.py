@@ -82,11 +82,11 @@ class Leases:
 
     def may_have_work(self, agent_id: str) -> bool:
         """False when the agent surely has no queued job (no database needed to tell)."""
-        return agent_id in self._may_have_work
+        return self.shared or agent_id in self._may_have_work
 
     def try_acquire(self, agent_id: str) -> LeasedJob | None:
         """Lease the agent's next queued job now, or return None."""
-        if agent_id not in self._may_have_work:
+        if not self.may_have_work(agent_id):
             return None
         now = self.clock()
         with self.transaction() as con:
@@ -129,10 +129,15 @@ class Leases:
         """`agent_id`'s live lease `lease_id` on `job_id` (or the lease of its attempt that ended
         held, whose runs are still to come), or SchedulerError saying why it is not (naming the
         job's state, read from the table when the lease is gone)."""
-        with self._lock:
-            lease = self._leases.get(job_id)
-        if lease is not None and lease.agent_id == agent_id and lease.lease_id == lease_id:
-            return lease
+        if self.shared:  # another coordinator may have changed it: the jobs table says
+            lease = self._table_lease(con, agent_id, job_id, lease_id)
+            if lease is not None:
+                return lease
+        else:
+            with self._lock:
+                lease = self._leases.get(job_id)
+            if lease is not None and lease.agent_id == agent_id and lease.lease_id == lease_id:
+                return lease
         held = con.execute(
             "SELECT j.sweep_id, ag.chip FROM attempts a JOIN jobs j USING (job_id) JOIN agents ag"
             " ON ag.agent_id = a.agent_id WHERE a.lease_id = ? AND a.job_id = ? AND a.agent_id = ?"
@@ -148,6 +153,23 @@ class Leases:
         raise lease_problem(agent_id, job_id, lease_id, row) or SchedulerError(
             f"lease {lease_id} on job {job_id} is no longer valid"  # being expired by the reaper
         )
+
+    def _table_lease(self, con, agent_id: str, job_id: str, lease_id: str) -> Lease | None:
+        """The lease as the jobs table holds it (shared lake), None unless it is the agent's live
+        one: taken into memory, so that this coordinator's heartbeats extend it, whichever
+        coordinator leased it."""
+        row = con.execute(
+            "SELECT j.agent_id, j.state, j.lease_id, j.sweep_id, a.chip, j.lease_expires_at"
+            " FROM jobs j JOIN agents a USING (agent_id) WHERE j.job_id = ?",
+            [job_id],
+        ).fetchone()
+        if row is None or lease_problem(agent_id, job_id, lease_id, row[:3]) is not None:
+            return None
+        with self._lock:
+            lease = self._leases.get(job_id)
+            if lease is None or lease.lease_id != lease_id:
+                lease = self._leases[job_id] = Lease(agent_id, lease_id, row[3], row[4], row[5])
+        return lease
 
     def live(self, agent_id: str, job_id: str, lease_id: str) -> bool:
         """Whether `lease_id` on `job_id` is `agent_id`'s live lease (in memory: no database)."""
@@ -209,6 +231,10 @@ class Leases:
         or not the agent's."""
         with self._lock:
             lease = self._leases.get(job_id)
+        if lease is None and self.shared:  # leased by another coordinator, perhaps
+            with self.store.reader() as con:
+                lease = self._table_lease(con, agent_id, job_id, lease_id)
+        with self._lock:
             if lease is None or lease.agent_id != agent_id or lease.lease_id != lease_id:
                 return None
             lease.expires_at = self.clock() + self.lease_seconds
@@ -281,6 +307,8 @@ class Leases:
 
     def expire_leases(self) -> int:
         """Requeue (or fail) every job whose lease has run out; called periodically."""
+        if self.shared:
+            return self._expire_table_leases()
         now = self.clock()
         with self.store.lock:
             with self._lock:  # from now on no heartbeat extends them
@@ -300,4 +328,25 @@ class Leases:
                     self._leases.update(expired)
                 raise
         self._wake({lease.agent_id for lease in expired.values()})
+        return len(expired)
+
+    def _expire_table_leases(self) -> int:
+        """expire_leases on a shared lake: the leases the jobs table holds as run out, whichever
+        coordinator leased them, less those this one extended since its last write of them."""
+        now = self.clock()
+        with self.store.lock:
+            with self._lock:
+                fresh = {j for j in self._extended if (lease := self._leases.get(j)) and lease.expires_at > now}
+            with self.transaction() as con:
+                expired = [
+                    (job_id, agent_id)
+                    for job_id, agent_id in con.execute(
+                        "SELECT job_id, agent_id FROM jobs WHERE state = 'leased' AND lease_expires_at <= ?", [now]
+                    ).fetchall()
+                    if job_id not in fresh
+                ]
+                for job_id, agent_id in expired:
+                    self._end_attempt(con, job_id, now, "lease expired without a heartbeat", outcome="expired")
+                    self._release_agent(con, agent_id)
+        self._wake({agent_id for _, agent_id in expired})
         return len(expired)

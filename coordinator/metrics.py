@@ -24,7 +24,7 @@ import time
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -197,8 +197,13 @@ def _label_value(key: str, value) -> str:
 
 
 class Metrics:
-    def __init__(self, scheduler: Scheduler, results_every: float = RESULTS_EVERY_SECONDS):
+    def __init__(self, scheduler: Scheduler, results_every: float = RESULTS_EVERY_SECONDS, coordinator: str = ""):
         self.registry = CollectorRegistry()
+        # Which coordinator answers, and on which store: several coordinators of one lake are told
+        # apart by this label (the fleet-wide figures are the same from each: they read the lake).
+        Info("specfleet_coordinator", "This coordinator and its store", registry=self.registry).info(
+            {"coordinator": coordinator, "store": "file" if scheduler.store.lake is None else "lake"}
+        )
         self.registry.register(FleetCollector(scheduler))
         self.results = ResultFigures(scheduler.store, results_every)
         self.runs_ingested = Counter("specfleet_runs_ingested_total", "Runs stored", registry=self.registry)

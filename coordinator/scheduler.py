@@ -86,6 +86,10 @@ class Scheduler(Leases, JobEnds):
         self.store = store
         self.clock = clock
         self.lease_seconds = lease_seconds
+        # On a lake that other coordinators write too (coordinator/lake.py), what this process
+        # keeps in memory may be stale: every lease is checked in the jobs table, expiries are
+        # read from it, and every agent may have work (a sweep submitted elsewhere).
+        self.shared = store.lake is not None
         self._work = threading.Condition()
         # Called with the ids of agents that may have a job now (the server's long-polls listen).
         self.listeners: list[Callable[[set[str]], None]] = []

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coordinator import auth
 from coordinator.batching import Database
+from coordinator.lake import LakeUrl
 from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer, check_lease
@@ -61,6 +62,11 @@ class CoordinatorConfig:
     # How long a stopping coordinator lets calls in flight finish; agents' idle streams (heartbeats,
     # results) stay open until then, so a stop with agents connected takes this long.
     stop_grace_seconds: float = 2.0
+    # "file" (the embedded default: one DuckDB file in data_dir) or a DuckLake that several
+    # coordinators share (coordinator/lake.py: ducklake:postgres://...?data_path=DIR).
+    store: str = "file"
+    # The /metrics label naming this coordinator among those of one lake; "" for none.
+    name: str = ""
 
 
 def quiet_gc() -> None:
@@ -108,13 +114,13 @@ class Coordinator:
         if config.tls_key:
             private_key_file(config.tls_key)
         self.config = config
-        self.store = Store(config.data_dir)
-        self.scheduler = Scheduler(self.store, lease_seconds=config.lease_seconds)
-        self.metrics = Metrics(self.scheduler)
-        credential = auth.ensure_admin_credential(self.store, admin_credential(config.data_dir))
+        self.store = Store(config.data_dir, None if config.store == "file" else LakeUrl.parse(config.store))
+        self.scheduler = self.store.retrying(lambda: Scheduler(self.store, lease_seconds=config.lease_seconds))
+        self.metrics = Metrics(self.scheduler, coordinator=config.name)
+        credential = self.store.retrying(auth.ensure_admin_credential, self.store, admin_credential(config.data_dir))
         write_private(config.data_dir / ADMIN_TOKEN_FILE, credential + "\n")
 
-        self.db = Database()
+        self.db = Database(self.store.retrying)
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
         self._loop_thread.start()
@@ -213,7 +219,7 @@ class Coordinator:
     def _reap(self) -> None:
         while not self._stopping.wait(REAPER_INTERVAL_SECONDS):
             try:
-                expired = self.scheduler.expire_leases()
+                expired = self.store.retrying(self.scheduler.expire_leases)
             except StoreUnavailable:  # logged by the store, once; leases are extended in memory meanwhile
                 continue
             except Exception:  # keep reaping; the next pass retries

@@ -45,6 +45,7 @@ MAX_EXPORT_ROWS = 50_000
 # Heartbeats are written this often: an agent's last contact in the table lags by up to this
 # (agents beat every HEARTBEAT_INTERVAL_SECONDS), as does a lease's expiry, read only at restart.
 FLUSH_SECONDS = 5.0
+SHARED_POLL_SECONDS = 1.0  # how often a long-poll looks again on a lake other coordinators write
 FLUSH_CHUNK = 100
 # Results wait this long to share a transaction: a commit costs milliseconds, a row far less.
 REPORT_LINGER_SECONDS = 0.005
@@ -232,11 +233,14 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             self.keep_beat(Beat(agent_id, status="waiting for a job"))
             job = await self.try_acquire(agent_id, context)
             while job is None and (remaining := deadline - loop.time()) > 0:
+                if self.scheduler.shared:  # a job queued by another coordinator wakes no one here
+                    remaining = min(remaining, SHARED_POLL_SECONDS)
                 try:
                     async with asyncio.timeout(remaining):  # no task of its own, unlike wait_for
                         await woken.wait()
                 except TimeoutError:
-                    break
+                    if not self.scheduler.shared:
+                        break
                 woken.clear()
                 job = await self.try_acquire(agent_id, context)
         if job is None:

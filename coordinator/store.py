@@ -12,6 +12,12 @@ A write that fails for the store's own reasons (disk full, a read-only file, an 
 no caller's fault: `tx()` and `autocommit()` raise it as StoreUnavailable (answered
 UNAVAILABLE, so agents keep their runs and retry), and `refusing` says why until a write
 succeeds again. Reads go on meanwhile.
+
+With `lake` (coordinator/lake.py) the same tables live in a DuckLake with a PostgreSQL catalog that
+several coordinators share: each transaction takes its sequence numbers from the lake's counter
+row, `autocommit()` is a transaction too, and a transaction whose commit lost the catalog's race
+to another coordinator raises StoreConflict, which `retrying` answers by running the caller's
+whole unit of work again on the newer snapshot.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import threading
 import time
 from importlib import resources
@@ -26,7 +33,7 @@ from pathlib import Path
 
 import duckdb
 
-from coordinator import figures
+from coordinator import figures, lake
 
 DB_FILENAME = "specfleet.duckdb"
 log = logging.getLogger("specfleet.coordinator")
@@ -35,6 +42,13 @@ log = logging.getLogger("specfleet.coordinator")
 class StoreUnavailable(Exception):
     """The store refuses writes for its own reasons (disk full, read-only file, I/O error):
     nothing the caller sent is wrong, and the same write may succeed later."""
+
+
+class StoreConflict(StoreUnavailable):
+    """Another coordinator committed to the lake first: the whole transaction is to run again."""
+
+
+CONFLICT_RETRIES = 20  # then StoreUnavailable, answered UNAVAILABLE: the caller retries later
 
 
 def store_fault(e: BaseException) -> bool:
@@ -67,10 +81,13 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
+def migrate(con: duckdb.DuckDBPyConnection, dialect=lambda sql: sql) -> int:
     """Apply the migrations the file has not seen, in their numbers' order (numbers may have gaps:
-    branches take numbers of their own); return the resulting version, the highest number."""
-    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE)")
+    branches take numbers of their own); return the resulting version, the highest number.
+    `dialect` rewrites each migration's SQL for the store (lake.dialect: no key constraints)."""
+    con.execute(
+        dialect("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE)")
+    )
     current = schema_version(con)
     known = migrations()
     newest = known[-1][0]
@@ -84,7 +101,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
             continue
         con.execute("BEGIN")
         try:
-            con.execute(sql)
+            con.execute(dialect(sql))
             con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [version, time.time()])
             con.execute("COMMIT")
         except Exception:
@@ -134,17 +151,23 @@ def unusable(data_dir: Path, e: BaseException) -> DataDirUnusable:
 
 
 class Store:
-    def __init__(self, data_dir: Path):
-        self.path = data_dir / DB_FILENAME
+    def __init__(self, data_dir: Path, lake_url: lake.LakeUrl | None = None):
+        self.lake = lake_url
+        self.unique_keys = lake_url is None  # whether the tables' keys refuse a duplicate row
+        self.path = data_dir / DB_FILENAME if lake_url is None else lake_url.describe()
         try:
             data_dir.mkdir(parents=True, exist_ok=True)
-            self._con = duckdb.connect(str(self.path))
+            self._con = duckdb.connect(str(self.path)) if lake_url is None else lake.connect(lake_url)
         except (OSError, duckdb.IOException, duckdb.PermissionException) as e:
             raise unusable(data_dir, e) from None
         self.lock = threading.RLock()  # held through a transaction; re-entrant for callers that wrap one
+        self._depth = 0  # tx() nesting on this thread (under the lock): the outermost one commits
         try:
-            migrate(self._con)
-            figures.ensure(self._con)
+            if lake_url is None:
+                migrate(self._con)
+                figures.ensure(self._con)
+            else:
+                self.retrying(self._open_lake)
         except duckdb.Error as e:
             self._con.close()
             if store_fault(e):  # a full disk, an I/O error: the directory's, not the code's
@@ -169,31 +192,87 @@ class Store:
             log.warning("the store takes writes again (it refused them: %s)", self.refusing)
             self.refusing = ""
 
+    def _open_lake(self) -> None:
+        """Migrate the lake and bring its figure tables up to date: both transactions of their
+        own, which a coordinator starting beside another may lose (StoreConflict: run again)."""
+        # A migration that takes sequence numbers (002 copies runs) binds nextval('ingest_seq'):
+        # the lake's stand-in, from the counter row once migration 001 made it.
+        self._con.execute("CREATE OR REPLACE TEMP SEQUENCE ingest_seq START 1")
+        try:
+            migrate(self._con, lake.dialect)
+            figures.ensure(self._con)
+        except duckdb.TransactionException as e:
+            if lake.conflict(e):
+                raise StoreConflict(str(e)) from e
+            raise
+
+    def retrying(self, fn, *args):
+        """fn(*args), run again while it raises StoreConflict (a lake transaction that lost the
+        race to another coordinator's commit), with a short random pause; StoreUnavailable after
+        CONFLICT_RETRIES. On the file store nothing conflicts: one call."""
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return fn(*args)
+            except StoreConflict:
+                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+        raise StoreUnavailable(f"the lake's catalog refused {CONFLICT_RETRIES} commits in a row to other coordinators")
+
     @contextlib.contextmanager
     def tx(self):
         """A transaction on the single connection; commits on success, rolls back on error.
-        StoreUnavailable when the store's file or disk fails it."""
+        StoreUnavailable when the store's file or disk fails it; StoreConflict when another
+        coordinator committed first (lake). A tx() inside another joins it."""
         with self.lock:
+            if self._depth:
+                yield self._con
+                return
+            self._depth += 1
             try:
                 self._con.execute("BEGIN")
                 try:
+                    if self.lake is not None:
+                        self._take_counter()
                     yield self._con
+                    if self.lake is not None:
+                        self._give_counter()
                 except BaseException:
                     with contextlib.suppress(duckdb.Error):  # a failed commit leaves none to roll back
                         self._con.execute("ROLLBACK")
                     raise
                 self._con.execute("COMMIT")
             except duckdb.Error as e:
+                if lake.conflict(e):
+                    raise StoreConflict(f"another coordinator committed first ({str(e).splitlines()[0]})") from e
                 if store_fault(e):
                     raise self.fault(e) from e
                 raise
+            finally:
+                self._depth -= 1
+
+    def _take_counter(self) -> None:
+        """The lake's ingest_seq: a temporary sequence starting after the counter row's value."""
+        value = self._con.execute(f"SELECT value FROM {lake.COUNTER_TABLE}").fetchone()[0]
+        self._con.execute(f"CREATE OR REPLACE TEMP SEQUENCE ingest_seq START {int(value) + 1}")
+
+    def _give_counter(self) -> None:
+        """The counter row moved past the numbers this transaction took, if it took any."""
+        (used,) = self._con.execute(
+            "SELECT last_value FROM duckdb_sequences() WHERE sequence_name = 'ingest_seq' AND temporary"
+        ).fetchone()
+        if used is not None:
+            self._con.execute(f"UPDATE {lake.COUNTER_TABLE} SET value = ?", [used])
 
     @contextlib.contextmanager
     def autocommit(self):
         """The connection with no transaction around it: each statement commits on its own.
         For writers whose statements need not stand or fall together: it saves the BEGIN and
         COMMIT round trips, each a release and re-acquisition of the GIL. StoreUnavailable as
-        for tx()."""
+        for tx(). On the lake it is a transaction: its statements take sequence numbers from
+        the counter row, which only a transaction keeps consistent across coordinators."""
+        if self.lake is not None:
+            with self.tx() as con:
+                yield con
+            return
         with self.lock:
             try:
                 yield self._con
@@ -207,10 +286,13 @@ class Store:
         (figures.catch_up). Should it fail, the runs stay stored and the figures lag until the
         next call (or the next start rebuilds them)."""
         try:
-            with self.tx() as con:
-                figures.catch_up(con)
+            self.retrying(self._catch_up)
         except (duckdb.Error, StoreUnavailable):
             log.exception("the /metrics figures could not catch up with the stored runs")
+
+    def _catch_up(self) -> None:
+        with self.tx() as con:
+            figures.catch_up(con)
 
     @contextlib.contextmanager
     def reader(self):
@@ -219,6 +301,8 @@ class Store:
         /metrics scrape, an export page)."""
         with self._readers_lock:
             con = self._readers.cursor()
+        if self.lake is not None:
+            con.execute("USE lake")
         try:
             yield con
         finally:
