@@ -124,14 +124,11 @@ def _quote(text: str) -> str:
 _CONSTRAINT = re.compile(r"\s+(PRIMARY KEY|UNIQUE)\b(?!\s*\()", re.IGNORECASE)
 _TABLE_KEY = re.compile(r",\s*PRIMARY KEY\s*\([^)]*\)", re.IGNORECASE)
 _SEQUENCE = re.compile(r"CREATE SEQUENCE ingest_seq START 1;", re.IGNORECASE)
-_ADDED_NOT_NULL = re.compile(r"^(ALTER TABLE .* ADD COLUMN .*?) NOT NULL", re.IGNORECASE | re.MULTILINE)
 
 
 def dialect(sql: str) -> str:
-    """A migration's SQL as DuckLake takes it: no key constraints, no NOT NULL on an added
-    column (DuckLake adds none with a constraint; its DEFAULT fills the rows), and the
-    sequence's row."""
-    sql = _ADDED_NOT_NULL.sub(r"\1", _TABLE_KEY.sub("", _CONSTRAINT.sub("", sql)))
+    """A migration's SQL as DuckLake takes it: no key constraints, and the sequence's row."""
+    sql = _TABLE_KEY.sub("", _CONSTRAINT.sub("", sql))
     counter = f"CREATE TABLE {COUNTER_TABLE} (value BIGINT NOT NULL); INSERT INTO {COUNTER_TABLE} VALUES (0);"
     return _SEQUENCE.sub(counter, sql)
 

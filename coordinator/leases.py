@@ -274,11 +274,11 @@ class Leases:
                             [json.dumps(fp), fp.get("chip", ""), int(fp.get("memoryBytes", 0)), b.agent_id],
                         )
                 if latest:  # lists as parameters, as ingest passes its batches
-                    con.execute(
-                        "UPDATE agents SET last_seen = ?, status = h.status, seq = nextval('ingest_seq')"
-                        " FROM (SELECT unnest(?) AS agent_id, unnest(?) AS status) h"
+                    con.execute(  # named: DuckDB 1.5 binds the FROM clause's ? before the SET's
+                        "UPDATE agents SET last_seen = $now, status = h.status, seq = nextval('ingest_seq')"
+                        " FROM (SELECT unnest($ids) AS agent_id, unnest($statuses) AS status) h"
                         " WHERE agents.agent_id = h.agent_id",
-                        [now, list(latest), [b.status for b in latest.values()]],
+                        {"now": now, "ids": list(latest), "statuses": [b.status for b in latest.values()]},
                     )
                     first_contact = con.execute(
                         "SELECT agent_id FROM agents WHERE state = 'enrolled'"

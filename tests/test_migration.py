@@ -3,7 +3,8 @@ through the new schema, with what schema 1 recorded read into the typed columns.
 
 tests/captured/store-schema1.duckdb.gz is the coordinator file of a `specfleet demo` run by the
 previous release (commit 4fbdef3): 170 runs of every method and both engines, verify cost
-included, schema version 1."""
+included, schema version 1; carried from DuckDB 2.0.1's storage format into 1.5.5's (pyproject.toml's
+pin) by EXPORT DATABASE there and IMPORT DATABASE here, its tables and rows unchanged."""
 
 import gzip
 import shutil
