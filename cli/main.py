@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="'file' (one DuckDB file in --data-dir) or ducklake:postgres://USER@HOST:PORT/DB?data_path=DIR,"
         " a DuckLake several coordinators share",
     )
-    flag(p, "--name", default="", help="this coordinator's label on /metrics (specfleet_coordinator_info)")
+    flag(p, "--name", env="COORDINATOR_NAME", default="", help="its label on /metrics (specfleet_coordinator_info)")
     p.set_defaults(fn=cmd_coordinator_serve)
 
     token = sub.add_parser("token", help="enrolment tokens").add_subparsers(dest="sub", required=True)

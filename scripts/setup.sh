@@ -27,8 +27,10 @@ UV_VERSION=0.13.9
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || sysctl -n hw.ncpu)}"
 
 # Debian packages the tests drive for real: Prometheus scrapes a coordinator in
-# tests/test_prometheus.py; headless Chromium renders the dashboard in tests/test_browser.py.
-APT_PACKAGES=(prometheus chromium)
+# tests/test_prometheus.py; headless Chromium renders the dashboard in tests/test_browser.py;
+# PostgreSQL holds the lake store's catalog in tests/test_lake.py (a throwaway cluster:
+# tests/support/postgres.py; the package's own cluster is not used).
+APT_PACKAGES=(prometheus chromium postgresql)
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
     for pkg in "${APT_PACKAGES[@]}"; do

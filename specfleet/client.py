@@ -5,7 +5,9 @@ them: agent/retry.py); and the Export read path (a table's rows one page at a ti
 from __future__ import annotations
 
 import io
+import ipaddress
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,10 +44,53 @@ CHANNEL_OPTIONS = (
 )
 
 
+def target(address: str) -> tuple[str, list[tuple[str, str]]]:
+    """The gRPC target of `HOST:PORT`, or of a list `HOST:PORT,HOST:PORT,...` (several
+    coordinators of one lake), and the channel options it needs. A list becomes one channel over
+    every address (gRPC's ipv4:/ipv6: target; names resolved here, once) with the pick_first
+    policy: calls go to one coordinator and, when it is gone, the channel connects to the next
+    that answers. Over TLS the first name is the one each certificate is checked against."""
+    addresses = [a.strip() for a in address.split(",") if a.strip()]
+    if len(addresses) < 2:
+        return address, []
+    resolved = []
+    for one in addresses:
+        host, sep, port = one.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"coordinator address {one!r} in {address!r}: expected HOST:PORT")
+        host = host.strip("[]")
+        try:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise ValueError(f"coordinator address {one!r}: cannot resolve {host!r} ({e.strerror})") from None
+        family, *_, sockaddr = infos[0]
+        ip = sockaddr[0]
+        resolved.append((family, f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"))
+    families = {family for family, _ in resolved}
+    if len(families) > 1:
+        raise ValueError(f"coordinator addresses {address!r}: all IPv4 or all IPv6, not both")
+    scheme = "ipv6" if families == {socket.AF_INET6} else "ipv4"
+    options = [("grpc.lb_policy_name", "pick_first")]
+    first_host = addresses[0].rpartition(":")[0].strip("[]")
+    if not _is_ip(first_host):
+        options.append(("grpc.ssl_target_name_override", first_host))
+    return f"{scheme}:" + ",".join(a for _, a in resolved), options
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def channel(address: str, ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> grpc.Channel:
-    """A channel to the coordinator; TLS when a CA is given, mTLS when a client cert is too;
-    keepalive pings and a bounded reconnect backoff (CHANNEL_OPTIONS)."""
-    options = list(CHANNEL_OPTIONS)
+    """A channel to the coordinator (or to the first of a list that answers: `target`); TLS when
+    a CA is given, mTLS when a client cert is too; keepalive pings and a bounded reconnect
+    backoff (CHANNEL_OPTIONS)."""
+    address, extra = target(address)
+    options = [*CHANNEL_OPTIONS, *extra]
     if ca is None:
         return grpc.insecure_channel(address, options=options)
     creds = grpc.ssl_channel_credentials(

@@ -5,18 +5,23 @@ PostgreSQL cluster (tests/support/postgres.py) racing for one job and one run.""
 from __future__ import annotations
 
 import threading
+import time
+import urllib.request
 from importlib import metadata
 
 import duckdb
+import grpc
 import pytest
 
 from coordinator import agents, auth, lake
 from coordinator.ingest import ingest
 from coordinator.scheduler import Scheduler, SchedulerError
 from coordinator.store import Store, StoreConflict, migrations, schema_version
+from protos.specfleet.v1 import fleet_pb2 as pb
+from specfleet.client import AgentApi, channel, target
 from specfleet.sweeps import parse_sweep
 from tests.support import postgres
-from tests.support.fleet import SWEEP_YAML, make_run
+from tests.support.fleet import LINUX_BOX, SWEEP_YAML, admin_for, make_run, start_coordinator
 
 
 def test_duckdb_and_its_extension_packages_are_at_one_version():
@@ -186,3 +191,40 @@ def test_one_run_sent_to_two_coordinators_is_stored_once(two_stores):
     assert len({seq for _, seq in results.values()}) == 1
     with second.reader() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+def test_a_list_of_addresses_is_one_pick_first_target():
+    assert target("127.0.0.1:1") == ("127.0.0.1:1", [])
+    address, options = target("127.0.0.1:1, localhost:2")
+    assert address == "ipv4:127.0.0.1:1,127.0.0.1:2" and ("grpc.lb_policy_name", "pick_first") in options
+    with pytest.raises(ValueError, match="expected HOST:PORT"):
+        target("127.0.0.1:1,nowhere")
+
+
+@pytest.mark.process
+def test_an_agent_given_both_coordinators_moves_to_the_next_when_one_is_gone(cluster, tmp_path):
+    store = cluster.store(tmp_path / "lake-data", "postgres")
+    first = start_coordinator(tmp_path / "one", store=store, name="one")
+    second = start_coordinator(tmp_path / "two", store=store, name="two")
+    running = [first, second]
+    try:
+        both = f"127.0.0.1:{first.port},127.0.0.1:{second.port}"
+        token = admin_for(second).CreateToken(pb.CreateTokenRequest(ttl_seconds=60, max_uses=1)).token
+        enrolled = AgentApi(channel(both)).enrol(token, "mac-1", LINUX_BOX, {}, ["mlx"])  # served by the first
+        api = AgentApi(channel(both), enrolled.credential)
+        assert api.ping().agent_id == enrolled.agent_id
+        running.remove(first)
+        first.stop(0)
+        deadline = time.monotonic() + 30
+        while True:  # the channel sees the connection close, then connects to the next address
+            try:
+                assert api.ping(timeout=5).agent_id == enrolled.agent_id
+                break
+            except grpc.RpcError as e:
+                assert time.monotonic() < deadline, e
+                time.sleep(0.2)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{second.metrics_port}/metrics").read().decode()
+        assert 'specfleet_coordinator_info{coordinator="two",store="lake"} 1.0' in metrics
+    finally:
+        for coordinator in running:
+            coordinator.stop(0)
