@@ -7,6 +7,7 @@ dashboard until Ctrl-C (or exits at once with --no-dashboard).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -26,6 +27,7 @@ from rich.console import Console
 
 from agent.credentials import CREDENTIAL_FILE, AgentIdentity
 from agent.fingerprint import available_engines, fingerprint
+from cli import postgres
 from cli.tiny import make_tiny
 from cli.watch import watch
 from dashboard.serve import command as dashboard_command
@@ -448,10 +450,12 @@ def run_demo(
     models_dir: Path | None = None,
     small: bool = False,
     only: list[str] | None = None,
+    store: str = "file",
 ) -> int:
     """The demo: the tiny models' sweeps (demo_sweeps; `small`: SMALL's), or with `real` the real
     models' (real_sweeps, from `models_dir`), `only` those named if given, then their summaries
-    and the dashboard."""
+    and the dashboard. `store="lake"`: the coordinator on a DuckLake whose catalog is a PostgreSQL
+    cluster of the demo's own (cli/postgres.py, in data_dir/postgres), data files in data_dir/lake."""
     data_dir = data_dir.resolve()
     if dashboard and not _port_free(dashboard_port):
         print(f"demo failed: dashboard port {dashboard_port} is in use; pass --dashboard-port", file=sys.stderr)
@@ -460,7 +464,8 @@ def run_demo(
     sweeps = _chosen_sweeps(data_dir, real, models_dir, small, only)
     if isinstance(sweeps, int):
         return sweeps
-    coordinator_dir = data_dir / "coordinator"
+    suffix = "" if store == "file" else "-lake"  # an agent enrolled with one store is unknown to the other
+    coordinator_dir, agent_dir = data_dir / f"coordinator{suffix}", data_dir / f"agent{suffix}"
     coordinator_dir.mkdir(parents=True, exist_ok=True)
     (coordinator_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
     logs = data_dir / "logs"
@@ -470,8 +475,14 @@ def run_demo(
     # that set SIGINT to be ignored (a background job).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
+    catalog = contextlib.ExitStack()
     try:
-        admin, address = _start_fleet(children, coordinator_dir, data_dir / "agent", logs)
+        store_flags = []
+        if store == "lake":
+            cluster = catalog.enter_context(postgres.cluster(keep=data_dir / "postgres"))
+            store_flags = ["--store", cluster.store(data_dir / "lake")]
+            print(f"lake: catalog in PostgreSQL on 127.0.0.1:{cluster.port}, data in {data_dir / 'lake'}", flush=True)
+        admin, address = _start_fleet(children, coordinator_dir, agent_dir, logs, store_flags)
         if not _run_sweeps(admin, sweeps, children.procs):
             return 1
         if dashboard:
@@ -491,6 +502,7 @@ def run_demo(
         return 1
     finally:
         children.stop()
+        catalog.close()
         print("demo stopped", flush=True)
 
 
@@ -522,14 +534,14 @@ def _chosen_sweeps(data_dir: Path, real: bool, models_dir: Path | None, small: b
     return sweeps
 
 
-def _start_fleet(children: _Children, coordinator_dir: Path, agent_dir: Path, logs: Path) -> tuple[AdminApi, str]:
-    """A coordinator on a free port and the demo agent enrolled with it and running: its admin
-    client and gRPC address."""
+def _start_fleet(
+    children: _Children, coordinator_dir: Path, agent_dir: Path, logs: Path, store_flags: list[str]
+) -> tuple[AdminApi, str]:
+    """A coordinator on a free port (with `store_flags`: its --store) and the demo agent enrolled
+    with it and running: its admin client and gRPC address."""
     (logs / "coordinator.log").unlink(missing_ok=True)
-    coordinator = children.start(
-        "coordinator",
-        _specfleet("coordinator", "serve", "--data-dir", str(coordinator_dir), "--port", "0", "--metrics-port", "0"),
-    )
+    serve = ["coordinator", "serve", "--data-dir", str(coordinator_dir), "--port", "0", "--metrics-port", "0"]
+    coordinator = children.start("coordinator", _specfleet(*serve, *store_flags))
     endpoints = _wait_for(coordinator_dir / ENDPOINTS_FILE, coordinator, "coordinator", logs / "coordinator.log")
     address = endpoints["grpc"]
     print(f"coordinator: gRPC {address}, metrics http://{endpoints['metrics']}/metrics", flush=True)

@@ -565,6 +565,7 @@ def cmd_demo(args) -> int:
         models_dir=Path(args.models_dir),
         small=args.small,
         only=args.sweep,
+        store=args.store,
     )
 
 
@@ -774,6 +775,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--models-dir", env="MODELS_DIR", default=".data/models", help="where --real finds them")
     flag(p, "--small", env="DEMO_SMALL", action="store_true", help="every sweep and arm, one prompt and repeat")
     flag(p, "--sweep", env="DEMO_SWEEPS", action="append", help="only this sweep of the demo (repeatable)")
+    flag(p, "--store", env="DEMO_STORE", choices=["file", "lake"], default="file",
+         help="lake: the coordinator on a DuckLake with a PostgreSQL catalog the demo starts")  # fmt: skip
     p.set_defaults(fn=cmd_demo)
     return parser
 

@@ -65,7 +65,7 @@ def sweep(i: int, tiny_models) -> str:
             "max_new_tokens": 16,
             "warmup": 0,
             "repeats": REPEATS,
-            "max_attempts": 50,
+            "max_attempts": 20,
         }
     )
 
