@@ -124,11 +124,16 @@ def _quote(text: str) -> str:
 _CONSTRAINT = re.compile(r"\s+(PRIMARY KEY|UNIQUE)\b(?!\s*\()", re.IGNORECASE)
 _TABLE_KEY = re.compile(r",\s*PRIMARY KEY\s*\([^)]*\)", re.IGNORECASE)
 _SEQUENCE = re.compile(r"CREATE SEQUENCE ingest_seq START 1;", re.IGNORECASE)
+# DuckLake takes no default for a LIST column: the rows stored get it by an UPDATE (the writers
+# name the column in every insert, so no later row needs the default).
+_LIST_DEFAULT = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN (\w+) (\w+\[\]) DEFAULT (\[[^;]*\]);", re.MULTILINE)
 
 
 def dialect(sql: str) -> str:
-    """A migration's SQL as DuckLake takes it: no key constraints, and the sequence's row."""
+    """A migration's SQL as DuckLake takes it: no key constraints, no LIST default, and the
+    sequence's row."""
     sql = _TABLE_KEY.sub("", _CONSTRAINT.sub("", sql))
+    sql = _LIST_DEFAULT.sub(r"ALTER TABLE \1 ADD COLUMN \2 \3; UPDATE \1 SET \2 = \4;", sql)
     counter = f"CREATE TABLE {COUNTER_TABLE} (value BIGINT NOT NULL); INSERT INTO {COUNTER_TABLE} VALUES (0);"
     return _SEQUENCE.sub(counter, sql)
 

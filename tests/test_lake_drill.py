@@ -17,9 +17,9 @@ import yaml
 from agent.credentials import AgentIdentity
 from agent.spool import Spool
 from coordinator import lake
-from coordinator.data_dir import ENDPOINTS_FILE, admin_credential
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.client import AdminApi, AgentApi, channel
+from specfleet.data_dir import ENDPOINTS_FILE, admin_credential
 from tests.support import postgres
 from tests.support.ports import free_port
 from tests.support.processes import spawn, stop
