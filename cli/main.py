@@ -614,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     flag(p, "--name", env="COORDINATOR_NAME", default="", help="its label on /metrics (specfleet_coordinator_info)")
     p.set_defaults(fn=cmd_coordinator_serve)
+    from cli import store as store_commands
+
+    store_commands.add_parsers(sub, flag)
 
     token = sub.add_parser("token", help="enrolment tokens").add_subparsers(dest="sub", required=True)
     p = token.add_parser("create", help="create an expiring enrolment token")

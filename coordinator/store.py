@@ -33,7 +33,7 @@ from pathlib import Path
 
 import duckdb
 
-from coordinator import figures, lake
+from coordinator import convert, figures, lake
 
 DB_FILENAME = "specfleet.duckdb"
 log = logging.getLogger("specfleet.coordinator")
@@ -139,6 +139,8 @@ def unusable(data_dir: Path, e: BaseException) -> DataDirUnusable:
             f"{where}: its database {path} is in use by process {pid}: is a coordinator already serving "
             "this --data-dir? Stop it, or choose another"
         )
+    elif message := convert.foreign(path, e):  # another DuckDB's storage format
+        return DataDirUnusable(f"{where}: {message}")
     elif "not a valid DuckDB database" in text:
         return DataDirUnusable(
             f"{where}: {path} is not a DuckDB database file; move it away or choose another --data-dir"
@@ -326,6 +328,8 @@ def open_readonly(data_dir: Path) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path), read_only=True)
     except duckdb.IOException as e:
+        if message := convert.foreign(path, e):
+            raise DataDirUnusable(message) from None
         raise DatabaseInUse(
             f"cannot open {path} for reading ({str(e).splitlines()[0]}): is the coordinator still running? "
             "Export through it instead (without --stopped)"

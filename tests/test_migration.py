@@ -3,8 +3,9 @@ through the new schema, with what schema 1 recorded read into the typed columns.
 
 tests/captured/store-schema1.duckdb.gz is the coordinator file of a `specfleet demo` run by the
 previous release (commit 4fbdef3): 170 runs of every method and both engines, verify cost
-included, schema version 1; carried from DuckDB 2.0.1's storage format into 1.5.5's (pyproject.toml's
-pin) by EXPORT DATABASE there and IMPORT DATABASE here, its tables and rows unchanged."""
+included, schema version 1, in DuckDB 2.0.1's storage format. The pinned DuckDB (pyproject.toml)
+cannot read that format: the file goes through `specfleet store convert` first, as a user's would
+(coordinator/convert.py; tests/test_store_convert.py tests the conversion itself)."""
 
 import gzip
 import shutil
@@ -13,11 +14,15 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from cli.main import main
 from coordinator.store import Store, migrations
 from specfleet import speedup
 from specfleet.record import RunRecord
 
 CAPTURED = Path(__file__).parent / "captured" / "store-schema1.duckdb.gz"
+
+
+pytestmark = pytest.mark.process  # the conversion runs DuckDB 2.0.1 in a process of its own
 
 
 @pytest.fixture
@@ -26,6 +31,7 @@ def old_db(tmp_path) -> Path:
     data.mkdir()
     with gzip.open(CAPTURED) as src, open(data / "specfleet.duckdb", "wb") as dst:
         shutil.copyfileobj(src, dst)
+    assert main(["store", "convert", str(data / "specfleet.duckdb")]) == 0
     return data
 
 
