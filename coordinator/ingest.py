@@ -182,78 +182,18 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
     InvalidRun / NewerRun / SchedulerError that refused it. A refused report does not affect the
     others; StoreUnavailable (raised) when the store refuses the batch's write."""
     results: list[tuple[bool, int] | Exception | None] = [None] * len(reports)
-    records: list[RunRecord | None] = [None] * len(reports)
+    records = _parse_all(reports, results)
     digests = [hashlib.sha256(r.record_json.encode()).hexdigest() for r in reports]
-    for i, r in enumerate(reports):
-        try:
-            records[i] = parse(r.record_json)
-            if records[i].job_id != r.job_id:
-                raise InvalidRun(f"record job_id {records[i].job_id!r} differs from the request's job_id {r.job_id!r}")
-        except (InvalidRun, NewerRun) as e:
-            results[i] = e
     todo = [i for i, res in enumerate(results) if res is None]
     if not todo:
         return results
     _reclaim_lapsed(scheduler, [reports[i] for i in todo])
-    now = time.time()
-    stored = {}  # run id -> (seq, agent id, record sha256) of the runs in this batch that are stored
-    unique = scheduler.store.unique_keys
     # One statement inserts the new runs: it commits on its own, and the store's lock keeps
     # every other writer out between the leases' check and the insert.
     with scheduler.store.autocommit() as con:
-        rows = {}  # run id -> (report index, column values): the copy of each run to insert
-        created: dict[str, float | None] = {}  # sweep id -> its creation time (clock_flag)
-        machines: dict[str, str] = {}  # agent id -> its machine (one look-up per agent of the batch)
-        for i in todo:
-            r = reports[i]
-            run = records[i]
-            if run.run_id in rows:  # the same run twice in one batch: the second is a retry (below)
-                continue
-            try:
-                lease = scheduler.lease(con, r.agent_id, r.job_id, r.lease_id)
-            except SchedulerError as e:
-                results[i] = e  # unless the run is stored already: then a retry (below)
-                continue
-            values = run.row()
-            values.update(
-                lease_id=r.lease_id,
-                sweep_id=lease.sweep_id,
-                agent_id=r.agent_id,
-                chip=lease.chip,
-                record_sha256=digests[i],
-                ingested_at=now,
-            )
-            received = r.received_at or now
-            if lease.sweep_id not in created:  # one look-up per sweep of the batch
-                created[lease.sweep_id] = _sweep_created_at(con, lease.sweep_id)
-            flag = clock_flag(run, received, created[lease.sweep_id])
-            if flag:
-                log.warning("run %s of agent %s: %s", run.run_id, r.agent_id, flag)
-            if r.agent_id not in machines:
-                machines[r.agent_id] = _machine_of(con, r.agent_id)
-            rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag, machines[r.agent_id]])
-        if rows:
-            try:
-                inserted = _insert(con, [v for _, v in rows.values()], unique)
-            except duckdb.Error as e:
-                if store_fault(e):
-                    raise
-                # The batch's data failed it: each record alone, so that only the offender is refused.
-                log.warning("a batch of %d runs failed (%s); storing them one by one", len(rows), e)
-                inserted = []
-                for i, values in rows.values():
-                    try:
-                        inserted += _insert(con, [values], unique)
-                    except duckdb.Error as one:
-                        if store_fault(one):
-                            raise
-                        results[i] = InvalidRun(f"run {records[i].run_id} cannot be stored: {str(one).splitlines()[0]}")
-            if inserted:
-                scheduler.store.wrote()
-            for run_id, seq in inserted:
-                i = rows[run_id][0]
-                results[i] = (False, seq)
-                stored[run_id] = (seq, reports[i].agent_id, digests[i])
+        batch = _Batch(reports, records, digests, results)
+        rows = _rows(scheduler, con, batch, todo)
+        stored = _insert_rows(scheduler, con, batch, rows) if rows else {}
         earlier = list({records[i].run_id for i in todo} - stored.keys())  # retries, refusals
         if earlier:
             stored.update(
@@ -264,21 +204,118 @@ def ingest_many(scheduler: Scheduler, reports: list[Report]) -> list[tuple[bool,
                 ).fetchall()
             )
     _settle_held(scheduler, [reports[i] for i in todo if isinstance(results[i], tuple)])
+    _answer_retries(batch, todo, stored)
+    return results
+
+
+@dataclass
+class _Batch:
+    """One ingest_many call's reports, their parsed records and digests (by report index), and
+    the answers given so far (None: not yet)."""
+
+    reports: list[Report]
+    records: list[RunRecord | None]
+    digests: list[str]
+    results: list
+
+
+def _parse_all(reports: list[Report], results: list) -> list[RunRecord | None]:
+    """Each report's record; None where it was refused, its InvalidRun or NewerRun in `results`."""
+    records: list[RunRecord | None] = [None] * len(reports)
+    for i, r in enumerate(reports):
+        try:
+            records[i] = parse(r.record_json)
+            if records[i].job_id != r.job_id:
+                raise InvalidRun(f"record job_id {records[i].job_id!r} differs from the request's job_id {r.job_id!r}")
+        except (InvalidRun, NewerRun) as e:
+            results[i] = e
+    return records
+
+
+def _rows(scheduler: Scheduler, con, batch: _Batch, todo: list[int]) -> dict[str, tuple[int, list]]:
+    """Run id -> (report index, column values in INSERTED_COLUMNS order) of each run whose lease
+    holds (a report refused by its lease gets the SchedulerError, unless the run proves stored
+    already: then a retry); the first copy of a run sent twice in the batch."""
+    now = time.time()
+    rows = {}
+    created: dict[str, float | None] = {}  # sweep id -> its creation time (clock_flag)
+    machines: dict[str, str] = {}  # agent id -> its machine (one look-up per agent of the batch)
     for i in todo:
-        r, run_id = reports[i], records[i].run_id
-        if isinstance(results[i], tuple) or run_id not in stored:
+        r, run = batch.reports[i], batch.records[i]
+        if run.run_id in rows:  # the same run twice in one batch: the second is a retry
+            continue
+        try:
+            lease = scheduler.lease(con, r.agent_id, r.job_id, r.lease_id)
+        except SchedulerError as e:
+            batch.results[i] = e
+            continue
+        values = run.row()
+        values.update(
+            lease_id=r.lease_id,
+            sweep_id=lease.sweep_id,
+            agent_id=r.agent_id,
+            chip=lease.chip,
+            record_sha256=batch.digests[i],
+            ingested_at=now,
+        )
+        received = r.received_at or now
+        if lease.sweep_id not in created:  # one look-up per sweep of the batch
+            created[lease.sweep_id] = _sweep_created_at(con, lease.sweep_id)
+        flag = clock_flag(run, received, created[lease.sweep_id])
+        if flag:
+            log.warning("run %s of agent %s: %s", run.run_id, r.agent_id, flag)
+        if r.agent_id not in machines:
+            machines[r.agent_id] = _machine_of(con, r.agent_id)
+        rows[run.run_id] = (i, [values[c] for c in RUN_COLUMNS[:-1]] + [received, flag, machines[r.agent_id]])
+    return rows
+
+
+def _insert_rows(scheduler: Scheduler, con, batch: _Batch, rows: dict) -> dict[str, tuple[int, str, str]]:
+    """Insert the rows in one statement (one by one when the batch's data fails it, so that only
+    the offender is refused); run id -> (seq, agent id, record sha256) of each stored now."""
+    unique = scheduler.store.unique_keys
+    try:
+        inserted = _insert(con, [v for _, v in rows.values()], unique)
+    except duckdb.Error as e:
+        if store_fault(e):
+            raise
+        log.warning("a batch of %d runs failed (%s); storing them one by one", len(rows), e)
+        inserted = []
+        for i, values in rows.values():
+            try:
+                inserted += _insert(con, [values], unique)
+            except duckdb.Error as one:
+                if store_fault(one):
+                    raise
+                run_id = batch.records[i].run_id
+                batch.results[i] = InvalidRun(f"run {run_id} cannot be stored: {str(one).splitlines()[0]}")
+    if inserted:
+        scheduler.store.wrote()
+    stored = {}
+    for run_id, seq in inserted:
+        i = rows[run_id][0]
+        batch.results[i] = (False, seq)
+        stored[run_id] = (seq, batch.reports[i].agent_id, batch.digests[i])
+    return stored
+
+
+def _answer_retries(batch: _Batch, todo: list[int], stored: dict[str, tuple[int, str, str]]) -> None:
+    """A report of a run stored before (not now) is a retry, acknowledged with its seq, when the
+    same agent stored the same content; refused otherwise."""
+    for i in todo:
+        r, run_id = batch.reports[i], batch.records[i].run_id
+        if isinstance(batch.results[i], tuple) or run_id not in stored:
             continue  # stored now, or refused
         seq, owner, sha256 = stored[run_id]
         if owner != r.agent_id:
-            results[i] = InvalidRun(f"run id {run_id} was already stored by another agent")
-        elif sha256 and sha256 != digests[i]:  # '' : a schema-1 run, stored before digests were kept
-            results[i] = InvalidRun(
+            batch.results[i] = InvalidRun(f"run id {run_id} was already stored by another agent")
+        elif sha256 and sha256 != batch.digests[i]:  # '' : a schema-1 run, stored before digests were kept
+            batch.results[i] = InvalidRun(
                 f"run id {run_id} was already stored with other content (sha256 {sha256[:16]}..., this upload "
-                f"{digests[i][:16]}...); a run id names one run: a new measurement needs a new id"
+                f"{batch.digests[i][:16]}...); a run id names one run: a new measurement needs a new id"
             )
         else:
-            results[i] = (True, seq)  # a retry: acknowledged, never stored twice
-    return results
+            batch.results[i] = (True, seq)  # a retry: acknowledged, never stored twice
 
 
 def _reclaim_lapsed(scheduler: Scheduler, reports: list[Report]) -> None:

@@ -59,10 +59,10 @@ def test_a_batch_one_record_fails_is_stored_record_by_record(tmp_path, monkeypat
         offender = run_id(records[2])
         insert = ingest._insert
 
-        def failing_insert(con, rows):  # DuckDB refusing one row's data fails the whole statement
+        def failing_insert(con, rows, *unique_keys):  # DuckDB refusing one row's data fails the whole statement
             if any(row[0] == offender for row in rows):
                 raise duckdb.ConversionException(f"Could not convert the value of run {offender}")
-            return insert(con, rows)
+            return insert(con, rows, *unique_keys)
 
         monkeypatch.setattr(ingest, "_insert", failing_insert)
         results = ingest_many(
