@@ -1,7 +1,8 @@
 """The lake drill (issue 42): two coordinator processes on one DuckLake (a real PostgreSQL catalog,
 tests/support/postgres.py), four agents given both addresses (two list one first, two the other),
 and a SIGKILL of a coordinator every few seconds for SPECFLEET_LAKE_DRILL_SECONDS (20 s in make
-test; the five-minute drill is 300), each restarted on the lake the other went on writing.
+test, and at least SPECFLEET_LAKE_DRILL_KILLS kills: 2; the five-minute drill is 300), each
+restarted on the lake the other went on writing.
 Afterwards: nothing lost (every run a worker measured is stored, or parked with its reason),
 nothing stored twice, one lease per attempt (no job leased twice at once across coordinators),
 every job done with its whole cell stored for its last attempt."""
@@ -26,6 +27,8 @@ from tests.support.processes import spawn, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.engine]
 DRILL_SECONDS = float(os.environ.get("SPECFLEET_LAKE_DRILL_SECONDS", "20"))
+# At least this many kills however slow the machine (a restart under load can outlast DRILL_SECONDS).
+KILLS = int(os.environ.get("SPECFLEET_LAKE_DRILL_KILLS", "2"))
 SWEEPS = int(os.environ.get("SPECFLEET_LAKE_DRILL_SWEEPS", "1"))
 SEED = int(os.environ.get("SPECFLEET_DRILL_SEED", "42"))
 AGENTS = ("lake-a", "lake-b", "lake-c", "lake-d")
@@ -107,7 +110,7 @@ def test_two_coordinators_on_one_lake_survive_kill_9_every_few_seconds(tmp_path,
             agents[name] = spawn("agent", "run", "--config-dir", str(config), log=tmp_path / f"{name}.log")
 
         end = time.monotonic() + DRILL_SECONDS
-        while time.monotonic() < end:
+        while time.monotonic() < end or len(schedule) < KILLS:
             time.sleep(rng.uniform(2.0, 5.0))
             victim = rng.choice(sorted(coordinators))
             down = rng.uniform(0.0, 2.0)
@@ -152,7 +155,6 @@ def test_two_coordinators_on_one_lake_survive_kill_9_every_few_seconds(tmp_path,
     assert not leases_per_attempt, f"an attempt held two leases: {leases_per_attempt}\n{context}"
     assert not pending, f"{len(pending)} runs never uploaded\n{context}"
     assert measured <= set(stored) | parked, f"{len(measured - set(stored) - parked)} measured runs lost\n{context}"
-    assert len(schedule) >= 2, context
     assert {state for _, state, _, _ in jobs} == {"done"}, (jobs, context)
     for job, _, attempt, reason in jobs:  # the attempt that completed stored its whole cell
         assert per_attempt.get((job, attempt)) == PROMPTS * ARMS * REPEATS, (job, attempt, reason, context)
