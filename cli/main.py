@@ -185,6 +185,7 @@ def cmd_coordinator_serve(args) -> int:
         tls_client_ca=opt(args.tls_client_ca),
         store=args.store,
         name=args.name,
+        lake_upkeep_seconds=args.lake_upkeep_seconds,
     )
     coordinator = Coordinator(config).start()
     quiet_gc()
@@ -613,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         " a DuckLake several coordinators share",
     )
     flag(p, "--name", env="COORDINATOR_NAME", default="", help="its label on /metrics (specfleet_coordinator_info)")
+    flag(p, "--lake-upkeep-seconds", type=float, default=3600.0, help="between the lake's upkeep passes; 0: none")
     p.set_defaults(fn=cmd_coordinator_serve)
     from cli import store as store_commands
 

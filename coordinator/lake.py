@@ -91,7 +91,7 @@ def extension_file(name: str) -> Path:
 _linked: dict[str, Path] = {}
 
 
-def _loadable(name: str) -> Path:
+def loadable(name: str) -> Path:
     """A path to the extension's file whose name is the one DuckDB knows it by (it derives the
     entry point from the file name): a link in a private temporary directory where they differ."""
     path = extension_file(name)
@@ -110,10 +110,14 @@ def connect(url: LakeUrl) -> duckdb.DuckDBPyConnection:
     temporary objects (the sequence, the figures' scratch tables) stay in the connection."""
     con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     for name in EXTENSIONS:
-        con.load_extension(str(_loadable(name)))
+        con.load_extension(str(loadable(name)))
     Path(url.data_path).mkdir(parents=True, exist_ok=True)
-    con.execute(f"ATTACH {_quote('ducklake:postgres:' + url.postgres)} AS lake (DATA_PATH {_quote(url.data_path)})")
-    con.execute("USE lake")
+    try:
+        con.execute(f"ATTACH {_quote('ducklake:postgres:' + url.postgres)} AS lake (DATA_PATH {_quote(url.data_path)})")
+        con.execute("USE lake")
+    except BaseException:
+        con.close()
+        raise
     return con
 
 

@@ -23,6 +23,7 @@ from coordinator.metrics import Metrics, MetricsInterceptor
 from coordinator.scheduler import LEASE_SECONDS, Scheduler
 from coordinator.service import AdminServicer, AgentServicer, check_lease
 from coordinator.store import Store, StoreUnavailable
+from coordinator.upkeep import Upkeep
 from protos.specfleet.v1 import fleet_pb2_grpc as pb_grpc
 from specfleet.data_dir import ADMIN_TOKEN_FILE, ENDPOINTS_FILE, admin_credential, write_private
 from specfleet.keys import private_key_file
@@ -67,6 +68,8 @@ class CoordinatorConfig:
     store: str = "file"
     # The /metrics label naming this coordinator among those of one lake; "" for none.
     name: str = ""
+    # Seconds between two passes of the lake's upkeep (coordinator/upkeep.py); 0: none. Unused on a file.
+    lake_upkeep_seconds: float = 3600.0
 
 
 def quiet_gc() -> None:
@@ -121,6 +124,9 @@ class Coordinator:
         write_private(config.data_dir / ADMIN_TOKEN_FILE, credential + "\n")
 
         self.db = Database(self.store.retrying)
+        self._upkeep = None
+        if self.store.lake is not None and config.lake_upkeep_seconds > 0:
+            self._upkeep = Upkeep(self.store.lake, config.lake_upkeep_seconds)
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
         self._loop_thread.start()
@@ -202,6 +208,8 @@ class Coordinator:
     def start(self) -> Coordinator:
         self._on_loop(self._start_server())
         self._reaper.start()
+        if self._upkeep is not None:
+            self._upkeep.start()
         endpoints = {
             "grpc": f"{self.config.host}:{self.port}",
             "pid": os.getpid(),
@@ -251,6 +259,8 @@ class Coordinator:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         self._reaper.join(timeout=5)
+        if self._upkeep is not None:
+            self._upkeep.stop(timeout=5)  # a call in progress ends at its bound, in a daemon thread
         self.db.close()
         self.store.close()
         (self.config.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)

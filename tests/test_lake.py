@@ -4,16 +4,18 @@ PostgreSQL cluster (tests/support/postgres.py) racing for one job and one run.""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import urllib.request
 from importlib import metadata
+from urllib.parse import urlsplit
 
 import duckdb
 import grpc
 import pytest
 
-from coordinator import agents, auth, lake
+from coordinator import agents, auth, lake, upkeep
 from coordinator.ingest import ingest
 from coordinator.scheduler import Scheduler, SchedulerError
 from coordinator.store import Store, StoreConflict, migrations, schema_version
@@ -229,3 +231,54 @@ def test_an_agent_given_both_coordinators_moves_to_the_next_when_one_is_gone(clu
     finally:
         for coordinator in running:
             coordinator.stop(0)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(300)  # the bug this guards against was a wait without end
+def test_upkeep_beside_a_second_coordinator_finishes_and_keeps_every_row(two_stores, tmp_path):
+    first, second = two_stores
+    for _ in range(12):  # small commits: their rows are inlined in the catalog
+        auth.create_token(first, 60, 1)
+    auth.create_token(second, 60, 1)
+    with second.tx() as con:  # the other coordinator in the middle of a transaction meanwhile
+        before = con.execute("SELECT count(*) FROM tokens").fetchone()[0]
+        done = upkeep.run_once(first.lake, call_seconds=120)
+    assert set(done.took) == {upkeep.name_of(call) for call in upkeep.CALLS}, done.failed
+    assert list((tmp_path / "lake-data").rglob("*.parquet"))  # the inlined rows went to a file
+    auth.create_token(second, 60, 1)  # both stores go on writing and read every row
+    for store in (first, second):
+        with store.reader() as con:
+            assert con.execute("SELECT count(*) FROM tokens").fetchone()[0] == before + 1 == 14
+
+    # The coordinator's own schedule: a pass runs in its thread, and stop() ends it.
+    scheduled = upkeep.Upkeep(first.lake, interval_seconds=0.2).start()
+    deadline = time.monotonic() + 240
+    while scheduled.passes + scheduled.failures == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    scheduled.stop()
+    assert scheduled.passes >= 1 and scheduled.failures == 0
+
+
+@pytest.mark.process
+@pytest.mark.timeout(300)
+def test_an_upkeep_call_waiting_on_a_lock_is_cut_at_its_bound(two_stores, cluster):
+    first, _ = two_stores
+    auth.create_token(first, 60, 1)
+    database = urlsplit(first.lake.postgres).path.strip("/")
+    holder = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    holder.load_extension(str(lake.loadable("postgres")))
+    holder.execute(f"ATTACH '{cluster.url(database)}' AS pg (TYPE postgres)")
+    holder.execute("BEGIN")  # another session keeps snapshots from being written (not read) until it commits
+    holder.execute("CALL postgres_execute('pg', 'LOCK TABLE ducklake_snapshot IN EXCLUSIVE MODE')")
+    try:
+        done = upkeep.run_once(first.lake, call_seconds=120)  # each call waits LOCK_SECONDS, not 120 s
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    assert "ducklake_flush_inlined_data" in done.failed  # it must commit a snapshot: it waited, and gave up
+    for why in done.failed.values():  # PostgreSQL's lock timeout, or DuckDB's interrupt
+        assert re.match(r"failed after [0-9.]+ s: .*(lock timeout|statement timeout|Interrupted)", why), why
+    done = upkeep.run_once(first.lake, call_seconds=120)  # the next pass goes through
+    assert {"ducklake_merge_adjacent_files", "ducklake_expire_snapshots"} <= set(done.took), done.failed
+    with first.reader() as con:
+        assert con.execute("SELECT count(*) FROM tokens").fetchone()[0] == 1
