@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from agent.engines.base import EngineError
+from agent.engines.base import EngineError, LogitMargins, supports
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,9 @@ class Divergences:
         return self._margins[key]
 
     def _measure(self, prefix: tuple, ours: int, theirs: int, rows: int):
-        margin_of = getattr(self.engine, "logit_margin", None)
-        if margin_of is None:
+        if not supports(self.engine, LogitMargins):
             return None, None, False
+        margin_of = self.engine.logit_margin
         position, pair = len(prefix), (theirs, ours)
         try:
             # logit[theirs] - logit[ours] in one-token decoding, then with the same position the

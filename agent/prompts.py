@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agent.engines.base import EngineError
+from agent.engines.base import ChatTemplates, EngineError, supports
 
 DOCUMENT_SEPARATOR = "\n\n"
 
@@ -161,6 +161,6 @@ def resolved_spec(spec, engine):
     """A loaded engine's job spec with its prompt settings resolved against the model's template."""
     import dataclasses
 
-    template = engine.chat_template() if hasattr(engine, "chat_template") else None
+    template = engine.chat_template() if supports(engine, ChatTemplates) else None
     model = spec.model.get("target", "the model") if isinstance(spec.model, dict) else "the model"
     return dataclasses.replace(spec, settings=resolve(spec.settings, template, model))

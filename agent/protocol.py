@@ -47,7 +47,18 @@ from collections.abc import Callable
 
 from agent import energy, environment, prompts
 from agent.divergence import Divergences
-from agent.engines.base import Engine, EngineError, Generation, Request
+from agent.engines.base import (
+    Closes,
+    Engine,
+    EngineError,
+    Generation,
+    Interleaves,
+    KeepsState,
+    ReportsBackend,
+    Request,
+    RestartsServers,
+    supports,
+)
 from agent.summary import acceptance_flags, relative_spread, summarise, text_sample
 from specfleet import settings as declared
 from specfleet.design import rounded_repeats, williams
@@ -140,134 +151,196 @@ def run_job(
     engine is closed at the end, whatever happens (a server engine stops its servers)."""
     meter = meter or energy.Meter(energy.detect())
     try:
-        return _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter)
+        job = Measurement(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter)
+        return job.run()
     finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        if supports(engine, Closes):
+            engine.close()
 
 
-def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter) -> int:
-    load_seconds = engine.load(spec.model["target"], spec.model.get("draft"))
-    arms = list(spec.arms)
-    spec = prompts.resolved_spec(spec, engine)  # chat or raw, reasoning: what the runs use and record
-    prefix = prompts.context(engine.tokenize, spec.documents, spec.context_tokens)
-    tokenize_prompt = prompts.tokenizer(engine, spec.settings)
-    prompt_tokens = {}
-    for p in spec.prompts:
-        tokens = prompts.build(tokenize_prompt, p.text, prefix, engine.tokenize)
-        check_context(len(tokens), spec, target, p.id)
-        prompt_tokens[p.id] = tokens
-    design = williams(len(arms))
-    repeats = rounded_repeats(spec.repeats, len(arms))
-    # Server arms that cannot all stay up at once run in blocks: one arm's server, every prompt.
-    plan = engine.interleaving(arms) if hasattr(engine, "interleaving") else "rotated"
-    common = dict(
-        job_id=job_id,
-        attempt=attempt,
-        engine=spec.engine,
-        engine_version=engine_version(engine.versions()),
-        backend=engine.backend() if hasattr(engine, "backend") else "",
-        system=system_of(spec),
-        target=target,
-        draft=draft or ModelIdentity(),
-        sampler=spec.sampler,
-        prompt_set=spec.prompt_set,
-        prompt_set_digest=spec.prompt_set_digest,
-        prompt_category=spec.prompt_category,
-        context_tokens=spec.context_tokens,
-        max_new_tokens=spec.max_new_tokens,
-        load_seconds=load_seconds,
-        cooldown_seconds=spec.cooldown_seconds,
-        arm_order="williams" if len(arms) > 1 else "single",
-        settings=declared.for_engine(spec.settings, spec.engine),  # what the job ran with, as recorded
-    )
+class Measurement:
+    """One job's measurement (the module docstring): built with the job and its engine, `run()`
+    loads the models, measures every prompt's repeats and returns the runs emitted. It owns what
+    the job's runs share while it runs: every prompt's tokens, the arms' warm-up counts and
+    convergence, the server arms' warm-up count per prompt, the greedy references, and the
+    number of runs emitted."""
 
-    def request(arm: Arm, tokens, sampler: Sampler = spec.sampler) -> Request:
+    def __init__(self, spec, engine, emit, job_id, attempt, target, draft, sample, sleep, memory_total_bytes, meter):
+        self.spec, self.engine, self.emit = spec, engine, emit
+        self.job_id, self.attempt, self.target, self.draft = job_id, attempt, target, draft
+        self.sample, self.sleep, self.memory_total_bytes, self.meter = sample, sleep, memory_total_bytes, meter
+        self.arms = list(spec.arms)
+        self.prompt_tokens: dict[str, list[int]] = {}
+        self.common: dict = {}  # the fields every run of the job shares
+        self.state: str | None = None  # the state server arms are measured in (None: no server arms)
+        self.start: str | None = None  # drafter_start of every run
+        self.warmups: dict[tuple[str, Arm], int] = {}  # warm-up runs before an arm's measured runs of a prompt
+        self.converged: dict[tuple[str, Arm], bool | None] = {}
+        self.counts: dict[str, int] = {}  # server arms: every arm's warm-up runs on a prompt (the most any needed)
+        self.references: dict[str, list[int]] = {}  # greedy reference per prompt: an unmeasured baseline run
+        self.emitted = 0
+        self.divergences = Divergences(engine)
+
+    def run(self) -> int:
+        """Load, then every prompt: its warm-up, then its repeats (each a Williams row), then the
+        verify-cost runs where the job asks for them; the number of runs emitted."""
+        self._load()
+        design = williams(len(self.arms))
+        repeats = rounded_repeats(self.spec.repeats, len(self.arms))
+        for pid in self.prompt_tokens:
+            self._settle(pid, [self.arms[i] for i in design[0]])
+            for repeat in range(repeats):
+                self._run_repeat(pid, repeat, [self.arms[i] for i in design[repeat % len(design)]])
+        if self.spec.verify_cost is not None:
+            self.emitted += verify_cost_runs(self.spec, self.engine, self.common, self.emit)
+        return self.emitted
+
+    def _load(self) -> None:
+        """Load the models; resolve the spec's prompt settings; build and check every prompt's
+        tokens; the fields every run shares; the state server arms are measured in."""
+        load_seconds = self.engine.load(self.spec.model["target"], self.spec.model.get("draft"))
+        spec = self.spec = prompts.resolved_spec(self.spec, self.engine)  # chat or raw, reasoning: as run and recorded
+        prefix = prompts.context(self.engine.tokenize, spec.documents, spec.context_tokens)
+        tokenize_prompt = prompts.tokenizer(self.engine, spec.settings)
+        for p in spec.prompts:
+            tokens = prompts.build(tokenize_prompt, p.text, prefix, self.engine.tokenize)
+            check_context(len(tokens), spec, self.target, p.id)
+            self.prompt_tokens[p.id] = tokens
+        # Server arms that cannot all stay up at once run in blocks: one arm's server, every prompt.
+        plan = self.engine.interleaving(self.arms) if supports(self.engine, Interleaves) else "rotated"
+        self.common = dict(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            engine=spec.engine,
+            engine_version=engine_version(self.engine.versions()),
+            backend=self.engine.backend() if supports(self.engine, ReportsBackend) else "",
+            system=system_of(spec),
+            target=self.target,
+            draft=self.draft or ModelIdentity(),
+            sampler=spec.sampler,
+            prompt_set=spec.prompt_set,
+            prompt_set_digest=spec.prompt_set_digest,
+            prompt_category=spec.prompt_category,
+            context_tokens=spec.context_tokens,
+            max_new_tokens=spec.max_new_tokens,
+            load_seconds=load_seconds,
+            cooldown_seconds=spec.cooldown_seconds,
+            arm_order="williams" if len(self.arms) > 1 else "single",
+            settings=declared.for_engine(spec.settings, spec.engine),  # what the job ran with, as recorded
+        )
+        self._choose_state(plan)
+
+    def _choose_state(self, plan: str) -> None:
+        """The state server arms are measured in: the job's server_state, but always fresh for
+        arms that run in blocks (one arm's server at a time) or drafters that keep state across
+        requests; and what that means for drafter_start."""
+        engine = self.engine
+        self.state = self.common["settings"].server_state
+        declares = supports(engine, KeepsState)
+        stateful = declares and any(engine.keeps_state(arm) for arm in self.arms)
+        if self.state is not None and (plan == "blocks" or stateful):
+            self.state = "fresh"
+        self.start = drafter_start(self.spec, self.state, stateless=declares and not stateful)
+
+    def _restart(self, arm: Arm) -> None:
+        if supports(self.engine, RestartsServers):
+            self.engine.restart(arm)
+
+    def _served(self, arm: Arm) -> int | None:
+        """The requests the arm's server has served; None where the engine does not count them."""
+        return self.engine.served(arm) if supports(self.engine, RestartsServers) else None
+
+    def request(self, arm: Arm, tokens, sampler: Sampler | None = None) -> Request:
+        spec = self.spec
         return Request(
             prompt_tokens=tokens,
             max_new_tokens=spec.max_new_tokens,
             method=arm.method,
             depth=arm.depth,
-            sampler=sampler,
+            sampler=spec.sampler if sampler is None else sampler,
             settings=spec.settings,
             flags=arm.flags,
             command=arm.command,
         )
 
-    def steady(speeds: list[float]) -> bool:
-        return len(speeds) >= 2 and relative_spread(speeds[-2:]) <= WARMUP_AGREEMENT
-
-    def warm_up(arm: Arm, tokens, runs: int | None = None) -> tuple[int, bool | None, Generation | None]:
+    def _warm_up(self, arm: Arm, tokens, runs: int | None = None) -> tuple[int, bool | None, Generation | None]:
         """Runs until two consecutive decode speeds agree within WARMUP_AGREEMENT, at most the
         cap, or exactly `runs`; (runs, whether the last two agreed (None: no warm-up asked), the
         last generation)."""
         speeds, gen = [], None
-        for _ in range(spec.warmup if runs is None else runs):
-            gen = engine.generate(request(arm, warmup_tokens(tokens)))
+        for _ in range(self.spec.warmup if runs is None else runs):
+            gen = self.engine.generate(self.request(arm, warmup_tokens(tokens)))
             speeds.append(summarise(gen)["decode_tokens_per_second"])
             if runs is None and steady(speeds):
                 break
-        return len(speeds), (None if spec.warmup == 0 else steady(speeds)), gen
+        return len(speeds), (None if self.spec.warmup == 0 else steady(speeds)), gen
 
-    # The state server arms are measured in (None: no server arms); blocks and drafters that keep
-    # state across requests are always fresh.
-    state = common["settings"].server_state
-    keeps_state = getattr(engine, "keeps_state", None)
-    stateful = keeps_state is not None and any(keeps_state(arm) for arm in arms)
-    if state is not None and (plan == "blocks" or stateful):
-        state = "fresh"
-    start = drafter_start(spec, state, stateless=keeps_state is not None and not stateful)
-    restart = getattr(engine, "restart", None)
-    served = getattr(engine, "served", None)
-    warmups: dict[tuple[str, Arm], int] = {}  # warm-up runs before an arm's measured runs of a prompt
-    converged: dict[tuple[str, Arm], bool | None] = {}
-    counts: dict[str, int] = {}  # server arms: every arm's warm-up runs on a prompt (the most any needed)
-    references: dict[str, list[int]] = {}  # greedy reference per prompt: an unmeasured baseline run
+    def _reference(self, pid: str) -> list[int]:
+        """The greedy reference: an unmeasured run of the baseline (no drafter to prime) on the prompt."""
+        return self.engine.generate(self.request(Arm("baseline"), self.prompt_tokens[pid])).tokens
 
-    def settle(pid: str, order: list[Arm]) -> None:
+    def _settle(self, pid: str, order: list[Arm]) -> None:
         """A prompt's first warm-up: each arm until steady or the cap (fresh: on a server started
         for it). Server arms then share the prompt's warm-up count, the most any arm needed, and
         warm servers are topped up so that every arm's has served as many requests."""
-        tokens = prompt_tokens[pid]
+        tokens, state, served = self.prompt_tokens[pid], self.state, supports(self.engine, RestartsServers)
         for arm in order:
-            if state == "fresh" and restart is not None:
-                restart(arm)
-            warmups[pid, arm], converged[pid, arm], _ = warm_up(arm, tokens)
-        # The greedy reference: an unmeasured run of the baseline (no drafter to prime) on the prompt.
-        references[pid] = engine.generate(request(Arm("baseline"), tokens)).tokens
-        if state == "warm" and served is None:  # the top-up below counts it as the baseline's warm-up
-            warmups[pid, Arm("baseline")] = warmups.get((pid, Arm("baseline")), 0) + 1
+            if state == "fresh":
+                self._restart(arm)
+            self.warmups[pid, arm], self.converged[pid, arm], _ = self._warm_up(arm, tokens)
+        self.references[pid] = self._reference(pid)
+        if state == "warm" and not served:  # the top-up below counts it as the baseline's warm-up
+            self.warmups[pid, Arm("baseline")] = self.warmups.get((pid, Arm("baseline")), 0) + 1
         if state is None:
             return
-        counts[pid] = max(warmups[pid, arm] for arm in order)
+        self.counts[pid] = max(self.warmups[pid, arm] for arm in order)
         if state == "warm":
-            have = {arm: served(arm) if served else warmups[pid, arm] for arm in order}
+            have = {arm: self._served(arm) if served else self.warmups[pid, arm] for arm in order}
             for arm in order:
-                warm_up(arm, tokens, runs=max(have.values()) - have[arm])
+                self._warm_up(arm, tokens, runs=max(have.values()) - have[arm])
         for arm in order:
-            warmups[pid, arm] = counts[pid]
+            self.warmups[pid, arm] = self.counts[pid]
 
-    def measure(pid: str, arm: Arm, position: int, sampler: Sampler) -> tuple[Arm, Generation, dict]:
-        steady_run = converged[pid, arm]
+    def _run_repeat(self, pid: str, repeat: int, row: list[Arm]) -> None:
+        """One prompt's repeat: its arms back to back in a Williams row's order (in every mode, so
+        that a pair's two runs are adjacent in time). Each run goes to the spool (and up) as soon
+        as it is measured, unless its check is the same-seed baseline of its repeat, which it then
+        waits for."""
+        spec = self.spec
+        seed = spec.sampler.seed if spec.sampler.greedy else run_seed(spec.sampler.seed, repeat, pid)
+        sampler = dataclasses.replace(spec.sampler, seed=seed)
+        same_seed_checked = not spec.sampler.greedy and spec.engine in SAME_SEED_REPRODUCIBLE
+        block, ready = [], []
+        for position, arm in enumerate(row):
+            block.append(self._measure(pid, arm, position, sampler))
+            ready.append(block[-1])
+            if not same_seed_checked or any(a.method == "baseline" for a, _, _ in block):
+                self._emit_repeat(pid, repeat, seed, block, ready)
+                ready = []
+        self._emit_repeat(pid, repeat, seed, block, ready)
+
+    def _measure(self, pid: str, arm: Arm, position: int, sampler: Sampler) -> tuple[Arm, Generation, dict]:
+        """One measured run, with its environment before and after and the energy it drew: (arm,
+        generation, the record's fields of this run, its own settings under "settings")."""
+        steady_run, state = self.converged[pid, arm], self.state
         if state == "fresh":  # a server started for this run, warmed up after the start
-            if restart is not None:
-                restart(arm)
-            _, steady_run, _ = warm_up(arm, prompt_tokens[pid], runs=counts[pid])
+            self._restart(arm)
+            _, steady_run, _ = self._warm_up(arm, self.prompt_tokens[pid], runs=self.counts[pid])
         run_settings = dataclasses.replace(
-            common["settings"],
+            self.common["settings"],
             server_state=state,
-            server_requests=served(arm) if state is not None and served else None,
+            server_requests=self._served(arm) if state is not None else None,
             warmup_converged=steady_run,
-            drafter_start=start,
+            drafter_start=self.start,
         )
-        if spec.cooldown_seconds > 0:
-            sleep(spec.cooldown_seconds)
-        env_before = sample()
+        if self.spec.cooldown_seconds > 0:
+            self.sleep(self.spec.cooldown_seconds)
+        env_before = self.sample()
         started = time.time()
-        gen, drawn = meter.measure(lambda: engine.generate(request(arm, prompt_tokens[pid], sampler)))
-        env_after = sample()
-        nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), memory_total_bytes)
+        measured = self.request(arm, self.prompt_tokens[pid], sampler)
+        gen, drawn = self.meter.measure(lambda: self.engine.generate(measured))
+        env_after = self.sample()
+        nominal, reasons = environment.judge(env_before, env_after, os.cpu_count(), self.memory_total_bytes)
         return (
             arm,
             gen,
@@ -284,74 +357,49 @@ def _run_job(spec, engine, emit, job_id, attempt, target, draft, sample, sleep, 
             ),
         )
 
-    emitted = 0
-    divergences = Divergences(engine)
-
-    def emit_repeat(pid: str, repeat: int, seed: int, block: list, ready: list | None = None) -> None:
-        """Emit `ready` (by default all) of one prompt's runs of one repeat, `block` the runs of
-        the repeat measured so far: its same-seed baseline, once measured, checks them."""
-        nonlocal emitted
-        if pid not in references:
-            references[pid] = engine.generate(request(Arm("baseline"), prompt_tokens[pid])).tokens
+    def _emit_repeat(self, pid: str, repeat: int, seed: int, block: list, ready: list) -> None:
+        """Emit `ready` of one prompt's runs of one repeat, `block` the runs of the repeat
+        measured so far: its same-seed baseline, once measured, checks them."""
+        if pid not in self.references:
+            self.references[pid] = self._reference(pid)
         same_seed = next((g.tokens for a, g, _ in block if a.method == "baseline"), None)
-        for arm, gen, fields in block if ready is None else ready:
-            fields = dict(fields)
-            settings = fields.pop("settings")  # the run's own: its server state and warm-up
-            lossless, check = losslessness(spec, gen.tokens, references[pid], same_seed)
-            # Where the output left its reference, and whether that is a near-tie (agent/divergence.py).
-            reference = references[pid] if check == "greedy reference" else same_seed
-            judged = divergences.judge(prompt_tokens[pid], gen.tokens, reference, check, arm.depth + 1)
-            lossless = judged.pop("lossless", lossless)
-            diverged = judged.get("divergence") in ("near-tie", "defect")
-            emit(
-                RunRecord(
-                    run_id=str(uuid.uuid4()),
-                    method=arm.method,
-                    depth=arm.depth,
-                    prompt_id=pid,
-                    repeat=repeat,
-                    lossless=lossless,
-                    lossless_check=check,
-                    **judged,
-                    drafter_warning=drafter_warning(arm.method, arm.depth, spec.settings, spec.max_new_tokens),
-                    text_sample=text_sample(engine, gen.tokens) if repeat == 0 or diverged else None,
-                    run_seed=seed,
-                    warmup_runs=warmups[pid, arm],
-                    **fields,
-                    **summarise(gen),
-                    **acceptance_flags(arm.method, gen),
-                    **{**common, "settings": settings, **server_settings(settings, gen)},
-                )
-            )
-            emitted += 1
+        for arm, gen, fields in ready:
+            self.emit(self._record(pid, repeat, seed, arm, gen, dict(fields), same_seed))
+            self.emitted += 1
 
-    def seed_of(repeat: int, pid: str) -> int:
-        return spec.sampler.seed if spec.sampler.greedy else run_seed(spec.sampler.seed, repeat, pid)
+    def _record(self, pid: str, repeat: int, seed: int, arm: Arm, gen: Generation, fields: dict, same_seed):
+        """A measured run's record: its losslessness against its check, where its output left
+        the reference and whether that is a near-tie (agent/divergence.py), its figures."""
+        spec, reference = self.spec, self.references[pid]
+        settings = fields.pop("settings")  # the run's own: its server state and warm-up
+        lossless, check = losslessness(spec, gen.tokens, reference, same_seed)
+        compared = reference if check == "greedy reference" else same_seed
+        judged = self.divergences.judge(self.prompt_tokens[pid], gen.tokens, compared, check, arm.depth + 1)
+        lossless = judged.pop("lossless", lossless)
+        diverged = judged.get("divergence") in ("near-tie", "defect")
+        return RunRecord(
+            run_id=str(uuid.uuid4()),
+            method=arm.method,
+            depth=arm.depth,
+            prompt_id=pid,
+            repeat=repeat,
+            lossless=lossless,
+            lossless_check=check,
+            **judged,
+            drafter_warning=drafter_warning(arm.method, arm.depth, spec.settings, spec.max_new_tokens),
+            text_sample=text_sample(self.engine, gen.tokens) if repeat == 0 or diverged else None,
+            run_seed=seed,
+            warmup_runs=self.warmups[pid, arm],
+            **fields,
+            **summarise(gen),
+            **acceptance_flags(arm.method, gen),
+            **{**self.common, "settings": settings, **server_settings(settings, gen)},
+        )
 
-    def sampler_of(seed: int) -> Sampler:
-        return dataclasses.replace(spec.sampler, seed=seed)
 
-    # In every mode (rotated or blocks) the arms of one prompt and repeat run back to back, in a
-    # Williams row's order: a pair's two runs are adjacent in time.
-    same_seed_checked = not spec.sampler.greedy and spec.engine in SAME_SEED_REPRODUCIBLE
-    for pid in prompt_tokens:
-        settle(pid, [arms[i] for i in design[0]])
-        for repeat in range(repeats):
-            seed = seed_of(repeat, pid)
-            row = (arms[i] for i in design[repeat % len(design)])
-            # Each run goes to the spool (and up) as soon as it is measured, unless its check is
-            # the same-seed baseline of its repeat, which it then waits for.
-            block, ready = [], []
-            for position, arm in enumerate(row):
-                block.append(measure(pid, arm, position, sampler_of(seed)))
-                ready.append(block[-1])
-                if not same_seed_checked or any(a.method == "baseline" for a, _, _ in block):
-                    emit_repeat(pid, repeat, seed, block, ready)
-                    ready = []
-            emit_repeat(pid, repeat, seed, block, ready)
-    if spec.verify_cost is not None:
-        emitted += verify_cost_runs(spec, engine, common, emit)
-    return emitted
+def steady(speeds: list[float]) -> bool:
+    """Whether the last two warm-up runs' decode speeds agree within WARMUP_AGREEMENT."""
+    return len(speeds) >= 2 and relative_spread(speeds[-2:]) <= WARMUP_AGREEMENT
 
 
 def server_settings(settings: Settings, gen: Generation) -> dict:

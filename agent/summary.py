@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 
-from agent.engines.base import Generation
+from agent.engines.base import Detokenizes, Generation, supports
 from specfleet.record import TEXT_SAMPLE_CHARS
 
 
@@ -27,11 +27,10 @@ def output_sha256(tokens: list[int]) -> str:
 def text_sample(engine, tokens: list[int]) -> str | None:
     """The start of a run's decoded output, at most TEXT_SAMPLE_CHARS; None where the engine cannot
     decode (it has no `detokenize`: the server engines) or fails to."""
-    detokenize = getattr(engine, "detokenize", None)
-    if detokenize is None:
+    if not supports(engine, Detokenizes):
         return None
     try:
-        text = detokenize(tokens)
+        text = engine.detokenize(tokens)
     except Exception:  # noqa: BLE001  (a sample is an aid, never a reason to lose the run)
         return None
     return text.encode("utf-8", errors="replace").decode("utf-8")[:TEXT_SAMPLE_CHARS]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -185,6 +185,16 @@ class Drafter(Protocol):
 
 
 class Engine(Protocol):
+    """What every engine does: load once, tokenize, generate many times, name its versions.
+
+    What only some engines can do is declared below as capabilities, one runtime-checkable
+    Protocol each, which the measurement asks with `supports(engine, capability)`
+    (agent/protocol.py, prompts.py, summary.py, divergence.py), never by probing for a name:
+    `Closes` (servers to stop), `ReportsBackend`, `Interleaves`, `KeepsState`,
+    `RestartsServers` (llama-server's arms), `ChatTemplates`, `Detokenizes`, `LogitMargins`
+    (in-process engines and llama-server). An engine (or a test's engine) may switch a
+    capability off by setting one of its methods to None on the instance."""
+
     name: str
     methods: tuple[str, ...]  # what generate() accepts, from METHODS and REFERENCE_METHODS
 
@@ -198,6 +208,69 @@ class Engine(Protocol):
 
     def versions(self) -> dict[str, str]: ...
 
+    def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
+        """Median seconds of one target forward pass of 1..max_rows query rows (all rows'
+        logits computed) on top of `context_tokens` cached tokens: element i is i+1 rows."""
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """An engine with something to release when the job ends (servers to stop, a model to free)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsBackend(Protocol):
+    """An in-process engine that knows its compute backend ("metal", "cuda", "cpu")."""
+
+    def backend(self) -> str: ...
+
+
+@runtime_checkable
+class Interleaves(Protocol):
+    """A server engine that says how a job's arms can run: "rotated" (every arm's server up at
+    once) or "blocks" (one arm's server at a time, every prompt)."""
+
+    def interleaving(self, arms) -> str: ...
+
+
+@runtime_checkable
+class KeepsState(Protocol):
+    """A server engine that knows whether an arm's drafter keeps state across requests (llama-server's
+    ngram-mod, ngram-cache, ngram-map-k, ngram-map-k4v): such arms are measured fresh."""
+
+    def keeps_state(self, arm) -> bool: ...
+
+
+@runtime_checkable
+class RestartsServers(Protocol):
+    """A server engine that starts an arm's server afresh on request and counts the requests
+    each arm's server has served since its start (server_state "fresh" and "warm")."""
+
+    def restart(self, arm) -> None: ...
+
+    def served(self, arm) -> int: ...
+
+
+@runtime_checkable
+class ChatTemplates(Protocol):
+    """An engine that can read the model's chat template (None where the model has none)."""
+
+    def chat_template(self) -> str | None: ...
+
+
+@runtime_checkable
+class Detokenizes(Protocol):
+    """An engine that can turn tokens back into text (a run's text sample)."""
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+
+@runtime_checkable
+class LogitMargins(Protocol):
+    """An engine that can read the target's logits at a position (agent/divergence.py)."""
+
     def logit_margin(
         self, tokens: Sequence[int], position: int, rows: int = 1, pair: tuple[int, int] | None = None
     ) -> Margin:
@@ -205,12 +278,18 @@ class Engine(Protocol):
         logits given tokens[:position]), computed with that position the last of a `rows`-row
         forward pass on top of the cached tokens before them: rows=1 is one-token decoding, as
         the baseline runs; rows=K+1 the verify batch of a depth-K speculative round. With `pair`
-        (a, b), the signed gap logit[a] - logit[b] instead (top_two). In-process engines only;
-        agent/divergence.py labels a greedy divergence with it."""
+        (a, b), the signed gap logit[a] - logit[b] instead (top_two). agent/divergence.py labels
+        a greedy divergence with it."""
 
-    def verify_cost(self, context_tokens: int, max_rows: int = 16, repeats: int = 5) -> list[float]:
-        """Median seconds of one target forward pass of 1..max_rows query rows (all rows'
-        logits computed) on top of `context_tokens` cached tokens: element i is i+1 rows."""
+
+def supports(engine, capability: type) -> bool:
+    """Whether `engine` has `capability` (one of the runtime-checkable Protocols above): it is an
+    instance of it and none of the capability's methods is switched off (None) on the engine.
+    (Python 3.11's isinstance on a Protocol of methods only looks at the engine's class.)"""
+    if not isinstance(engine, capability):
+        return False
+    methods = [name for name, member in vars(capability).items() if callable(member) and not name.startswith("_")]
+    return all(getattr(engine, name, None) is not None for name in methods)
 
 
 def margin_problem(tokens: Sequence[int], position: int, rows: int) -> str:
