@@ -588,14 +588,8 @@ def _positive(kind):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from agent.credentials import default_config_dir
-
-    parser = Parser(prog="specfleet", description=__doc__)
-    flag(parser, "--verbose", action="store_true", help="log at debug level; a traceback with an internal error")
-    sub = parser.add_subparsers(dest="command", required=True)
-    config_dir = {"default": str(default_config_dir()), "help": "where agent.json and settings.json live"}
-
+def _add_coordinator_commands(sub) -> None:
+    """`specfleet coordinator serve`."""
     coord = sub.add_parser("coordinator", help="run the coordinator").add_subparsers(dest="sub", required=True)
     p = coord.add_parser("serve", help="serve gRPC and /metrics with a DuckDB file in --data-dir")
     flag(p, "--data-dir", default=str(default_data_dir()))
@@ -620,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     store_commands.add_parsers(sub, flag)
 
+
+def _add_token_commands(sub) -> None:
+    """`specfleet token create`."""
     token = sub.add_parser("token", help="enrolment tokens").add_subparsers(dest="sub", required=True)
     p = token.add_parser("create", help="create an expiring enrolment token")
     flag(p, "--ttl", env="TOKEN_TTL", type=_positive(float), default=3600.0, help="seconds until it expires")
@@ -628,6 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_token_create)
 
+
+def _add_agents_commands(sub) -> None:
+    """`specfleet agents list|revoke|drain|undrain`."""
     agents = sub.add_parser("agents", help="the fleet's agents").add_subparsers(dest="sub", required=True)
     p = agents.add_parser("list")
     _add_admin_flags(p)
@@ -642,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_admin_flags(p)
         p.set_defaults(fn=cmd_agents_set_state, state=state)
 
+
+def _add_sweep_commands(sub) -> None:
+    """`specfleet sweep submit|status|list|cancel`."""
     sweep = sub.add_parser("sweep", help="benchmark sweeps").add_subparsers(dest="sub", required=True)
     p = sweep.add_parser("submit", help="validate a sweep file and queue its jobs")
     p.add_argument("file")
@@ -668,6 +671,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_sweep_cancel)
 
+
+def _add_agent_commands(sub, config_dir: dict) -> None:
+    """`specfleet agent enrol|run|install-service|status|doctor|spool`: this machine as an agent; `config_dir` the
+    keywords of their --config-dir."""
     ag = sub.add_parser("agent", help="run this machine as an agent").add_subparsers(dest="sub", required=True)
     p = ag.add_parser("enrol", help="enrol this machine with a token")
     flag(p, "--coordinator", required=True, help="HOST:PORT")
@@ -719,6 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     spool_commands.add_parsers(ag, flag, config_dir)
 
+
+def _add_import_commands(sub) -> None:
+    """`specfleet import llama-bench|mtplx`."""
     from cli.importers import LLAMA_BENCH_FORMATS
 
     imports = sub.add_parser("import", help="results measured by other tools, stored apart from the fleet's runs")
@@ -735,6 +745,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_admin_flags(p)
         p.set_defaults(fn=cmd_import, tool=tool)
 
+
+def _add_export_commands(sub) -> None:
+    """`specfleet export`."""
     p = sub.add_parser("export", help="one row per run, every parameter and metric")
     flag(p, "--format", env="EXPORT_FORMAT", choices=("parquet", "csv"), default="parquet")
     flag(p, "--output", env="EXPORT_OUTPUT", required=True, help="the file to write")
@@ -748,6 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_export)
 
+
+def _add_report_commands(sub) -> None:
+    """`specfleet report`."""
     p = sub.add_parser("report", help="one sweep's report: Markdown with PNG plots, or one HTML file")
     p.add_argument("sweep_id")
     flag(p, "--format", env="REPORT_FORMAT", choices=("md", "html"), default="md")
@@ -755,12 +771,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_report)
 
+
+def _add_dashboard_commands(sub) -> None:
+    """`specfleet dashboard`."""
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard")
     flag(p, "--host", env="DASHBOARD_HOST", default="127.0.0.1")
     flag(p, "--port", env="DASHBOARD_PORT", type=int, default=8501)
     _add_admin_flags(p)
     p.set_defaults(fn=cmd_dashboard)
 
+
+def _add_models_commands(sub) -> None:
+    """`specfleet models make-tiny|quantize|gguf-to-mlx`."""
     models = sub.add_parser("models", help="model utilities").add_subparsers(dest="sub", required=True)
     p = models.add_parser("make-tiny", help="build the tiny target and draft (MLX dir + GGUF) offline")
     p.add_argument("dir")
@@ -772,6 +794,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src"), p.add_argument("dst")
     p.set_defaults(fn=cmd_models_gguf_to_mlx)
 
+
+def _add_demo_commands(sub) -> None:
+    """`specfleet demo`."""
     p = sub.add_parser("demo", help="the whole fleet on this machine with tiny models")
     flag(p, "--data-dir", env="DEMO_DIR", default=".data/demo")
     flag(p, "--no-dashboard", env="DEMO_NO_DASHBOARD", action="store_true", help="exit when the sweep is done")
@@ -783,6 +808,26 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--store", env="DEMO_STORE", choices=["file", "lake"], default="file",
          help="lake: the coordinator on a DuckLake with a PostgreSQL catalog the demo starts")  # fmt: skip
     p.set_defaults(fn=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from agent.credentials import default_config_dir
+
+    parser = Parser(prog="specfleet", description=__doc__)
+    flag(parser, "--verbose", action="store_true", help="log at debug level; a traceback with an internal error")
+    sub = parser.add_subparsers(dest="command", required=True)
+    config_dir = {"default": str(default_config_dir()), "help": "where agent.json and settings.json live"}
+    _add_coordinator_commands(sub)
+    _add_token_commands(sub)
+    _add_agents_commands(sub)
+    _add_sweep_commands(sub)
+    _add_agent_commands(sub, config_dir)
+    _add_import_commands(sub)
+    _add_export_commands(sub)
+    _add_report_commands(sub)
+    _add_dashboard_commands(sub)
+    _add_models_commands(sub)
+    _add_demo_commands(sub)
     return parser
 
 
