@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,14 +15,6 @@ from specfleet.keys import private_key_file
 log = logging.getLogger("specfleet.agent")
 
 CREDENTIAL_FILE = "agent.json"
-
-
-def default_config_dir() -> Path:
-    if env := os.environ.get("SPECFLEET_CONFIG_DIR"):
-        return Path(env)
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "specfleet"
-    return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "specfleet"
 
 
 @dataclass(frozen=True)

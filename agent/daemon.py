@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from agent import doctor, environment, heartbeat, poll, retry, settings
+from agent import doctor, environment, heartbeat, poll, retry
+from agent.config import AgentConfig
 from agent.credentials import AgentIdentity
 from agent.engines.llama_server import build_versions, find_binary, find_builds
 from agent.fingerprint import available_engines, engine_problems, fingerprint
@@ -34,20 +36,23 @@ PARKED_REASON_STATUS_CHARS = 200  # of the last parked run's reason, in the stat
 
 
 class Agent:
+    """The agent built from its `config` (agent/config.py AgentConfig, fixed at start) and its
+    identity (by default the credential in the config's directory). `doctor_hold` is the check
+    that holds jobs while `agent doctor`'s machine checks fail (agent/doctor.py agent_hold), or
+    None (`--ignore-doctor`); `sample_environment` reads the power state; `hf_cache` the Hugging
+    Face cache models are resolved in (None: the library's own)."""
+
     def __init__(
         self,
-        config_dir: Path,
+        config: AgentConfig,
         identity: AgentIdentity | None = None,
         *,
-        model_dirs: list[Path] | tuple[Path, ...] = (),
-        allow_battery: bool = False,
-        metrics_port: int | None = None,
         sample_environment=environment.sample,
         hf_cache: Path | None = None,
-        allow_downloads: bool = False,
-        llama_server: Path | None = None,
+        doctor_hold: Callable[[], str] | None = None,
     ):
-        self.config_dir = config_dir
+        self.config = config
+        config_dir = config.config_dir
         self.identity = identity or AgentIdentity.load(config_dir)
         chan = api.channel(self.identity.coordinator, **self.identity.tls_files())
         self.api = api.AgentApi(chan, self.identity.credential)
@@ -59,27 +64,25 @@ class Agent:
         self.heard = threading.Event()  # set once a heartbeat was answered (the coordinator's schema known)
         self.job_runner: JobRunner | None = None  # the job running now, its worker and lease
         self.fatal = ""  # why the agent stopped itself; "" when it did not
-        self.model_dirs = [Path(d).expanduser().resolve() for d in model_dirs]
-        self.allow_battery = allow_battery
         self.sample_environment = sample_environment
-        self.hf_cache, self.allow_downloads = hf_cache, allow_downloads
+        self.hf_cache = hf_cache
+        self.doctor_hold = doctor_hold
         self.fingerprint = fingerprint()  # taken at start: sent once, and the memory that models must fit
-        self.llama_server = llama_server
         problems = engine_problems()
         for engine, problem in problems.items():  # named, never just missing from the engines
             log.warning("engine %s cannot run here; this agent runs no job of it: %s", engine, problem)
-        self.engines = available_engines(llama_server, problems)
+        self.engines = available_engines(config.llama_server, problems)
         # Its llama-server binaries by build (sweeps pin arms to one): reported in the fingerprint.
-        default = find_binary(str(llama_server) if llama_server else None)
-        self.llama_builds = find_builds(default, settings.llama_server_builds(config_dir))
+        default = find_binary(str(config.llama_server) if config.llama_server else None)
+        self.llama_builds = find_builds(default, list(config.llama_server_builds))
         self.fingerprint.engine_versions.update(build_versions(self.llama_builds))
         self.hashes = HashCache(config_dir / "model-hashes.json")
         self.metrics = AgentMetrics(self.spool.depth)
-        self.metrics_port = metrics_port
+        self.metrics_port = config.metrics_port  # the port served, once run() serves it
         self.uploader = Uploader(self.api, self.spool, self.stop, self.metrics)
         # Jobs are held while this clock is off the coordinator's (agent/doctor.py clock_hold; agent/poll.py).
         self.clock_hold = doctor.clock_hold(self.api)
-        if not self.model_dirs:
+        if not config.model_dirs:
             log.warning("no --model-dir configured: jobs may name model files anywhere on this machine")
 
     def upload_pending(self) -> int:
@@ -129,13 +132,13 @@ class Agent:
                 "held_reason": self.uploader.held_reason(),
                 "last_contact_unix_seconds": self.state.last_contact,
                 "not_starting_jobs": self.state.not_starting,
-                "model_dirs": [str(d) for d in self.model_dirs],
+                "model_dirs": [str(d) for d in self.config.model_dirs],
                 "last_upload_unix_seconds": self.uploader.last_upload,
                 "metrics_port": self.metrics_port,
             }
-        tmp = self.config_dir / "status.json.tmp"
+        tmp = self.config.config_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status))
-        tmp.replace(self.config_dir / "status.json")
+        tmp.replace(self.config.config_dir / "status.json")
 
     def run(self) -> int:
         """Run until stopped, drained or a fatal error: 0, or FATAL_EXIT_STATUS with the reason logged."""

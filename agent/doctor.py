@@ -24,7 +24,8 @@ from pathlib import Path
 import grpc
 import psutil
 
-from agent import environment, settings
+from agent import environment
+from agent.config import load_field
 from agent.credentials import AgentIdentity
 from agent.engines.base import EngineError
 from agent.engines.llama_server import find_binary, read_version, version_label
@@ -282,7 +283,7 @@ def check_llama_server(binary: Path | None) -> Check:
 
 
 def check_model_dirs(dirs: list[Path], problem: str | None) -> Check:
-    """`problem`: why the configured directories could not be had (agent/settings.py model_dirs)."""
+    """`problem`: why the configured directories could not be had (agent/config.py, field model_dirs)."""
     if problem is not None:
         return Check("model directories", FAIL, problem, "create it, or enrol (or run) with the right --model-dir")
     if not dirs:
@@ -403,11 +404,12 @@ def run_checks(
     """Every check, in the order `report` prints them."""
     sample = environment.sample()
     try:
-        dirs, problem = settings.model_dirs(model_dir_flags, config_dir), None
+        dirs, problem = list(load_field("model_dirs", config_dir, {"model_dirs": model_dir_flags})), None
     except ValueError as e:
         dirs, problem = [], str(e)
     try:
-        binary = find_binary(str(settings.llama_server(llama_server_flag, config_dir) or "") or None)
+        chosen = load_field("llama_server", config_dir, {"llama_server": llama_server_flag})
+        binary = find_binary(str(chosen) if chosen else None)
         server = check_llama_server(binary)
     except ValueError as e:
         server = Check("engine llama-server", FAIL, str(e), "fix --llama-server or settings.json's llama_server")

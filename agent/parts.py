@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from agent.config import AgentConfig
 from agent.credentials import AgentIdentity
 from agent.job_runner import JobRunner
 from agent.metrics import AgentMetrics
@@ -34,7 +35,7 @@ class AgentState:
 class AgentParts(Protocol):
     """The agent as its loops use it (agent/daemon.py Agent)."""
 
-    config_dir: Path
+    config: AgentConfig
     identity: AgentIdentity
     api: AgentApi
     spool: Spool
@@ -48,14 +49,11 @@ class AgentParts(Protocol):
     beat: threading.Event  # set: send a heartbeat now
     heard: threading.Event  # set once a heartbeat was answered
     job_runner: JobRunner | None  # the job running now
-    model_dirs: list[Path]
     engines: list[str]
-    llama_server: Path | None
     llama_builds: dict
     hf_cache: Path | None
-    allow_downloads: bool
-    allow_battery: bool
     sample_environment: Callable
+    doctor_hold: Callable[[], str] | None  # agent/doctor.py agent_hold; None: --ignore-doctor
     clock_hold: Callable[[], str]
 
     def die(self, reason: str) -> None: ...

@@ -28,16 +28,14 @@ FIRST_BEAT_WAIT_SECONDS = 10.0  # how often an agent holding back (on battery) l
 
 def holding_back(agent: Agent) -> bool:
     """Whether the machine is in no state to start a job (battery, low-power mode, or a failed
-    check of `agent doctor`'s on what the machine is doing now: agent.doctor_hold, which `agent
-    run --ignore-doctor` leaves unset); the reason goes into the status, and at once to the
-    coordinator with a heartbeat."""
-    reason = None if agent.allow_battery else environment.refusal_reason(agent.sample_environment())
-    doctor_hold = getattr(agent, "doctor_hold", None)
-    if reason is None and doctor_hold is not None:
-        reason = doctor_hold() or None
-    clock_hold = getattr(agent, "clock_hold", None)  # a clock off the coordinator's: held whatever the flags
-    if reason is None and clock_hold is not None:
-        reason = clock_hold() or None
+    check of `agent doctor`'s on what the machine is doing now: agent.doctor_hold, None with `agent
+    run --ignore-doctor`, or a clock off the coordinator's: agent.clock_hold, whatever the flags);
+    the reason goes into the status, and at once to the coordinator with a heartbeat."""
+    reason = None if agent.config.allow_battery else environment.refusal_reason(agent.sample_environment())
+    if reason is None and agent.doctor_hold is not None:
+        reason = agent.doctor_hold() or None
+    if reason is None:
+        reason = agent.clock_hold() or None
     with agent.lock:
         changed = (reason or "") != agent.state.not_starting
         agent.state.not_starting = reason or ""

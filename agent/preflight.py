@@ -66,7 +66,8 @@ def check(agent: Agent, spec: JobSpec) -> tuple[JobSpec, dict[str, ModelIdentity
     roles = [r for r in ("target", "draft") if spec.model.get(r)]
     if "target" not in roles:
         raise ModelRefused("the job names no target model")
-    resolved = {r: resolve(spec.model[r], agent.model_dirs, agent.allow_downloads, agent.hf_cache) for r in roles}
+    dirs, downloads = list(agent.config.model_dirs), agent.config.allow_downloads
+    resolved = {r: resolve(spec.model[r], dirs, downloads, agent.hf_cache) for r in roles}
     for role, model in resolved.items():
         if problem := format_problem(spec.engine, model.path):
             raise ModelRefused(f"{role} {model.reference}: {problem}")

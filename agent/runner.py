@@ -109,11 +109,11 @@ def llama_server_for(agent: Agent, spec: JobSpec) -> str | None:
     lacks), else the agent's own (None: the engine's own search)."""
     if spec.server is not None and spec.server.build:
         return str(agent.llama_builds[spec.server.build].binary)
-    return str(agent.llama_server) if agent.llama_server else None
+    return str(agent.config.llama_server) if agent.config.llama_server else None
 
 
 def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
-    workdir = agent.config_dir / "jobs" / job.job_id
+    workdir = agent.config.config_dir / "jobs" / job.job_id
     workdir.mkdir(parents=True, exist_ok=True)
     job_file = workdir / "job.json"
     job_file.write_text(
@@ -126,6 +126,7 @@ def _job_file(agent: Agent, job, spec: JobSpec, models) -> Path:
                 "models": {role: dataclasses.asdict(m) for role, m in models.items()},
                 "memory_bytes": agent.fingerprint.memory_bytes,
                 "llama_server": llama_server_for(agent, spec),
+                "threads": agent.config.threads,
             }
         )
     )

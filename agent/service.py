@@ -19,6 +19,8 @@ from pathlib import Path
 from string import Template
 from xml.sax.saxutils import escape
 
+from agent.config import xdg_config_home
+
 ROOT = Path(__file__).resolve().parent.parent
 # The templates: a checkout's deploy/, or the copy an installed wheel carries in agent/deploy/
 # (pyproject.toml force-include), so that `uv tool install 'specfleet[agent]'` can install-service.
@@ -105,7 +107,7 @@ def install(
         how = f"launchctl bootout {domain}/{LABEL}; launchctl bootstrap {domain} {path}"
         tool = "launchctl"
     elif platform.startswith("linux"):
-        dest = dest_dir or Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "systemd" / "user"
+        dest = dest_dir or xdg_config_home() / "systemd" / "user"
         path = dest / UNIT
         text = render_unit(command)
         loaders = [["systemctl", "--user", "daemon-reload"], ["systemctl", "--user", "enable", "--now", UNIT]]

@@ -1,12 +1,13 @@
 """A worker process runs one job and exits (pyperf-style isolation).
 
-`python -m agent.worker JOB.json SPOOL_DIR ALIVE_FD`: JOB.json holds the job's ids, its `JobSpec` (with
-local model paths), the models' identities, the machine's memory and the agent's llama-server
-(`llama_server`, None for the engine's own search); the worker builds the engine with the options
-its kind takes (`engine_options`), measures, writes every run record to the spool as soon as it
-is measured, prints {"runs": N} on its last line and exits 0. An EngineError (a server that
-would not start, an answer the engine cannot use) ends it with status 1 and the error's message
-as the last line of its stderr, which the agent reports as the job's failure.
+`python -m agent.worker JOB.json SPOOL_DIR ALIVE_FD`: JOB.json holds the job's ids, its `JobSpec`
+(with local model paths), the models' identities, the machine's memory, the agent's llama-server
+(`llama_server`, None for the engine's own search) and thread count (`threads`, its AgentConfig's);
+the worker builds the engine with the options its kind takes (`engine_options`), measures, writes
+every run record to the spool as soon as it is measured, prints {"runs": N} on its last line and
+exits 0. An EngineError (a server that would not start, an answer the engine cannot use) ends it
+with status 1 and the error's message as the last line of its stderr, which the agent reports as the
+job's failure.
 A crash, an out-of-memory kill or a hang ends only this process; the agent fails the job and
 kills this worker's process group, servers included.
 A worker whose agent has died (kill -9) stops too, and takes the servers it started with it:
@@ -25,8 +26,7 @@ import sys
 import threading
 from pathlib import Path
 
-import psutil
-
+from agent.config import BY_FIELD, field_from_environment
 from agent.engines import make_engine
 from agent.engines.base import EngineError
 from agent.engines.server_process import stop_all
@@ -54,27 +54,26 @@ def _exit_when_orphaned(alive_fd: int) -> None:
     os._exit(ORPHANED_EXIT_STATUS)
 
 
-THREADS_ENV = "SPECFLEET_THREADS"
+THREADS_ENV = BY_FIELD["threads"].env
 
 
 def default_threads() -> int:
     """The agent's thread count for llama.cpp where a sweep names none, the same for our loop and
-    llama-server: SPECFLEET_THREADS where the agent's environment sets it (a machine that runs
-    other work beside the agent), else the machine's physical cores (llama.cpp's own default).
-    ValueError naming the variable when it is not a whole number from 1 to 1024."""
-    given, most = os.environ.get(THREADS_ENV, "").strip(), BY_NAME["threads"].hi  # the setting's own bound
-    if given:
-        if not given.isdigit() or not 1 <= int(given) <= most:
-            raise ValueError(f"{THREADS_ENV}={given!r}: must be a whole number from 1 to {most}")
-        return int(given)
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    llama-server: AgentConfig.threads (agent/config.py: SPECFLEET_THREADS where the agent's
+    environment sets it, a machine that runs other work beside the agent, else the machine's
+    physical cores, llama.cpp's own default), read here from the environment this process
+    inherited, by the same row. ValueError naming the variable when it is not a whole number
+    from 1 to 1024."""
+    return field_from_environment("threads")
 
 
-def resolved(spec: JobSpec, memory_bytes: int | None = None) -> JobSpec:
-    """The spec with what the agent decides filled in: threads 0 -> default_threads(); the
-    machine's memory in GiB, rounded (setting memory_gb, a claim condition), where it is known."""
+def resolved(spec: JobSpec, memory_bytes: int | None = None, threads: int | None = None) -> JobSpec:
+    """The spec with what the agent decides filled in: threads 0 -> the agent's `threads` (its
+    AgentConfig's, which it writes in the job file), else default_threads(); the machine's
+    memory in GiB, rounded (setting memory_gb, a claim condition), where it is known."""
     if spec.settings.threads == 0 and spec.engine in BY_NAME["threads"].engines:
-        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, threads=default_threads()))
+        chosen = threads or default_threads()
+        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, threads=chosen))
     if memory_bytes:
         memory_gb = max(1, round(memory_bytes / 2**30))
         spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, memory_gb=memory_gb))
@@ -102,7 +101,7 @@ def main(argv: list[str]) -> int:
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     spool = Spool(Path(argv[1]))
-    spec = resolved(JobSpec.from_json(job["spec"]), job.get("memory_bytes"))
+    spec = resolved(JobSpec.from_json(job["spec"]), job.get("memory_bytes"), job.get("threads"))
     models = {role: ModelIdentity(**identity) for role, identity in job["models"].items()}
     try:
         runs = run_job(

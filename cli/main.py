@@ -381,50 +381,54 @@ def cmd_agent_enrol(args) -> int:
     ).save(Path(args.config_dir))
     if args.model_dir:
         from agent import settings
+        from agent.config import load_field
 
-        dirs = settings.model_dirs(args.model_dir, Path(args.config_dir))
+        dirs = load_field("model_dirs", Path(args.config_dir), {"model_dirs": args.model_dir})
         settings.save(Path(args.config_dir), model_dirs=[str(d) for d in dirs])
     print(f"enrolled {name} as {resp.agent_id} ({fp.chip}); credential stored in {path}")
     return 0
 
 
+def _agent_config(args):
+    """The agent's configuration from `agent run`'s (or `install-service`'s) flags, the
+    environment and settings.json (agent/config.py)."""
+    from agent.config import FIELDS, AgentConfig
+
+    flags = {f.name: getattr(args, f.flag.lstrip("-").replace("-", "_"), None) for f in FIELDS if f.flag}
+    return AgentConfig.load(Path(args.config_dir), flags)
+
+
 def cmd_agent_run(args) -> int:
-    from agent import settings
+    from agent import doctor
     from agent.daemon import Agent
 
-    config_dir = Path(args.config_dir)
-    agent = Agent(
-        config_dir,
-        model_dirs=settings.model_dirs(args.model_dir, config_dir),
-        allow_battery=args.allow_battery,
-        metrics_port=args.metrics_port,
-        allow_downloads=args.allow_downloads,
-        llama_server=settings.llama_server(args.llama_server, config_dir),
-    )
-    if not args.ignore_doctor:  # a failed machine check of `agent doctor` holds jobs until it passes
-        from agent import doctor
-
-        agent.doctor_hold = doctor.agent_hold(config_dir, agent.model_dirs)
+    config = _agent_config(args)
+    # A failed machine check of `agent doctor` holds jobs until it passes, unless --ignore-doctor.
+    hold = None if config.ignore_doctor else doctor.agent_hold(config.config_dir, list(config.model_dirs))
+    agent = Agent(config, doctor_hold=hold)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop.set())
     return agent.run()
 
 
 def cmd_agent_install_service(args) -> int:
-    from agent import service, settings
+    from agent import service
 
-    config_dir = Path(args.config_dir).resolve()
-    run_args = [a for d in settings.model_dirs(args.model_dir, config_dir) for a in ("--model-dir", str(d))]
-    if args.metrics_port is not None:
-        run_args += ["--metrics-port", str(args.metrics_port)]
-    if args.allow_battery:
+    config = _agent_config(args)
+    run_args = [a for d in config.model_dirs for a in ("--model-dir", str(d))]
+    if config.metrics_port is not None:
+        run_args += ["--metrics-port", str(config.metrics_port)]
+    if config.allow_battery:
         run_args.append("--allow-battery")
-    if args.ignore_doctor:
+    if config.ignore_doctor:
         run_args.append("--ignore-doctor")
-    if binary := settings.llama_server(args.llama_server, config_dir):
-        run_args += ["--llama-server", str(binary)]
+    if config.llama_server:
+        run_args += ["--llama-server", str(config.llama_server)]
     result = service.install(
-        config_dir, run_args, dest_dir=Path(args.dest_dir) if args.dest_dir else None, load=not args.no_load
+        config.config_dir.resolve(),
+        run_args,
+        dest_dir=Path(args.dest_dir) if args.dest_dir else None,
+        load=not args.no_load,
     )
     print(result.message, file=sys.stdout if result.loaded or args.no_load else sys.stderr)
     return 0 if result.loaded or args.no_load else 1
@@ -811,7 +815,7 @@ def _add_demo_commands(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.credentials import default_config_dir
+    from agent.config import default_config_dir
 
     parser = Parser(prog="specfleet", description=__doc__)
     flag(parser, "--verbose", action="store_true", help="log at debug level; a traceback with an internal error")

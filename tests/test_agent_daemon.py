@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from agent import poll
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from protos.specfleet.v1 import fleet_pb2 as pb
 from specfleet.data_dir import admin_credential
@@ -65,7 +66,7 @@ def test_unknown_engine_method_outside_path_and_too_big_are_refused_with_reasons
         },
     )
 
-    with Running(Agent(config, model_dirs=[models])) as agent:
+    with Running(Agent(AgentConfig.load(config, {"model_dirs": [models]}))) as agent:
         wait_until(lambda: sweep(coordinator, sweep_id).jobs_failed == 4, "four refusals")
         wait_until(lambda: sweep(coordinator, too_long).jobs_failed == 1, "the refusal of a context too long")
         assert agent.metrics.jobs.labels("refused")._value.get() == 5
@@ -100,7 +101,7 @@ def test_on_battery_no_job_starts_and_the_reason_is_everywhere(tmp_path, coordin
         {"name": "battery", "models": {"mlx": {"target": str(tmp_path / "outside")}}, "engines": ["mlx"],
          "prompt_sets": ["code"], "prompts": 2},
     )  # fmt: skip
-    agent = Agent(config, metrics_port=0, sample_environment=lambda: dict(power))
+    agent = Agent(AgentConfig.load(config, {"metrics_port": 0}), sample_environment=lambda: dict(power))
     with Running(agent):
         wait_until(lambda: agent.state.not_starting, "the agent to hold back")
         agents = wait_until(
@@ -142,7 +143,9 @@ def test_allow_battery_takes_jobs_anyway(tmp_path, coordinator):
         {"name": "battery-ok", "models": {"mlx": {"target": str(tmp_path / "gone")}}, "engines": ["mlx"],
          "prompt_sets": ["code"], "prompts": 2},
     )  # fmt: skip
-    agent = Agent(config, allow_battery=True, sample_environment=lambda: {"power_source": "battery"})
+    agent = Agent(
+        AgentConfig.load(config, {"allow_battery": True}), sample_environment=lambda: {"power_source": "battery"}
+    )
     with Running(agent):
         wait_until(lambda: sweep(coordinator, sweep_id).jobs_failed == 1, "the job to be taken")
         # Taken on battery and refused for its model (not held back for the power source), and the

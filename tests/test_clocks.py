@@ -8,6 +8,7 @@ import time
 import pytest
 
 from agent import doctor, poll
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from coordinator.ingest import CLOCK_BOUND_SECONDS
 from protos.specfleet.v1 import fleet_pb2 as pb
@@ -53,7 +54,9 @@ def test_runs_carry_the_receive_time_and_impossible_agent_times_are_flagged(coor
 @pytest.mark.process  # the agent's engines are looked for (llama-server --version)
 @pytest.mark.parametrize("skew", [TEN_MINUTES, -TEN_MINUTES, 0.0], ids=["ahead", "behind", "right"])
 def test_an_agent_whose_clock_is_off_holds_its_jobs(coordinator, tmp_path, skew):
-    agent = Agent(tmp_path / "agent", identity_for(coordinator, tmp_path / "agent"), allow_battery=True)
+    agent = Agent(
+        AgentConfig.load(tmp_path / "agent", {"allow_battery": True}), identity_for(coordinator, tmp_path / "agent")
+    )
     try:
         assert agent.clock_hold() == ""  # the real clock of this machine: the coordinator's own
         monotonic = [0.0]

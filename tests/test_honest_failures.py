@@ -148,13 +148,14 @@ def test_ordinary_noise_is_never_a_stall():
 
 def _polling_agent(hold):
     return SimpleNamespace(
-        allow_battery=False,
+        config=SimpleNamespace(allow_battery=False),
         sample_environment=lambda: {"power_source": "ac", "low_power_mode": False, "thermal": "nominal"},
         lock=threading.Lock(),
         state=SimpleNamespace(not_starting="", status="idle"),
         metrics=SimpleNamespace(not_starting=SimpleNamespace(set=lambda value: None)),
         beat=threading.Event(),
         doctor_hold=hold,
+        clock_hold=lambda: "",  # this machine's clock agrees with the coordinator's
     )
 
 

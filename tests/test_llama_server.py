@@ -320,21 +320,26 @@ def test_a_context_too_small_for_the_run_is_named(engine, tiny_models):
 
 def test_the_agents_llama_server_is_the_flag_then_the_variable_then_its_settings(tmp_path, monkeypatch):
     from agent import settings
+    from agent.config import AgentConfig
     from agent.fingerprint import available_engines
 
     config = tmp_path / "agent"
     monkeypatch.delenv("SPECFLEET_LLAMA_SERVER", raising=False)
-    assert settings.llama_server(None, config) is None
+
+    def chosen(flag=None):
+        return AgentConfig.load(config, {"llama_server": flag}).llama_server
+
+    assert chosen() is None
     settings.save(config, llama_server=str(PROJECT_BUILD))
-    assert settings.llama_server(None, config) == PROJECT_BUILD.resolve()
+    assert chosen() == PROJECT_BUILD.resolve()
     other = tmp_path / "llama-server"
     other.write_text("#!/bin/sh\n")
     other.chmod(0o755)
     monkeypatch.setenv("SPECFLEET_LLAMA_SERVER", str(other))
-    assert settings.llama_server(None, config) == other
-    assert settings.llama_server(str(PROJECT_BUILD), config) == PROJECT_BUILD.resolve()
-    with pytest.raises(ValueError, match="does not exist or is not an executable file"):
-        settings.llama_server(str(tmp_path / "typo"), config)
+    assert chosen() == other
+    assert chosen(str(PROJECT_BUILD)) == PROJECT_BUILD.resolve()
+    with pytest.raises(ValueError, match="llama_server from --llama-server: .* does not exist or is not an executable"):
+        chosen(str(tmp_path / "typo"))
     assert available_engines(other)[-2:] == ["llama-server", "openai"]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(llama_server, "PROJECT_BUILD", tmp_path / "not-built")

@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from specfleet import speedup
 from tests.support.agents import Running, identity_for, submit, sweep
@@ -43,7 +44,7 @@ def test_two_agents_with_one_model_at_different_paths_show_one_model(tmp_path, c
         )
         for name, directory, _ in agents
     ]
-    running = [Running(Agent(config, model_dirs=[directory])) for _, directory, config in agents]
+    running = [Running(Agent(AgentConfig.load(config, {"model_dirs": [directory]}))) for _, directory, config in agents]
     for r in running:
         r.__enter__()
     try:

@@ -17,6 +17,7 @@ import duckdb
 import pytest
 
 from agent import settings
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.engines import make_engine
 from agent.engines.base import EngineError
@@ -108,7 +109,7 @@ def test_a_sweep_pinning_each_arm_to_a_build_runs_each_on_its_binary_and_the_ver
             (fp,) = con.execute("SELECT fingerprint FROM agents WHERE agent_id = ?", [api.agent_id]).fetchone()
         return json.loads(fp).get("engineVersions", {})
 
-    with Running(Agent(config, model_dirs=[models], llama_server=PROJECT_BUILD)) as agent:
+    with Running(Agent(AgentConfig.load(config, {"model_dirs": [models], "llama_server": PROJECT_BUILD}))) as agent:
         assert set(agent.llama_builds) == {"b1", "b9500"}
         wait_until(lambda: "llama-server@b9500" in reported(), "the agent's fingerprint with its builds")
         arm = {"spec_type": "ngram-simple", "depths": [4]}
@@ -170,7 +171,9 @@ def test_an_agent_refuses_a_job_pinning_a_build_it_lacks_and_hands_a_pinned_job_
 
     wrapper = second_build(tmp_path)
     agent = SimpleNamespace(
-        engines=["llama-server", "openai"], llama_builds=find_builds(PROJECT_BUILD, [wrapper]), llama_server=None
+        engines=["llama-server", "openai"],
+        llama_builds=find_builds(PROJECT_BUILD, [wrapper]),
+        config=SimpleNamespace(llama_server=None),
     )
 
     def spec(build: str) -> JobSpec:

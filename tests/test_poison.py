@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from agent import runner, upload
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.metrics import AgentMetrics
 from agent.retry import Budget
@@ -53,7 +54,7 @@ def one_job(coordinator, tiny_models, name) -> str:
 def agent_for(coordinator, tmp_path, tiny_models) -> Agent:
     config = tmp_path / "agent"
     identity_for(coordinator, config)
-    return Agent(config, model_dirs=[tiny_models.gguf_target.parent])
+    return Agent(AgentConfig.load(config, {"model_dirs": [tiny_models.gguf_target.parent]}))
 
 
 def failure_of(coordinator, sweep_id) -> str:

@@ -17,8 +17,7 @@ def agent(tmp_path, model_dirs, engines=("mlx", "llama.cpp"), memory_bytes=16 * 
     """What check() reads of an agent: its engines, model directories, memory and digest cache."""
     return SimpleNamespace(
         engines=list(engines),
-        model_dirs=list(model_dirs),
-        allow_downloads=False,
+        config=SimpleNamespace(model_dirs=tuple(model_dirs), allow_downloads=False),
         hf_cache=None,
         fingerprint=pb.Fingerprint(memory_bytes=memory_bytes),
         hashes=HashCache(tmp_path / "hashes.json"),

@@ -19,6 +19,7 @@ import grpc
 import pytest
 import yaml
 
+from agent.config import AgentConfig
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from agent.spool import Spool
@@ -45,7 +46,7 @@ def test_a_record_too_new_is_refused_as_such_and_held_then_sent_after_the_upgrad
         config = tmp_path / "agent"
         identity_for(coordinator, config)
         admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
-        agent = Agent(config)
+        agent = Agent(AgentConfig.load(config))
         job = agent.api.acquire_job(1.0).job
         run = run_record(job.job_id)  # schema NOW, built before the coordinator goes back a version
         Spool(config / "spool").put(job.job_id, job.lease_id, run)
@@ -94,7 +95,7 @@ def test_a_job_whose_runs_are_held_ends_held_and_is_done_once_they_arrive(tmp_pa
         identity_for(coordinator, config)
         admin = admin_for(coordinator)
         sweep_id = admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML)).sweep_id
-        agent = Agent(config)
+        agent = Agent(AgentConfig.load(config))
         job = agent.api.acquire_job(1.0).job
         runs = [run_record(job.job_id) for _ in range(2)]
         for run in runs:
@@ -135,7 +136,7 @@ def test_an_agent_whose_records_are_too_new_takes_no_job_and_says_why(tmp_path, 
         identity_for(coordinator, config)
         admin = admin_for(coordinator)
         sweeps = [admin.SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML)).sweep_id for _ in range(2)]
-        agent = Agent(config)
+        agent = Agent(AgentConfig.load(config))
         agent.uploader.record_schema = NOW  # the agent writes NOW
         waiting = f"waiting for the coordinator to read record schema {NOW} (it reads up to {NOW - 1})"
         with Running(agent):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.engines.llama_server import PROJECT_BUILD
 from protos.specfleet.v1 import fleet_pb2 as pb
@@ -135,7 +136,7 @@ def test_no_server_outlives_a_job_however_it_ends(agent_with_marker, tiny_models
     late, _ = server_job(coordinator, "late", model, arms, deadline_seconds=4, **long_job)
     cancelled, cancelled_job = server_job(coordinator, "cancelled", model, arms, **long_job)
 
-    agent = Agent(config, model_dirs=[model.parent])
+    agent = Agent(AgentConfig.load(config, {"model_dirs": [model.parent]}))
     with Watch(marker) as watch, Running(agent):
 
         def kill_worker_of(job_id):
@@ -166,7 +167,7 @@ def test_no_server_outlives_an_agent_that_stops_mid_job(agent_with_marker, tiny_
     _, job_id = server_job(
         coordinator, "stopped", tiny_models.gguf_mtp_hybrid, [{"method": "baseline"}], repeats=400, max_new_tokens=64
     )
-    agent = Agent(config, model_dirs=[tiny_models.gguf_mtp_hybrid.parent])
+    agent = Agent(AgentConfig.load(config, {"model_dirs": [tiny_models.gguf_mtp_hybrid.parent]}))
     with Watch(marker) as watch:
         with Running(agent):
             wait_until(lambda: agent.state.job_id == job_id and watch.servers(), "the job's server", 120)

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.spool import Spool, Unreadable, read
 from tests.support.agents import identity_for, submit
@@ -25,7 +26,7 @@ def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
             {"name": "spool", "models": {"mlx": {"target": str(tiny_models.mlx_target)}}, "engines": ["mlx"],
              "prompt_sets": ["code"], "prompts": 2},
         )  # fmt: skip
-        agent = Agent(config)
+        agent = Agent(AgentConfig.load(config))
         job = agent.api.acquire_job(1.0).job
         spool = Spool(config / "spool")
         runs = [run_record(job.job_id) for _ in range(3)]
@@ -36,7 +37,7 @@ def test_kill_after_ack_before_delete_is_counted_once(tmp_path, tiny_models):
         # A crash in the middle of a write leaves only a temporary file, which is not a record.
         (spool.pending / ".half-written.tmp").write_text('{"schema": 2, "record": "{')
 
-        restarted = Agent(config)
+        restarted = Agent(AgentConfig.load(config))
         assert restarted.upload_pending() == 3 and spool.depth() == 0
         with coordinator.store.tx() as con:
             stored = con.execute("SELECT run_id FROM runs").fetchall()

@@ -4,6 +4,7 @@ name and stays parked."""
 
 import pytest
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.spool import Spool
 from protos.specfleet.v1 import fleet_pb2 as pb
@@ -23,7 +24,7 @@ def test_parked_runs_are_listed_and_retried_once_their_cause_is_gone(tmp_path):
         config = tmp_path / "agent"
         identity_for(coordinator, config)
         admin_for(coordinator).SubmitSweep(pb.SubmitSweepRequest(yaml=SWEEP_YAML))
-        agent = Agent(config)
+        agent = Agent(AgentConfig.load(config))
         job = agent.api.acquire_job(1.0).job
         spool = Spool(config / "spool")
         good = run_record(job.job_id)

@@ -11,6 +11,7 @@ import urllib.request
 import grpc
 import pytest
 
+from agent.config import AgentConfig
 from agent.credentials import AgentIdentity
 from agent.daemon import Agent
 from coordinator import metrics
@@ -124,7 +125,7 @@ def test_cli_enrols_over_mtls_and_the_agent_keeps_its_certificate(tmp_path, cert
         assert stored["tls_cert"] == str(certs / "client.pem") and stored["tls_key"] == str(certs / "client.key")
         assert stored["tls_ca"] == str(certs / "ca.pem")
         # The daemon builds its channel from the stored identity: a heartbeat goes through mTLS.
-        agent = Agent(agent_dir, AgentIdentity.load(agent_dir))
+        agent = Agent(AgentConfig.load(agent_dir), AgentIdentity.load(agent_dir))
         assert agent.api.heartbeat(status="mtls test").drain is False
     finally:
         assert stop(proc) == 0

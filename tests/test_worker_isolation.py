@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.worker import ORPHANED_EXIT_STATUS
 from tests.support.agents import Running, identity_for, submit, sweep
@@ -55,7 +56,9 @@ def test_crash_kill_and_deadline_fail_only_their_jobs(tmp_path, tiny_models):
             con.execute("UPDATE jobs SET spec = ? WHERE job_id = ?", [json.dumps({**json.loads(spec),
                         "deadline_seconds": 3}), job_id])  # fmt: skip
 
-        agent = Agent(config, model_dirs=[models, tiny_models.mlx_target.parent.parent], metrics_port=0)
+        agent = Agent(
+            AgentConfig.load(config, {"model_dirs": [models, tiny_models.mlx_target.parent.parent], "metrics_port": 0})
+        )
 
         def scrape():
             return urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).read().decode()
