@@ -154,23 +154,40 @@ class Field:
     default: Callable[[], Any] = lambda: None
 
 
+def _switch_field(name: str, flag: str, env: str) -> Field:
+    return Field(name, flag=flag, env=env, parse=_switch, normalise=bool, default=lambda: False)
+
+
 FIELDS = (
-    Field("model_dirs", "--model-dir", "SPECFLEET_MODEL_DIRS", "model_dirs", _paths, _model_dirs, tuple),
-    Field("llama_server", "--llama-server", "SPECFLEET_LLAMA_SERVER", "llama_server", str, _llama_server),
     Field(
-        "llama_server_builds",
-        None,
-        "SPECFLEET_LLAMA_SERVER_BUILDS",
-        "llama_server_builds",
-        _paths,
-        _llama_server_builds,
-        tuple,
+        "model_dirs",
+        flag="--model-dir",
+        env="SPECFLEET_MODEL_DIRS",
+        setting="model_dirs",  # chosen at enrolment
+        parse=_paths,
+        normalise=_model_dirs,
+        default=tuple,  # none: jobs may name model files anywhere
     ),
-    Field("threads", None, "SPECFLEET_THREADS", None, str, _threads, physical_cores),
-    Field("metrics_port", "--metrics-port", "SPECFLEET_AGENT_METRICS_PORT", None, int, _port),
-    Field("allow_battery", "--allow-battery", "SPECFLEET_ALLOW_BATTERY", None, _switch, bool, lambda: False),
-    Field("ignore_doctor", "--ignore-doctor", "SPECFLEET_IGNORE_DOCTOR", None, _switch, bool, lambda: False),
-    Field("allow_downloads", "--allow-downloads", "SPECFLEET_ALLOW_DOWNLOADS", None, _switch, bool, lambda: False),
+    Field(
+        "llama_server",
+        flag="--llama-server",
+        env="SPECFLEET_LLAMA_SERVER",
+        setting="llama_server",
+        normalise=_llama_server,  # None: the engine looks on PATH, then in this checkout's build
+    ),
+    Field(
+        "llama_server_builds",  # further builds that sweeps may pin (their arms' server_build)
+        env="SPECFLEET_LLAMA_SERVER_BUILDS",
+        setting="llama_server_builds",
+        parse=_paths,
+        normalise=_llama_server_builds,
+        default=tuple,
+    ),
+    Field("threads", env="SPECFLEET_THREADS", normalise=_threads, default=physical_cores),
+    Field("metrics_port", flag="--metrics-port", env="SPECFLEET_AGENT_METRICS_PORT", parse=int, normalise=_port),
+    _switch_field("allow_battery", "--allow-battery", "SPECFLEET_ALLOW_BATTERY"),
+    _switch_field("ignore_doctor", "--ignore-doctor", "SPECFLEET_IGNORE_DOCTOR"),
+    _switch_field("allow_downloads", "--allow-downloads", "SPECFLEET_ALLOW_DOWNLOADS"),
 )
 BY_FIELD = {f.name: f for f in FIELDS}
 

@@ -153,9 +153,9 @@ class Build:
 
 def find_builds(default: Path | None, configured: Sequence[Path] = ()) -> dict[str, Build]:
     """The agent's llama-server builds by tag: its default binary (find_binary's; left out when
-    its --version fails, which `agent doctor` reports) and the configured ones (agent/settings.py
-    llama_server_builds; a failing --version is a ValueError, as any wrong setting). Of two
-    binaries of one build the first is kept and the other named in a warning."""
+    its --version fails, which `agent doctor` reports) and the configured ones (agent/config.py
+    AgentConfig.llama_server_builds; a failing --version is a ValueError, as any wrong setting).
+    Of two binaries of one build the first is kept and the other named in a warning."""
     builds: dict[str, Build] = {}
     candidates = [(default, False)] if default is not None else []
     for binary, required in [*candidates, *((b, True) for b in configured)]:
