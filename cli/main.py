@@ -614,9 +614,6 @@ def _add_coordinator_commands(sub) -> None:
     flag(p, "--name", env="COORDINATOR_NAME", default="", help="its label on /metrics (specfleet_coordinator_info)")
     flag(p, "--lake-upkeep-seconds", type=float, default=3600.0, help="between the lake's upkeep passes; 0: none")
     p.set_defaults(fn=cmd_coordinator_serve)
-    from cli import store as store_commands
-
-    store_commands.add_parsers(sub, flag)
 
 
 def _add_token_commands(sub) -> None:
@@ -816,12 +813,14 @@ def _add_demo_commands(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from agent.config import default_config_dir
+    from cli import store as store_commands
 
     parser = Parser(prog="specfleet", description=__doc__)
     flag(parser, "--verbose", action="store_true", help="log at debug level; a traceback with an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
     config_dir = {"default": str(default_config_dir()), "help": "where agent.json and settings.json live"}
     _add_coordinator_commands(sub)
+    store_commands.add_parsers(sub, flag)
     _add_token_commands(sub)
     _add_agents_commands(sub)
     _add_sweep_commands(sub)
