@@ -459,40 +459,88 @@ SPREADS = {
 }
 
 
-def crossed(fleets: int) -> dict[str, float]:
+COVERAGE_RANGE = (0.93, 0.97)  # issue 37: the interval's coverage in every cell the rules allow
+
+
+def crossed_cell(fleets: int, machines: int, prompts: int, spread: tuple[float, float, float]) -> dict[str, float]:
+    """One cell: coverage of the 95% interval against the category's truth (the band's lower
+    edge), contradicted with the truth on that edge and reproduced 5% below it (both wrong)."""
+    machine_sd, prompt_sd, shared_sd = spread
+    lo = RULE_BAND[0]
+    noise = simulate.draw(
+        SEED + 131 * machines + prompts, fleets, machines, prompts, RULE_REPEATS,
+        machine_sd=machine_sd, prompt_sd=prompt_sd, prompt_set_sd=shared_sd,
+    )  # fmt: skip
+    rule = dict(min_machines=1, min_prompts=1)  # every cell judged; the bench says which are allowed
+    edge = inference.decide_arrays(noise + math.log(lo), *RULE_BAND, **rule)
+    outside = inference.decide_arrays(noise + math.log(0.95 * lo), *RULE_BAND, **rule)
+    return {
+        "coverage": covered(edge["low"], edge["high"], lo),
+        "contradicted": float(np.mean(edge["verdict"] == inference.CONTRADICTED)),
+        "reproduced": float(np.mean(outside["verdict"] == inference.REPRODUCED)),
+    }
+
+
+def crossed_ok(cell: dict[str, float], fleets: int) -> bool:
+    """Coverage within COVERAGE_RANGE and both wrong-verdict rates within nominal, each up to its
+    Monte Carlo error (one-sided, 1%: `tolerance` at the bound)."""
+    limit = inference.NOMINAL_WRONG + tolerance(fleets)
+    low, high = COVERAGE_RANGE
+    low, high = low - tolerance(fleets, 1 - low), high + tolerance(fleets, 1 - high)
+    return low <= cell["coverage"] <= high and max(cell["contradicted"], cell["reproduced"]) <= limit
+
+
+def crossed(fleets: int) -> dict[str, object]:
     """Coverage of the 95% interval and wrong verdicts (contradicted with the truth on the band's
-    edge; reproduced 5% outside it) against the category's truth, the prompts a sample of it."""
-    lo, hi = RULE_BAND
-    worst = {"coverage_low": 1.0, "coverage_high": 0.0, "wrong": 0.0}
-    for name, (machine_sd, prompt_sd, shared_sd) in SPREADS.items():
+    edge; reproduced 5% outside it) against the category's truth, the prompts a sample of it, at
+    every machine and prompt count, for several mixes of spreads. The fewest machines is the
+    smallest count from which every cell (every mix, every prompt count) holds; the fewest prompts
+    the smallest count from which every cell with at least that many machines holds. Cells the
+    rules do not allow (fewer than inference.MIN_MACHINES machines or MIN_PROMPTS prompts) are
+    marked "-"; a failing cell "!"."""
+    cells = {}
+    for name, spread in SPREADS.items():
         print(
-            f"## {name} (machine {machine_sd}, machine x prompt {prompt_sd}, shared prompt {shared_sd};"
-            f" {fleets} fleets)"
+            f"## {name} (machine {spread[0]}, machine x prompt {spread[1]}, shared prompt {spread[2]}; {fleets} fleets)"
         )
-        print(f"{'machines':>8} | " + " ".join(f"{f'{p} prompts':>24}" for p in CROSSED_PROMPTS))
+        print(f"{'machines':>8} | " + " ".join(f"{f'{p} prompts':>26}" for p in CROSSED_PROMPTS))
         for machines in CROSSED_MACHINES:
-            cells = []
+            row = []
             for p in CROSSED_PROMPTS:
-                noise = simulate.draw(
-                    SEED + 131 * machines + p, fleets, machines, p, RULE_REPEATS,
-                    machine_sd=machine_sd, prompt_sd=prompt_sd, prompt_set_sd=shared_sd,
-                )  # fmt: skip
-                edge = inference.decide_arrays(noise + math.log(lo), *RULE_BAND)
-                cover = covered(edge["low"], edge["high"], lo)
-                contra = float(np.mean(edge["verdict"] == inference.CONTRADICTED))
-                outside = inference.decide_arrays(noise + math.log(0.95 * lo), *RULE_BAND)
-                rep = float(np.mean(outside["verdict"] == inference.REPRODUCED))
-                worst["coverage_low"] = min(worst["coverage_low"], cover)
-                worst["coverage_high"] = max(worst["coverage_high"], cover)
-                worst["wrong"] = max(worst["wrong"], contra, rep)
-                cells.append(f"cov {cover:.3f} wrong {contra:.3f}/{rep:.3f}")
-            print(f"{machines:>8} | " + " ".join(f"{c:>24}" for c in cells))
+                c = cells[name, machines, p] = crossed_cell(fleets, machines, p, spread)
+                allowed = machines >= inference.MIN_MACHINES and p >= inference.MIN_PROMPTS
+                mark = ("!" if not crossed_ok(c, fleets) else " ") + (" " if allowed else "-")
+                row.append(f"cov {c['coverage']:.3f} wrong {c['contradicted']:.3f}/{c['reproduced']:.3f}{mark}")
+            print(f"{machines:>8} | " + " ".join(f"{x:>26}" for x in row))
         print()
-    print(
-        f"coverage {worst['coverage_low']:.3f}-{worst['coverage_high']:.3f}, worst wrong-verdict rate "
-        f"{worst['wrong']:.3f} (nominal {inference.NOMINAL_WRONG}, +{tolerance(fleets):.3f} for {fleets} fleets)\n"
+    holds = {k: crossed_ok(c, fleets) for k, c in cells.items()}
+    fewest_machines = next(
+        (m for m in CROSSED_MACHINES if all(holds[k] for k in holds if k[1] >= m)), None
+    )  # fmt: skip
+    fewest_prompts = next(
+        (p for p in CROSSED_PROMPTS if all(holds[k] for k in holds if k[1] >= (fewest_machines or 0) and k[2] >= p)),
+        None,
     )
-    return worst
+    allowed = [c for k, c in cells.items() if k[1] >= inference.MIN_MACHINES and k[2] >= inference.MIN_PROMPTS]
+    result = {
+        "coverage_low": min(c["coverage"] for c in allowed),
+        "coverage_high": max(c["coverage"] for c in allowed),
+        "wrong": max(max(c["contradicted"], c["reproduced"]) for c in allowed),
+        "fewest_machines": fewest_machines,
+        "fewest_prompts": fewest_prompts,
+    }
+    print(
+        "'-': not allowed by the rules (min_machines "
+        f"{inference.MIN_MACHINES}, min_prompts {inference.MIN_PROMPTS}); '!': coverage outside "
+        f"{COVERAGE_RANGE[0]}-{COVERAGE_RANGE[1]} or a wrong-verdict rate above nominal (each +/- Monte Carlo "
+        f"error: coverage +/-{tolerance(fleets, 1 - COVERAGE_RANGE[1]):.3f})\n"
+        f"allowed cells: coverage {result['coverage_low']:.3f}-{result['coverage_high']:.3f}, worst wrong-verdict "
+        f"rate {result['wrong']:.3f} (nominal {inference.NOMINAL_WRONG:.3f}, "
+        f"+{tolerance(fleets):.3f} for {fleets} fleets)\n"
+        f"fewest machines with every cell holding: {fewest_machines}; fewest prompts from there: {fewest_prompts} "
+        f"(the smallest simulated: {CROSSED_PROMPTS[0]})\n"
+    )
+    return result
 
 
 # ---------------------------------------------------------------- stalls

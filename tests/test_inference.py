@@ -74,6 +74,65 @@ def test_the_crossed_interval_by_hand():
     assert (float(se[0]), float(df[0]), float(low[0])) == (pytest.approx(got.log_se), 1.0, pytest.approx(mean - half))
 
 
+def test_the_crossed_interval_caps_satterthwaite_at_the_larger_parts_degrees_of_freedom():
+    # Three machines x three prompts with a strong shared prompt effect: prompts 0.0, 0.3, 0.6 on
+    # every machine, machines 0, 0.03, -0.03, a residual +/-0.01.
+    table = np.array([[0.0, 0.3, 0.6], [0.03, 0.33, 0.63], [-0.03, 0.27, 0.57]]) + np.array(
+        [[0.01, -0.01, 0.0], [-0.01, 0.0, 0.01], [0.0, 0.01, -0.01]]
+    )
+    mean, (m, p) = table.mean(), table.shape
+    rows_, cols = table.mean(axis=1), table.mean(axis=0)
+    ms_m = p * ((rows_ - mean) ** 2).sum() / (m - 1)
+    ms_p = m * ((cols - mean) ** 2).sum() / (p - 1)
+    ms_e = ((table - rows_[:, None] - cols[None, :] + mean) ** 2).sum() / ((m - 1) * (p - 1))
+    a, b = ms_m / 9, (ms_p - ms_e) / 9
+    assert b > a  # the shared prompt part carries the variance: df at most P - 1 = 2
+    satterthwaite = (a + b) ** 2 / (a**2 / 2 + b**2 / 2)
+    assert satterthwaite > 2  # uncapped it would lend the sum the machine part's degrees of freedom
+    _, se, df, low, _ = inference.crossed_interval(table)
+    assert (float(se), float(df)) == (pytest.approx(math.sqrt(a + b)), 2.0)
+    assert float(low) == pytest.approx(mean - t_975_df2() * math.sqrt(a + b))
+    # comparable parts, 3 machines x 10 prompts: Satterthwaite's figure lies below the cap (9) and is the df
+    even = np.array(
+        [
+            [0.02, -0.08, 0.03, 0.13, 0.1, -0.05, -0.08, -0.05, 0.06, -0.24],
+            [0.01, -0.04, 0.03, 0.09, 0.05, -0.1, -0.13, -0.11, -0.02, -0.25],
+            [0.09, 0.02, 0.11, 0.17, 0.15, 0.02, -0.02, -0.04, 0.11, -0.13],
+        ]
+    )
+    a, b = 0.0007823333333333333, 0.000984888888888889  # machine part, shared prompt part (by hand as above)
+    _, se, df, _, _ = inference.crossed_interval(even)
+    assert float(se) == pytest.approx(math.sqrt(a + b))
+    assert float(df) == pytest.approx((a + b) ** 2 / (a**2 / 2 + b**2 / 9))  # 7.55
+
+
+def crossed_coverage(machines: int, prompts: int, spread: tuple[float, float, float], fleets: int) -> float:
+    machine_sd, prompt_sd, shared_sd = spread
+    noise = simulate.draw(machines * 100 + prompts, fleets, machines, prompts, 6,
+                          machine_sd=machine_sd, prompt_sd=prompt_sd, prompt_set_sd=shared_sd)  # fmt: skip
+    _, _, _, low, high = inference.crossed_interval(noise)
+    return float(np.mean((low <= 0) & (0 <= high)))
+
+
+@pytest.mark.parametrize(
+    "machines,prompts,spread",
+    [(3, 20, (0.05, 0.05, 0.10)), (3, 5, (0.05, 0.05, 0.10)), (10, 5, (0.02, 0.10, 0.10)), (3, 20, (0.10, 0.05, 0.03))],
+    ids=["3x20-shared", "3x5-shared", "10x5-prompts-dominant", "3x20-machines-dominant"],
+)
+def test_the_crossed_interval_covers_the_categorys_truth_from_three_machines(machines, prompts, spread):
+    # bench/verdicts.py section crossed's hardest allowed cells (4,000 fleets: 0.948, 0.972, 0.946,
+    # 0.954); 4,000 fleets here measure coverage to +/- 0.008 (2.33 sd)
+    cover = crossed_coverage(machines, prompts, spread, 4000)
+    assert 0.93 <= cover <= 0.97 + 0.008
+
+
+def test_two_machines_cannot_hold_the_coverage_so_they_are_not_allowed():
+    # With two machines the machine part has one degree of freedom: with the machine part carrying
+    # the variance and 20 prompts the interval covers 0.91 (bench/verdicts.py section crossed).
+    assert crossed_coverage(2, 20, (0.05, 0.05, 0.10), 4000) < 0.93
+    assert inference.MIN_MACHINES == 3
+
+
 def test_every_machine_weighs_the_same_whatever_its_prompts():
     # specfleet's definition: the mean over machines of each one's mean.
     few = inference.estimate(rows({"a": [0.0], "b": [0.4, 0.4, 0.4, 0.4], "c": [0.2]}))
@@ -125,11 +184,12 @@ def test_an_interval_across_the_band_is_inconclusive():
 
 
 def test_fewer_machines_than_the_minimum_is_inconclusive_and_untested():
-    assert inference.MIN_MACHINES == 2  # bench/verdicts.py section rules; the test below checks it
+    assert inference.MIN_MACHINES == 3  # bench/verdicts.py section crossed; the tests below check it
     d = inference.decide(made(2.45, 2.3, 2.6, 1), *BAND)
     assert d.verdict == INCONCLUSIVE and not d.tested and d.p_value == 1.0
-    assert d.why.startswith("inconclusive: 1 of 2 machines; the figure 2.45x (95% interval 2.3-2.6x)")
-    assert inference.decide(made(2.45, 2.3, 2.6, 2), *BAND).verdict == REPRODUCED
+    assert d.why.startswith("inconclusive: 1 of 3 machines; the figure 2.45x (95% interval 2.3-2.6x)")
+    assert inference.decide(made(2.45, 2.3, 2.6, 2), *BAND).verdict == INCONCLUSIVE
+    assert inference.decide(made(2.45, 2.3, 2.6, 3), *BAND).verdict == REPRODUCED
     one = inference.estimate(rows({"a": [0.9, 0.9, 0.91, 0.89, 0.9]}))  # tight, but one machine
     d = inference.decide(one, *BAND)
     assert d.verdict == INCONCLUSIVE and "that machine only" in d.why and d.speedup == pytest.approx(math.exp(0.9))
@@ -151,12 +211,13 @@ def wrong_rates(machines: int, prompts: int, fleets: int, seed: int) -> tuple[fl
 
 def test_the_minimum_machines_is_the_smallest_count_at_the_nominal_rate():
     # One machine with 22 prompts: its interval sits on that machine's level, so a truth on the
-    # edge is contradicted in about 21% of fleets (nominal 2.5%); two machines hold 2.5%.
+    # edge is contradicted in about 21% of fleets (nominal 2.5%); the minimum, 3, holds 2.5% (two
+    # machines, whose machine part has one degree of freedom, do not: 3.3% here; the crossed tests above).
     fleets = 8000
     tol = 2.33 * math.sqrt(0.025 * 0.975 / fleets)
     edge, out = wrong_rates(1, 22, fleets, 1)
     assert edge > 0.15 and out > 0.03
-    for machines in (inference.MIN_MACHINES, 3):
+    for machines in (inference.MIN_MACHINES, 5):
         edge, out = wrong_rates(machines, 22, fleets, machines)
         assert edge <= inference.NOMINAL_WRONG + tol and out <= inference.NOMINAL_WRONG + tol
 
@@ -270,9 +331,8 @@ def test_a_claim_on_its_edge_is_rarely_contradicted():
     fleets = 20000
     noise = simulate.draw(4, fleets, 3, 5, 2)
     contradicted = np.mean(inference.decide_arrays(noise + math.log(BAND[0]), *BAND)["verdict"] == CONTRADICTED)
-    # The crossed interval is conservative at 3 machines x 5 prompts (coverage about 0.97, bench/verdicts.py
-    # section crossed): its edge rate sits below nominal, but not far (the check keeps the power to fail).
-    assert 0.01 < contradicted <= inference.NOMINAL_WRONG + 2.33 * math.sqrt(0.025 * 0.975 / fleets)
+    # 0.019 measured (coverage 0.962): close to nominal, so the check keeps the power to fail.
+    assert 0.015 < contradicted <= inference.NOMINAL_WRONG + 2.33 * math.sqrt(0.025 * 0.975 / fleets)
 
 
 # ---------------------------------------------------------------- best depth
@@ -338,7 +398,7 @@ def test_best_depth_verdicts():
     assert inference.decide_best_depth(depth_rows(clear, 5), 1, 5).verdict == INCONCLUSIVE  # no depth outside
     one = {m: clear[m] for m in ("a",)}
     d = inference.decide_best_depth(depth_rows(one, 5), 1, 3)
-    assert d.verdict == INCONCLUSIVE and not d.tested and d.why.startswith("inconclusive: 1 of 2 machines")
+    assert d.verdict == INCONCLUSIVE and not d.tested and d.why.startswith("inconclusive: 1 of 3 machines")
 
 
 def test_best_depth_probability():
