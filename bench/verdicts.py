@@ -8,7 +8,6 @@ Sections (all by default):
   rules      per replication rule, the wrong-verdict rates at 1, 2, 3, 5 and 10 machines with the
              truth inside, on the edge of and just outside the band, and the fewest machines per
              chip (named chip, any Mac) whose rate stays at the nominal 2.5%: the ledger's minimum
-  prompts    the fewest prompts, against a prompt category's truth
   acceptance acceptance-rate intervals: t over machine means (the rule) against the median's
              two-level bootstrap (before)
   intervals  coverage of the 95% interval by method: t over machine means (what inference
@@ -21,8 +20,10 @@ Sections (all by default):
              bootstrap probability of the best depth (for comparison)
   fdr        the false-discovery step over families of 100 decisions
   crossed    issue 37: machines x prompts crossed (a prompt effect every machine shares), at 2, 3,
-             5 and 10 machines by 5, 10 and 20 prompts: coverage against the category's truth and
-             wrong verdicts inside the band and on its edge, for several mixes of spreads
+             5 and 10 machines by 2, 3, 5, 10 and 20 prompts: coverage against the category's truth
+             and wrong verdicts on the band's edge and 5% outside, for four mixes of spreads; the
+             fewest machines and prompts at which every cell holds (the rules' MIN_MACHINES and
+             MIN_PROMPTS)
   stalls     issue 37: heavy-tailed stalls in one arm, both arms, neither: the bias of the figure
              (the median of a prompt's paired log ratios) against the truth, and of the mean
 
@@ -261,39 +262,6 @@ def rules(fleets: int) -> dict[str, int | None]:
     return chosen
 
 
-PROMPT_COUNTS = (1, 2, 5, 10, 22)
-PROMPT_SET_SD = 0.03
-
-
-def prompts(fleets: int) -> int | None:
-    """The fewest prompts: a figure is about its prompt set (a checked key), but a claim names a
-    prompt category. With prompt effects shared by every machine (sd PROMPT_SET_SD), a few
-    prompts stand for their category badly; the minimum is the smallest count whose wrong-verdict
-    rate against the category's truth stays at most twice nominal at up to 10 machines."""
-    lo, hi = RULE_BAND
-    print(
-        f"## The fewest prompts ({fleets} fleets a cell, {RULE_REPEATS} repeats, prompt effects shared by every "
-        f"machine sd {PROMPT_SET_SD}): wrong verdicts against the category's truth, edge / 3% below\n"
-    )
-    print(f"{'machines':>8} | " + " ".join(f"{p:>13}" for p in PROMPT_COUNTS))
-    worst: dict[int, float] = {p: 0.0 for p in PROMPT_COUNTS}
-    for machines in (2, 3, 5, 10):
-        cells = []
-        for p in PROMPT_COUNTS:
-            noise = simulate.draw(
-                SEED + 97 * machines + p, fleets, machines, p, RULE_REPEATS, prompt_set_sd=PROMPT_SET_SD
-            )
-            con = np.mean(t_machines(noise + math.log(lo), RULE_BAND) == inference.CONTRADICTED)
-            rep = np.mean(t_machines(noise + math.log(0.97 * lo), RULE_BAND) == inference.REPRODUCED)
-            worst[p] = max(worst[p], con, rep)
-            cells.append(f"{con:.3f} / {rep:.3f}")
-        print(f"{machines:>8} | " + " ".join(f"{c:>13}" for c in cells))
-    limit = 2 * inference.NOMINAL_WRONG + tolerance(fleets, 2 * inference.NOMINAL_WRONG)
-    chosen = minimum(worst, limit)
-    print(f"\nminimum prompts: {chosen} (worst rate at most {limit:.3f})\n")
-    return chosen
-
-
 # ---------------------------------------------------------------- acceptance rates
 
 
@@ -449,7 +417,7 @@ def fdr(families: int) -> None:
 # ---------------------------------------------------------------- crossed machines x prompts
 
 CROSSED_MACHINES = (2, 3, 5, 10)
-CROSSED_PROMPTS = (5, 10, 20)
+CROSSED_PROMPTS = (2, 3, 5, 10, 20)
 # (machine sd, machine x prompt sd, prompt sd shared by every machine) on the log scale
 SPREADS = {
     "issue 37's: shared prompts 0.10": (0.05, 0.05, 0.10),
@@ -494,8 +462,8 @@ def crossed(fleets: int) -> dict[str, object]:
     """Coverage of the 95% interval and wrong verdicts (contradicted with the truth on the band's
     edge; reproduced 5% outside it) against the category's truth, the prompts a sample of it, at
     every machine and prompt count, for several mixes of spreads. The fewest machines is the
-    smallest count from which every cell (every mix, every prompt count) holds; the fewest prompts
-    the smallest count from which every cell with at least that many machines holds. Cells the
+    smallest count from which every cell holds at some prompt count and above (every mix); the
+    fewest prompts the smallest such prompt count there. Cells the
     rules do not allow (fewer than inference.MIN_MACHINES machines or MIN_PROMPTS prompts) are
     marked "-"; a failing cell "!"."""
     cells = {}
@@ -514,13 +482,15 @@ def crossed(fleets: int) -> dict[str, object]:
             print(f"{machines:>8} | " + " ".join(f"{x:>26}" for x in row))
         print()
     holds = {k: crossed_ok(c, fleets) for k, c in cells.items()}
-    fewest_machines = next(
-        (m for m in CROSSED_MACHINES if all(holds[k] for k in holds if k[1] >= m)), None
-    )  # fmt: skip
-    fewest_prompts = next(
-        (p for p in CROSSED_PROMPTS if all(holds[k] for k in holds if k[1] >= (fewest_machines or 0) and k[2] >= p)),
-        None,
-    )
+
+    def fewest_prompts_from(machines: int) -> int | None:
+        """The smallest prompt count from which every cell with at least `machines` machines holds."""
+        return next(
+            (p for p in CROSSED_PROMPTS if all(ok for k, ok in holds.items() if k[1] >= machines and k[2] >= p)), None
+        )
+
+    fewest_machines = next((m for m in CROSSED_MACHINES if fewest_prompts_from(m) is not None), None)
+    fewest_prompts = fewest_prompts_from(fewest_machines) if fewest_machines is not None else None
     allowed = [c for k, c in cells.items() if k[1] >= inference.MIN_MACHINES and k[2] >= inference.MIN_PROMPTS]
     result = {
         "coverage_low": min(c["coverage"] for c in allowed),
@@ -592,7 +562,6 @@ def main() -> None:
         choices=(
             "all",
             "rules",
-            "prompts",
             "acceptance",
             "tokens",
             "intervals",
@@ -608,8 +577,6 @@ def main() -> None:
     start = time.perf_counter()
     if args.section in ("all", "rules"):
         rules(20 * args.fleets)
-    if args.section in ("all", "prompts"):
-        prompts(8 * args.fleets)
     if args.section in ("all", "acceptance"):
         acceptance(args.fleets)
     if args.section in ("all", "tokens"):
