@@ -353,6 +353,9 @@ def test_real_ngram_mod_that_drafts_is_never_primed_by_a_warm_up_or_an_earlier_r
     for pid in unprimed:
         mine = sorted((r for r in arms if r.prompt_id == pid), key=lambda r: r.repeat)
         rates = [acceptance(r) for r in mine]
+        print(
+            f"{model} {state} {pid}: measured repeats {rates}, unprimed {unprimed[pid]:.3f}, primed {primed[pid]:.3f}"
+        )
         assert max(rates) - min(rates) <= 0.1, (pid, rates)  # the first repeat is like the later ones
         assert abs(rates[0] - unprimed[pid]) <= 0.15, (pid, rates, unprimed[pid], primed[pid])
     # what the protocol guards against: the identical request again on one server is primed
