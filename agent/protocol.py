@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable
 
 from agent import energy, environment, prompts
-from agent.divergence import Divergences
+from agent.divergence import Divergences, first_divergence
 from agent.engines.base import (
     Closes,
     Engine,
@@ -424,11 +424,12 @@ def energy_fields(drawn: energy.Energy | None, tokens: int) -> dict:
 def losslessness(spec: JobSpec, tokens, greedy_reference, same_seed_baseline) -> tuple[bool | None, str]:
     """(lossless, how it was checked). Greedy: against the prompt's greedy reference. Sampled,
     on an engine whose loops draw one number per emitted token: against the same-seed baseline
-    of the repeat. Otherwise not checkable."""
+    of the repeat. Otherwise not checkable. Ids either side does not know (UNKNOWN_ID) are not
+    compared (divergence.first_divergence)."""
     if spec.sampler.greedy:
-        return tokens == greedy_reference, "greedy reference"
+        return first_divergence(tokens, greedy_reference) is None, "greedy reference"
     if spec.engine in SAME_SEED_REPRODUCIBLE and same_seed_baseline is not None:
-        return tokens == same_seed_baseline, "same-seed baseline"
+        return first_divergence(tokens, same_seed_baseline) is None, "same-seed baseline"
     return None, "not checkable"
 
 

@@ -393,11 +393,16 @@ def _verify_cost_lines(con) -> list[str]:
 def _same_tokens(con) -> list[str]:
     """Where two systems (our llama.cpp loop and llama-server, ...) ran greedy baselines of the
     same target on the same prompts: on how many prompts every run of each gave the same tokens
-    (output_sha256), at which thread counts."""
+    (output_sha256), at which thread counts, and on how many more the runs' texts (text_sample,
+    the first TEXT_SAMPLE_CHARS characters) are one: llama-server's stream holds back the id of a
+    token whose text is incomplete UTF-8 (UNKNOWN_ID), so its token hash differs from ours while
+    its text is the same (frequent with byte tokens; bench/README.md, the CUDA baselines)."""
     rows = con.execute(
         "SELECT target_digest, prompt_id,"
         " list_sort(list(DISTINCT CASE WHEN system = 'specfleet' THEN engine ELSE system END)) AS systems,"
-        " list_sort(list(DISTINCT threads)) AS threads, count(DISTINCT output_sha256) = 1 AS same"
+        " list_sort(list(DISTINCT threads)) AS threads, count(DISTINCT output_sha256) = 1 AS same,"
+        " count(DISTINCT CASE WHEN system = 'specfleet' THEN engine ELSE system END)"
+        "  FILTER (WHERE text_sample IS NOT NULL) = len(systems) AND count(DISTINCT text_sample) = 1 AS same_text"
         " FROM runs WHERE method = 'baseline' AND sampler_temperature = 0"
         " GROUP BY target_digest, prompt_id, context_tokens, max_new_tokens HAVING len(systems) > 1"
         " ORDER BY systems, threads, target_digest, prompt_id"
@@ -406,9 +411,11 @@ def _same_tokens(con) -> list[str]:
     for (systems, threads), group in itertools.groupby(rows, lambda r: (tuple(r[2]), tuple(r[3]))):
         group = list(group)
         same = sum(r[4] for r in group)
+        same_text = sum(r[5] and not r[4] for r in group)
         at = f" at {' and '.join(str(t) for t in threads if t is not None)} thread(s)" if any(threads) else ""
+        text = f", the same text on {same_text} more (ids a server's stream held back)" if same_text else ""
         out.append(
-            f"greedy baselines, {' and '.join(systems)}{at}: the same tokens on {same} of {len(group)} prompt(s)"
+            f"greedy baselines, {' and '.join(systems)}{at}: the same tokens on {same} of {len(group)} prompt(s){text}"
         )
     return [*out, ""] if out else []
 

@@ -25,6 +25,11 @@ from specfleet.record import (  # noqa: F401  (the shared vocabulary, re-exporte
 )
 from specfleet.schemas import setting_problem, settings_problems
 
+# A generated token whose id the engine counted but does not know: llama-server's stream holds a
+# token back while its text is incomplete UTF-8 and sends it joined to the next, id dropped; an
+# OpenAI stream carries text only. Comparisons of token lists (agent/divergence.py) skip it.
+UNKNOWN_ID = -1
+
 
 class EngineError(ValueError):
     """A request the engine cannot serve: unknown method, bad depth, incompatible models."""

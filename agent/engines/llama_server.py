@@ -63,7 +63,17 @@ from specfleet.server_arms import BUILD_KEY_PREFIX, MAX_BUILDS
 
 from .. import prompts
 from . import loopback, server_memory
-from .base import EngineError, Generation, Margin, Request, ServerRun, make_generation, margin_problem, top_two
+from .base import (
+    UNKNOWN_ID,
+    EngineError,
+    Generation,
+    Margin,
+    Request,
+    ServerRun,
+    make_generation,
+    margin_problem,
+    top_two,
+)
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
 
 log = logging.getLogger(__name__)
@@ -91,7 +101,6 @@ DEPTH_FLAGS = {
 NGRAM_CACHE_DRAFT = 8
 STATEFUL_TYPES = ("ngram-mod", "ngram-cache", "ngram-map-k", "ngram-map-k4v")
 METRIC_PREFIX = "llamacpp:spec_decode_"
-UNKNOWN_ID = -1  # a token the stream counted without sending its id
 TEXTS_KEPT = 64  # runs whose streamed text is kept for their text samples (one prompt's repeat of every arm)
 MARGIN_PROBS = 20  # tokens whose probabilities are asked for at a divergence (n_probs)
 

@@ -59,7 +59,7 @@ from specfleet.server_arms import recorded_flags
 
 from .. import prompts
 from . import loopback, server_memory
-from .base import EngineError, Generation, Request, ServerRun, make_generation
+from .base import UNKNOWN_ID, EngineError, Generation, Request, ServerRun, make_generation
 from .server_process import HEALTH_TIMEOUT_SECONDS, ServerProcess, free_port
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -67,7 +67,6 @@ PLACEHOLDERS = ("model", "depth", "port")
 HEALTH_PATHS = ("/health", "/v1/models")
 REQUEST_TIMEOUT_SECONDS = 600.0
 PROBE_TEXT = "Hello"
-UNKNOWN_ID = -1
 TEXTS_KEPT = 64  # runs whose streamed text is kept for their text samples (one prompt's repeat of every arm)
 
 
