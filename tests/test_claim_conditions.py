@@ -51,15 +51,16 @@ def test_memory_is_a_condition_and_never_a_checked_key():
     arm = [18.0, 18.5, 19.0, 18.2, 18.8]
     rows = machine("mini-16a", "Apple M4", 20.0, arm, settings=Settings(memory_gb=16))
     rows += machine("mini-16b", "Apple M4", 20.0, [x * 1.01 for x in arm], settings=Settings(memory_gb=16))
+    rows += machine("mini-16c", "Apple M4", 20.0, [x * 0.99 for x in arm], settings=Settings(memory_gb=16))
     rows += machine("mini-24", "Apple M4", 20.0, [30.0] * 5, settings=Settings(memory_gb=24))  # a decoy
     runs = pd.DataFrame(rows)
     sel = claims.selection(c, fleet_db(runs))
-    assert sel["selected"] == 20 and sel["excluded"] == {"memory_gb": 10}
+    assert sel["selected"] == 30 and sel["excluded"] == {"memory_gb": 10}
     (out,) = claims.evaluate(c, fleet_db(runs)).itertuples()
-    assert out.machines == 2 and out.figure < 1 and out.verdict == "reproduced"
+    assert out.machines == 3 and out.figure < 1 and out.verdict == "reproduced"
     # 16 GB machines' runs are one comparable group with a 24 GB machine's: memory never splits a figure
     every = parse(conditions={"engine": "llama-server", "method": "draft-mtp", "chip": "Apple M4", "depth": 3})
-    assert claims.evaluate(every, fleet_db(runs))["machines"].tolist() == [3]
+    assert claims.evaluate(every, fleet_db(runs))["machines"].tolist() == [4]
     # a sweep cannot set a machine's memory: the claim's sweep targets machines with at least that much
     sweep = parse_sweep(claims.sweep_yaml(c))
     assert sweep.target["min_memory_gb"] == 16 and sweep.target["chips"] == ["Apple M4"]
@@ -73,19 +74,20 @@ def test_thinking_on_and_off_are_settled_apart():
     )  # fmt: skip
     on, off = [21.9, 22.0, 21.8, 21.9, 22.1], [17.0, 17.2, 16.9, 17.1, 17.0]
     rows = []
-    for agent, level in (("mbp-1", 1.0), ("mbp-2", 1.002)):  # machines differ a little
+    levels_ = {"mbp-1": 1.0, "mbp-2": 1.002, "mbp-3": 0.997}  # machines differ a little
+    for agent, level in levels_.items():
         on_, off_ = [x * level for x in on], [x * level for x in off]
         rows += machine(agent + "-on", "Apple M1 Max", 25.3, on_, depth=2, settings=Settings(reasoning="on"))
         rows += machine(agent + "-off", "Apple M1 Max", 25.1, off_, depth=2, settings=Settings(reasoning="off"))
     rows += machine("mbp-raw", "Apple M1 Max", 25.0, [30.0] * 5, depth=2)  # no switch recorded: not selected
     out = claims.evaluate(c, fleet_db(pd.DataFrame(rows))).set_index("differs")
     assert sorted(out.index) == ["reasoning=off", "reasoning=on"]
-    levels = math.log(1.0) / 2 + math.log(1.002) / 2  # the machines' mean level
+    levels = np.mean(np.log(list(levels_.values())))  # the machines' mean level
     on_figure, off_figure = (math.exp(np.mean(np.log(np.array(v) / b)) + levels) for v, b in ((on, 25.3), (off, 25.1)))
     assert out.loc["reasoning=on", "figure"] == pytest.approx(on_figure)
     assert out.loc["reasoning=off", "figure"] == pytest.approx(off_figure)
     assert (out.loc["reasoning=on", "verdict"], out.loc["reasoning=off", "verdict"]) == ("reproduced", "contradicted")
-    assert (out["machines"] == 2).all()
+    assert (out["machines"] == 3).all()
 
 
 def tps_claim(low: float, high: float) -> claims.Claim:
@@ -103,7 +105,7 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
     runs = pd.DataFrame(rows)
     # by hand: machines x prompts crossed on log tok/s (specfleet/inference.py crossed_interval): the
     # machine part MS_m / (M P) and the shared prompt part max(0, MS_p - MS_e) / (M P); df M - 1 when
-    # the machine part is at least half the prompt part
+    # the machine part is at least the prompt part (Satterthwaite's, capped at the larger part's)
     table = np.log(np.array(list(speeds.values())))
     means = table.mean(axis=1)
     grand, cols = table.mean(), table.mean(axis=0)
@@ -111,7 +113,7 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
     ms_p = 3 * np.sum((cols - grand) ** 2) / 4
     ms_e = np.sum((table - means[:, None] - cols[None, :] + grand) ** 2) / 8
     a, b = ms_m / 15, max(ms_p - ms_e, 0.0) / 15
-    assert a >= b / 2
+    assert a >= b
     half = sps.t.ppf(0.975, 2) * math.sqrt(a + b)
     (out,) = claims.evaluate(tps_claim(32.3, 39.5), fleet_db(runs)).itertuples()
     assert out.figure == pytest.approx(math.exp(means.mean()))
@@ -125,7 +127,10 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
     assert wide.verdict == "inconclusive"  # the interval crosses the band's lower edge
     one = runs[runs["agent_id"] == "mbp-1"]
     (alone,) = claims.evaluate(tps_claim(32.3, 39.5), fleet_db(one)).itertuples()
-    assert alone.verdict == "inconclusive" and alone.why.startswith("inconclusive: 1 of 2 machines")
+    assert alone.verdict == "inconclusive" and alone.why.startswith("inconclusive: 1 of 3 machines")
+    two = runs[runs["agent_id"] != "mbp-3"]  # one fewer than the simulated minimum
+    (pair,) = claims.evaluate(tps_claim(32.3, 39.5), fleet_db(two)).itertuples()
+    assert pair.verdict == "inconclusive" and pair.why.startswith("inconclusive: 2 of 3 machines")
 
 
 def test_the_agent_records_its_machines_memory_in_gib():

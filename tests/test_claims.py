@@ -314,7 +314,8 @@ def crossed_by_hand(machines, shared: int):
     """The interval by hand (specfleet/inference.py crossed_interval): the figure is the mean of
     machine means of log ratios; its spread is from the first `shared` prompts, those every
     machine ran, as a machines x prompts table: A = MS_machines / (M P) and B = max(0,
-    MS_prompts - MS_residual) / (M P); df M - 1 when A >= B / 2, exponentiated."""
+    MS_prompts - MS_residual) / (M P); df M - 1 when A >= B and the prompts are at least as many
+    as the machines (Satterthwaite's, capped at the larger part's), exponentiated."""
     from scipy import stats as sps
 
     logs = [np.log(m) for m in machines]
@@ -326,43 +327,53 @@ def crossed_by_hand(machines, shared: int):
     ms_p = n_m * np.sum((cols - grand) ** 2) / (n_p - 1)
     ms_e = np.sum((table - rows_[:, None] - cols[None, :] + grand) ** 2) / ((n_m - 1) * (n_p - 1))
     a, b = ms_m / (n_m * n_p), max(ms_p - ms_e, 0.0) / (n_m * n_p)
-    assert a >= b / 2  # the machine term carries it here: df = machines - 1
+    assert a >= b and n_p >= n_m  # the machine term carries it here: df = machines - 1
     half = sps.t.ppf(0.975, n_m - 1) * np.sqrt(a + b)
     return float(np.exp(mean - half)), float(np.exp(mean + half))
 
 
 def test_m1_max_net_loss_reproduced_contradicted_and_inconclusive_by_the_interval():
     c = ours("llamacpp-mtp-m1-max-net-loss-n2")  # below 1.0, an M1 Max
-    # a named chip needs the simulated minimum (bench/verdicts.py: 2 machines), not the source's one
+    # a named chip needs the simulated minimum (bench/verdicts.py: 3 machines), not the source's one
     assert (c.rule.band_low, c.rule.band_high) == (0.0, 1.0)
-    assert c.rule.min_machines == claims.MIN_MACHINES_NAMED_CHIP == 2 and c.rule.min_prompts == 5
+    assert c.rule.min_machines == claims.MIN_MACHINES_NAMED_CHIP == 3 and c.rule.min_prompts == 5
     first, second = [0.86, 0.88, 0.87, 0.85, 0.86], [0.9, 0.87, 0.86, 0.88, 0.5, 0.87]
+    third = [0.88, 0.86, 0.89, 0.87, 0.85]
     loss = pd.DataFrame(
         fleet_runs("Apple M1 Max", "mbp-1", "j1", first)
         + fleet_runs("Apple M1 Max", "mbp-2", "j2", second, degraded={4})
+        + fleet_runs("Apple M1 Max", "mbp-3", "j3", third)
     )
     row = claims.evaluate(c, fleet_db(loss)).iloc[0]
     kept = [0.9, 0.87, 0.86, 0.88, 0.87]
     assert (row["chip"], row["verdict"]) == ("Apple M1 Max", REPRODUCED)
-    assert row["figure"] == pytest.approx(geometric(first, kept))
-    assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (2, 5, 10, 1)
-    # the interval: machines x prompts crossed, on the four prompts both machines kept, inside (0, 1]
-    low, high = crossed_by_hand([first, kept], shared=4)
+    assert row["figure"] == pytest.approx(geometric(first, kept, third))
+    assert (row["machines"], row["prompts"], row["runs"], row["excluded_runs"]) == (3, 5, 15, 1)
+    # the interval: machines x prompts crossed, on the four prompts every machine kept, inside (0, 1]
+    low, high = crossed_by_hand([first, kept, third], shared=4)
     assert (row["ci_low"], row["ci_high"]) == (pytest.approx(low), pytest.approx(high))
     assert row["ci_low"] < row["figure"] < row["ci_high"] < 1.0
     assert row["tested"] and 0 < row["p_value"] < 0.025 and "lies inside below 1x" in row["why"]
 
-    # one machine, however tight: the figure is shown, the verdict waits for a second machine
+    # one machine, however tight: the figure is shown, the verdict waits for the simulated minimum
     win = pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-1", "j1", [1.2, 1.25, 1.22, 1.18, 1.21, 1.24]))
     row = claims.evaluate(c, fleet_db(win)).iloc[0]
     assert (row["verdict"], row["machines"], row["tested"]) == (INCONCLUSIVE, 1, False)
-    assert row["why"].startswith("inconclusive: 1 of 2 machines; the figure 1.22x")
+    assert row["why"].startswith("inconclusive: 1 of 3 machines; the figure 1.22x")
     assert row["figure"] == pytest.approx(geometric([1.2, 1.25, 1.22, 1.18, 1.21, 1.24]))
+    # two machines, one fewer than the minimum: still waiting, however tight
     win2 = pd.DataFrame(
         fleet_runs("Apple M1 Max", "mbp-1", "j1", [1.2, 1.25, 1.22, 1.18, 1.21, 1.24])
         + fleet_runs("Apple M1 Max", "mbp-2", "j2", [1.21, 1.23, 1.2, 1.19, 1.22, 1.25])
     )
     row = claims.evaluate(c, fleet_db(win2)).iloc[0]
+    assert (row["verdict"], row["machines"], row["tested"]) == (INCONCLUSIVE, 2, False)
+    assert row["why"].startswith("inconclusive: 2 of 3 machines")
+    win3 = pd.concat(
+        [win2, pd.DataFrame(fleet_runs("Apple M1 Max", "mbp-3", "j3", [1.22, 1.2, 1.24, 1.21, 1.19, 1.23]))],
+        ignore_index=True,
+    )
+    row = claims.evaluate(c, fleet_db(win3)).iloc[0]
     assert row["verdict"] == CONTRADICTED and row["ci_low"] > 1.0 and row["p_value"] < 0.025
 
     # the median of these prompts is below 1 (the old rule said reproduced), but the interval
@@ -370,18 +381,21 @@ def test_m1_max_net_loss_reproduced_contradicted_and_inconclusive_by_the_interva
     straddle = pd.DataFrame(
         fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.8, 0.85, 0.9, 1.15, 0.95])
         + fleet_runs("Apple M1 Max", "mbp-2", "j2", [1.1, 1.05, 0.92, 1.0, 1.02])
+        + fleet_runs("Apple M1 Max", "mbp-3", "j3", [0.9, 1.08, 0.86, 1.05, 0.97])
     )
     row = claims.evaluate(c, fleet_db(straddle)).iloc[0]
     assert row["ci_low"] < 1.0 < row["ci_high"]
-    assert (row["verdict"], row["machines"], row["prompts"], row["runs"]) == (INCONCLUSIVE, 2, 5, 10)
+    assert (row["verdict"], row["machines"], row["prompts"], row["runs"]) == (INCONCLUSIVE, 3, 5, 15)
     assert row["tested"] and row["p_value"] == 1.0 and "reaches across an edge" in row["why"]
 
     # four prompts a machine: below the prompt minimum
     few = pd.DataFrame(
-        fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.8] * 4) + fleet_runs("Apple M1 Max", "mbp-2", "j2", [0.81] * 4)
+        fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.8] * 4)
+        + fleet_runs("Apple M1 Max", "mbp-2", "j2", [0.81] * 4)
+        + fleet_runs("Apple M1 Max", "mbp-3", "j3", [0.79] * 4)
     )
     row = claims.evaluate(c, fleet_db(few)).iloc[0]
-    assert (row["verdict"], row["machines"], row["runs"], row["tested"]) == (INCONCLUSIVE, 2, 8, False)
+    assert (row["verdict"], row["machines"], row["runs"], row["tested"]) == (INCONCLUSIVE, 3, 12, False)
     assert row["why"].startswith("inconclusive: 4 of 5 prompts")
 
 
@@ -390,6 +404,10 @@ def test_a_record_may_not_lower_the_simulated_minimum():
         rec = {**GOOD, "verdict": {"rule": "above", "threshold": 1.0, field: 1}}
         with pytest.raises(claims.ClaimError, match=f"verdict.{field}: must be an integer >= "):
             claims.parse_claims(yaml.safe_dump([rec]))
+    # one fewer than the simulated minimum of machines (3) is lower too
+    rec = {**GOOD, "verdict": {"rule": "above", "threshold": 1.0, "min_machines": claims.MIN_MACHINES_NAMED_CHIP - 1}}
+    with pytest.raises(claims.ClaimError, match="verdict.min_machines: must be an integer >= 3"):
+        claims.parse_claims(yaml.safe_dump([rec]))
     more = claims.parse_claims(
         yaml.safe_dump([{**GOOD, "verdict": {"rule": "above", "threshold": 1, "min_machines": 4}}])
     )
@@ -401,25 +419,28 @@ def test_only_completed_attempts_count_as_machines():
     runs = pd.DataFrame(
         fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.86, 0.88, 0.87, 0.85, 0.86])
         + fleet_runs("Apple M1 Max", "mbp-2", "j2", [0.9, 0.87, 0.86, 0.88, 0.87])
+        + fleet_runs("Apple M1 Max", "mbp-3", "j3", [0.88, 0.86, 0.89, 0.87, 0.85])
     )
-    jobs = pd.DataFrame({"job_id": ["j1", "j2"], "attempt": [1, 1], "state": ["done", "leased"]})
+    jobs = pd.DataFrame({"job_id": ["j1", "j2", "j3"], "attempt": [1, 1, 1], "state": ["done", "leased", "done"]})
     row = claims.evaluate(c, fleet_db(runs, jobs)).iloc[0]
-    assert (row["verdict"], row["machines"]) == (INCONCLUSIVE, 1) and row["why"].startswith("inconclusive: 1 of 2")
+    assert (row["verdict"], row["machines"]) == (INCONCLUSIVE, 2) and row["why"].startswith("inconclusive: 2 of 3")
     done = jobs.assign(state="done")
-    assert claims.evaluate(c, fleet_db(runs, done)).iloc[0]["machines"] == 2
+    row = claims.evaluate(c, fleet_db(runs, done)).iloc[0]
+    assert (row["verdict"], row["machines"]) == (REPRODUCED, 3)
 
 
 def test_non_finite_ratios_are_left_out_and_said():
     c = ours("llamacpp-mtp-m1-max-net-loss-n2")
     rows = fleet_runs("Apple M1 Max", "mbp-1", "j1", [0.86, 0.88, 0.87, 0.85, 0.86, 0.9])
     rows += fleet_runs("Apple M1 Max", "mbp-2", "j2", [0.9, 0.87, 0.86, 0.88, 0.87, 0.9])
+    rows += fleet_runs("Apple M1 Max", "mbp-3", "j3", [0.88, 0.86, 0.89, 0.87, 0.85, 0.9])
     for r in rows:
         if r["method"] == "mtp" and r["prompt_id"] == "p5":
             r["decode_tokens_per_second"] = float("nan")
     row = claims.evaluate(c, fleet_db(pd.DataFrame(rows))).iloc[0]
     # the pairs with a NaN speed never reach the interval (SQL or claims._finite leaves them out)
     assert row["verdict"] == REPRODUCED and row["p_value"] == row["p_value"] and row["prompts"] == 5
-    assert row["runs"] == 10 and row["ci_low"] == row["ci_low"]
+    assert row["runs"] == 15 and row["ci_low"] == row["ci_low"]
     kept, dropped = claims._finite(pd.DataFrame({"log_ratio": [0.1, float("nan"), float("inf"), -0.2]}))
     assert (kept["log_ratio"].tolist(), dropped) == ([0.1, -0.2], 2)
 
@@ -431,14 +452,15 @@ def test_min_runs_in_a_record_still_counts():
     c = dataclasses.replace(
         c, conditions={**c.conditions, "engine": "llama.cpp", "method": "mtp", "chip": "Apple M1 Max"}
     )
-    c = dataclasses.replace(c, rule=dataclasses.replace(c.rule, min_runs=11))
+    c = dataclasses.replace(c, rule=dataclasses.replace(c.rule, min_runs=16))
     runs = pd.DataFrame(
         fleet_runs("Apple M1 Max", "a", "j1", [0.8, 0.81, 0.79, 0.8, 0.82])
         + fleet_runs("Apple M1 Max", "b", "j2", [0.8, 0.82, 0.79, 0.81, 0.8])
+        + fleet_runs("Apple M1 Max", "c", "j3", [0.81, 0.8, 0.8, 0.79, 0.81])
     )
     row = claims.evaluate(c, fleet_db(runs)).iloc[0]
-    assert (row["verdict"], row["runs"], row["tested"]) == (INCONCLUSIVE, 10, False)
-    assert row["why"].startswith("inconclusive: 10 of 11 runs")
+    assert (row["verdict"], row["machines"], row["runs"], row["tested"]) == (INCONCLUSIVE, 3, 15, False)
+    assert row["why"].startswith("inconclusive: 15 of 16 runs")
 
 
 def test_runs_outside_the_conditions_do_not_count():
@@ -488,7 +510,7 @@ def test_runs_outside_the_conditions_do_not_count():
     out = claims.evaluate(c, fleet_db(other))
     # (one machine of it: the figure is shown, the verdict waits for the simulated minimum)
     assert out.iloc[0]["runs"] == 8 and out.iloc[0]["verdict"] == INCONCLUSIVE and out.iloc[0]["beside"] == ""
-    assert out.iloc[0]["why"].startswith("inconclusive: 1 of 2 machines; the figure 0.8x")
+    assert out.iloc[0]["why"].startswith("inconclusive: 1 of 3 machines; the figure 0.8x")
     assert claims.selection(c, fleet_db(other))["systems"] == ["llama-server"]
     # ...and our loop on the same weights stands beside it, never in it
     mine = pd.DataFrame(fleet_runs("Apple M1 Max", "i", "j10", [0.9, 0.91, 0.89, 0.9, 0.92, 0.88, 0.9, 0.9]))
@@ -577,7 +599,12 @@ def test_acceptance_and_prefill_claims():
     pre = ours("mtp-cuts-prefill-m2-ultra")
     rows = fleet_runs("Apple M2 Ultra", "studio", "j1", [1.1] * 6, depth=3)
     rows += fleet_runs("Apple M2 Ultra", "studio-2", "j2", [1.1] * 6, depth=3)
-    prefill = iter([1650.0, 1660.0, 1670.0, 1655.0, 1665.0, 1660.0] + [1662.0, 1668.0, 1652.0, 1660.0, 1670.0, 1664.0])
+    rows += fleet_runs("Apple M2 Ultra", "studio-3", "j3", [1.1] * 6, depth=3)
+    prefill = iter(
+        [1650.0, 1660.0, 1670.0, 1655.0, 1665.0, 1660.0]
+        + [1662.0, 1668.0, 1652.0, 1660.0, 1670.0, 1664.0]
+        + [1658.0, 1654.0, 1666.0, 1662.0, 1650.0, 1668.0]
+    )
     for r in rows:
         if r["method"] == "mtp":
             r["prefill_tokens_per_second"] = next(prefill)  # the baselines': 2000
@@ -647,7 +674,7 @@ def test_every_checked_key_has_a_variant():
 
 @pytest.mark.parametrize("key", CHECKED_KEYS)
 def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
-    """Two machines on one chip, one in another comparable group: never pooled. Each group's
+    """Three machines on one chip (the simulated minimum), three in another comparable group: never pooled. Each group's
     figure is specfleet.speedup's on that group's runs alone. For `system`, two
     OpenAI-compatible servers (MTPLX and OptiQ) on one engine: a claim names one of them."""
     conditions = {"engine": "mlx", "method": "mtp", "depth": 2}
@@ -662,18 +689,21 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
                 {
                     **GOOD,
                     "conditions": conditions,
-                    "verdict": {"rule": "range", "low": 0.75, "high": 0.85, "min_machines": 2, "min_runs": 6},
+                    "verdict": {"rule": "range", "low": 0.75, "high": 0.85, "min_machines": 3, "min_runs": 6},
                 }
             ]
         )
     )[0]
     base = [0.78, 0.8, 0.82, 0.79, 0.81, 0.8]
     variant = [0.9, 0.92, 0.88, 0.91, 0.89, 0.9]
-    base2, variant2 = [r * 1.005 for r in base], [r * 1.005 for r in variant]  # two machines a group
+    base2, variant2 = [r * 1.005 for r in base], [r * 1.005 for r in variant]  # three machines a group
+    base3, variant3 = [r * 0.995 for r in base], [r * 0.995 for r in variant]
     rows = fleet_runs("Apple M4 Pro", "a", "j1", base, model=MLX_27B, **base_fields)
     rows += fleet_runs("Apple M4 Pro", "a2", "j1b", base2, model=MLX_27B, **base_fields)
+    rows += fleet_runs("Apple M4 Pro", "a3", "j1c", base3, model=MLX_27B, **base_fields)
     rows += fleet_runs("Apple M4 Pro", "b", "j2", variant, **{"engine": "mlx", "model": MLX_27B, **variant_fields})
     rows += fleet_runs("Apple M4 Pro", "b2", "j2b", variant2, **{"engine": "mlx", "model": MLX_27B, **variant_fields})
+    rows += fleet_runs("Apple M4 Pro", "b3", "j2c", variant3, **{"engine": "mlx", "model": MLX_27B, **variant_fields})
     runs = pd.DataFrame(rows)
     out = claims.evaluate(c, fleet_db(runs)).set_index("group")
     con = duckdb.connect()
@@ -689,7 +719,7 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
         other = claims.parse_claims(yaml.safe_dump([{**GOOD, "conditions": {**conditions, **named}, **sets_depth}]))[0]
         theirs = claims.evaluate(other, fleet_db(runs))
         assert theirs["group"].tolist() == sorted(set(truth.index) - set(out.index))  # and the other's is that
-        assert theirs.iloc[0]["figure"] == pytest.approx(geometric(variant, variant2))
+        assert theirs.iloc[0]["figure"] == pytest.approx(geometric(variant, variant2, variant3))
     else:
         assert sorted(out.index) == sorted(truth.index)
         assert out["differs"].str.startswith(f"{key}=").all()
@@ -698,8 +728,8 @@ def test_runs_that_differ_in_a_checked_key_are_settled_apart(key):
         ]
     for g, r in out.iterrows():
         assert r["figure"] == pytest.approx(truth.loc[g, "speedup"])
-        assert (r["machines"], r["prompts"], r["runs"]) == (2, 6, 12)
-    assert out["figure"].min() == pytest.approx(geometric(base, base2))
+        assert (r["machines"], r["prompts"], r["runs"]) == (3, 6, 18)
+    assert out["figure"].min() == pytest.approx(geometric(base, base2, base3))
 
 
 def test_runs_after_an_unsteady_warm_up_are_counted_and_flagged():
@@ -710,10 +740,12 @@ def test_runs_after_an_unsteady_warm_up_are_counted_and_flagged():
 
     c = ours("llamacpp-mtp-m1-max-net-loss-n2")
     first, second = [0.86, 0.88, 0.87, 0.85, 0.86], [0.9, 0.87, 0.86, 0.88, 0.87]
+    third = fleet_runs("Apple M1 Max", "mbp-3", "j3", [0.88, 0.86, 0.89, 0.87, 0.85])
     steady = fleet_runs("Apple M1 Max", "mbp-1", "j1", first) + fleet_runs("Apple M1 Max", "mbp-2", "j2", second)
     unsteady = fleet_runs("Apple M1 Max", "mbp-1", "j1", first) + fleet_runs(
         "Apple M1 Max", "mbp-2", "j2", second, settings=Settings(warmup_converged=False)
     )
+    steady, unsteady = steady + third, unsteady + third
     calm = claims.evaluate(c, fleet_db(pd.DataFrame(steady))).iloc[0]
     flagged = claims.evaluate(c, fleet_db(pd.DataFrame(unsteady))).iloc[0]
     assert (calm["unsteady_runs"], flagged["unsteady_runs"]) == (0, 10)  # 5 prompts x (baseline, arm)

@@ -221,23 +221,28 @@ def test_an_interval_across_the_band_edge_is_inconclusive():
 
 def test_a_claim_about_any_mac_needs_the_simulated_minimum_of_machines():
     c = optiq_k(1)
-    assert c.rule.min_machines == claims.MIN_MACHINES_FLEET == 2  # bench/verdicts.py section rules
+    assert c.rule.min_machines == claims.MIN_MACHINES_FLEET == 3  # bench/verdicts.py section crossed
     rng = np.random.default_rng(2)
     one = frame(job_rows("Apple M4 Pro", MACS[0], "j-0", OPTIQ_27B, {1: 1.35}, rng=rng, **OPTIQ_SERVER))
     r = claims.evaluate(c, fleet_db(one)).iloc[0]
     assert (r["verdict"], r["machines"], r["tested"]) == (inference.INCONCLUSIVE, 1, False)
-    assert r["why"].startswith("inconclusive: 1 of 2 machines; the figure 1.35x")  # the figure is shown
+    assert r["why"].startswith("inconclusive: 1 of 3 machines; the figure 1.35x")  # the figure is shown
     rows = []
-    for agent, ratio in zip(MACS[:2], (1.35, 1.37)):
+    for agent, ratio in zip(MACS, (1.35, 1.37, 1.36)):
         rows += job_rows("Apple M4 Pro", agent, f"j-{agent}", OPTIQ_27B, {1: ratio}, rng=rng, **OPTIQ_SERVER)
     runs = frame(rows)
+    # two machines, one fewer than the minimum: the figure is shown, untested
+    two = runs[runs["agent_id"] != MACS[2]]
+    r = claims.evaluate(c, fleet_db(two)).iloc[0]
+    assert (r["verdict"], r["machines"], r["tested"]) == (inference.INCONCLUSIVE, 2, False)
+    assert r["why"].startswith("inconclusive: 2 of 3 machines; the figure 1.3")
     r = claims.evaluate(c, fleet_db(runs)).iloc[0]
-    assert r["machines"] == 2 and r["tested"] and not r["why"].startswith("inconclusive: 2 of")
+    assert r["machines"] == 3 and r["tested"] and not r["why"].startswith("inconclusive: 3 of")
     # min_machines in the record may raise the minimum
     k1 = optiq_record(1)
-    three = claims.parse_claims(yaml.safe_dump([{**k1, "verdict": {**k1["verdict"], "min_machines": 3}}]))[0]
-    r = claims.evaluate(three, fleet_db(runs)).iloc[0]
-    assert r["why"].startswith("inconclusive: 2 of 3 machines") and not r["tested"]
+    four = claims.parse_claims(yaml.safe_dump([{**k1, "verdict": {**k1["verdict"], "min_machines": 4}}]))[0]
+    r = claims.evaluate(four, fleet_db(runs)).iloc[0]
+    assert r["why"].startswith("inconclusive: 3 of 4 machines") and not r["tested"]
 
 
 # ---------------------------------------------------------------- every ledger claim selects exactly

@@ -92,7 +92,7 @@ def test_one_machine_enrolled_twice_is_one_machine_and_no_raw_id_is_stored(tmp_p
     other.close()
 
 
-def test_two_enrolments_of_one_mac_stay_one_of_two_machines_inconclusive(tmp_path):
+def test_two_enrolments_of_one_mac_stay_one_machine_inconclusive(tmp_path):
     store = Store(tmp_path)
     clock = FakeClock()
     scheduler = Scheduler(store, clock=clock, lease_seconds=30)
@@ -126,7 +126,7 @@ def test_two_enrolments_of_one_mac_stay_one_of_two_machines_inconclusive(tmp_pat
         assert con.execute("SELECT count(DISTINCT agent_id), count(DISTINCT machine_id) FROM runs").fetchone() == (2, 1)
     assert figure.machines == 1  # two enrolments, one Mac
     decision = inference.decide(inference.estimate(per_prompt), 1.2, 2.0)
-    assert decision.verdict == inference.INCONCLUSIVE and decision.why.startswith("inconclusive: 1 of 2 machines")
+    assert decision.verdict == inference.INCONCLUSIVE and decision.why.startswith("inconclusive: 1 of 3 machines")
     gauges = {f.name: f for f in text_string_to_metric_families(_exposition(scheduler))}
     assert [s.value for s in gauges["specfleet_machines"].samples] == [1]
     assert sum(s.value for s in gauges["specfleet_agents"].samples) == 2

@@ -40,7 +40,10 @@ def test_a_change_inside_the_tolerance_is_never_a_regression():
 def test_too_few_machines_is_inconclusive_and_says_so():
     rows = versions.changes(per_prompt(3, machines=1))
     assert set(rows["change"]) == {versions.INCONCLUSIVE}
-    assert rows["why"].str.contains("1 of 2 machines").all()
+    assert rows["why"].str.contains("1 of 3 machines").all()
+    two = versions.changes(per_prompt(3, machines=2))  # one fewer than the simulated minimum
+    assert set(two["change"]) == {versions.INCONCLUSIVE}
+    assert two["why"].str.contains("2 of 3 machines").all()
 
 
 def test_unpaired_machines_give_welch_intervals_wider_than_paired():

@@ -19,7 +19,7 @@ GOOD = {
     },
     "metric": "speedup",
     "expected": "above 1",
-    "verdict": {"rule": "above", "threshold": 1.0, "min_machines": 2, "min_runs": 3},
+    "verdict": {"rule": "above", "threshold": 1.0, "min_machines": 3, "min_runs": 3},
 }
 
 
