@@ -108,7 +108,7 @@ class Mirror:
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection of its own on the mirror, for work that leaves temporary tables
-        (dashboard/claims.py); it sees what was synced when each statement starts."""
+        (dashboard/claims/); it sees what was synced when each statement starts."""
         with self._lock:
             return self.con.cursor()
 

@@ -8,7 +8,7 @@ under the same name; `specfleet report` calls them on a mirror of its own.
 
 Runs are read from the mirror's typed columns (specfleet/record.py RunRecord, one column per
 field) and `LABELS`, computed once per run as it arrives: what every page names a run by (the
-system it measured, dashboard/claims.py system_label; its comparable group; its models as
+system it measured, dashboard/claims/claim.py system_label; its comparable group; its models as
 reference@digest; its sampler; its environment state). Filtering and aggregation run in
 DuckDB; SQL never carries user input as text: filters travel as bound parameters. Speedups are
 specfleet/speedup.py's (through specfleet/stats.py).
@@ -160,7 +160,7 @@ RUN_FLAGS = [
 ]
 
 
-# What the claims' conditions read of a run (dashboard/claims.py conditions), and per value of
+# What the claims' conditions read of a run (dashboard/claims/selection.py conditions), and per value of
 # them the generation runs: counted as runs arrive, so that every claim's selection of every run
 # so far reads a few thousand rows, not a million (queries.selections_of; a condition on another
 # column reads the runs instead).
@@ -871,7 +871,7 @@ def claim_sweeps(claims: list[ledger.Claim]) -> dict[str, tuple[str, list[str]]]
 
 
 def claim_rows(db, claim: ledger.Claim) -> pd.DataFrame:
-    """One claim's rows (dashboard/claims.py evaluate), before the false-discovery step, on a
+    """One claim's rows (dashboard/claims/evaluation.py evaluate), before the false-discovery step, on a
     connection of its own closed after use (the claims' temporary tables)."""
     with contextlib.closing(db.cursor()) as con:
         return ledger.evaluate(claim, con)
@@ -905,7 +905,7 @@ def selections_of(
     seqs: tuple[int, int] | None = None,
     cells: bool = False,
 ) -> dict[str, dict]:
-    """dashboard/claims.py selection() of every claim at once, in one query instead of one scan
+    """dashboard/claims/selection.py selection() of every claim at once, in one query instead of one scan
     of the runs per claim (35 scans of a million runs took seconds). With `cells` (`con` on a
     whole mirror, not a SweepView), for every run so far it reads the mirror's selection_cells
     (SELECTION_CELLS: the runs counted per value of what conditions read), a query per claim,

@@ -404,7 +404,7 @@ def band_p_values(
 
 
 def too_few(have: int, need: int, what: str) -> str:
-    """The verdict's words when a count is short of the rule's: "inconclusive: 1 of 2 machines"."""
+    """The verdict's words when a count is short of the rule's: "inconclusive: 1 of 3 machines"."""
     return f"{INCONCLUSIVE}: {have} of {need} {what}"
 
 
@@ -418,7 +418,7 @@ def decide(
     """Reproduced when the interval lies inside [band_low, band_high], contradicted when it
     lies wholly outside, inconclusive otherwise. Inconclusive and untested, with the figure
     still shown and the reason first in `why`: fewer than min_machines machines
-    ("inconclusive: 1 of 2 machines"), fewer than min_prompts prompts on some machine, no pairs,
+    ("inconclusive: 1 of 3 machines"), fewer than min_prompts prompts on some machine, no pairs,
     or no interval (identical values: no spread). The p-values test the same thing on the
     estimate's scale (module docstring); they are never NaN."""
     _check_band(band_low, band_high)

@@ -27,7 +27,7 @@ or, with `server.url`, the one configuration of a server that is already running
 
 A llama-server arm may pin the build it runs (`server_build: b9500`, llama.cpp's release tag; a
 command-line arm takes it beside its `command`), where agents have several llama-server binaries
-side by side (agent/settings.py `llama_server_builds`). Arms are grouped by build
+side by side (agent/config.py `llama_server_builds`). Arms are grouped by build
 (`by_build`): each build is a cell of its own, its baseline run on that build too, so a speedup is
 always within one build and the Versions page compares the builds (specfleet/versions.py). The
 scheduler gives a pinned cell only to agents that report the build (`fingerprint_builds`).

@@ -252,7 +252,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- claims across versions
 
-# A claim's `conditions.version` (dashboard/claims.py) selects runs by the version of their
+# A claim's `conditions.version` (dashboard/claims/selection.py) selects runs by the version of their
 # engine or system, in one of four shapes:
 #
 #   ">= b9330"                        a range of llama.cpp builds (>=, >, <=, <, ==), compared

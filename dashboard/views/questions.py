@@ -17,7 +17,7 @@ BADGE = {
 # An inconclusive verdict the data could not have settled (too few machines or runs, no run
 # of the system, no interval) is told apart from one whose interval reaches across the band.
 NOT_ENOUGH = ":gray-badge[inconclusive: not enough data]"
-# "inconclusive: 1 of 2 machines" (or prompts, runs): the rule's minimum, not yet reached
+# "inconclusive: 1 of 3 machines" (or prompts, runs): the rule's minimum, not yet reached
 SHORT = re.compile(r"^inconclusive: (\d+ of \d+ (?:machines|prompts|runs))")
 
 
