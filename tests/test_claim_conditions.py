@@ -133,6 +133,33 @@ def test_absolute_tokens_per_second_is_the_geometric_mean_of_machines_with_the_t
     assert pair.verdict == "inconclusive" and pair.why.startswith("inconclusive: 2 of 3 machines")
 
 
+def test_a_speed_the_source_read_off_the_servers_log_is_judged_on_the_servers_clock():
+    """The bug report's 35.89 tok/s is llama-server's own `eval time` line: metric
+    server_tokens_per_second judges the runs' server_decode_tokens_per_second (the server's final
+    timings), the same estimator as the client's tok/s; a run the server gave no figure for is not
+    selected, and the client's figure (here 8% below the server's: the stream's own cost) does not enter."""
+    speeds = {"mbp-1": [35.0, 36.0, 35.5, 34.8, 36.2], "mbp-2": [36.0, 35.5, 36.4, 35.9, 36.2],
+              "mbp-3": [35.0, 35.6, 34.9, 35.2, 35.5]}  # fmt: skip
+    rows = [r for agent, arm in speeds.items() for r in machine(agent, "Apple M1 Max", 25.3, arm)]
+    runs = pd.DataFrame(rows)
+    runs["server_decode_tokens_per_second"] = runs["decode_tokens_per_second"]
+    runs["decode_tokens_per_second"] *= 0.92  # the client's clock, beside the server's
+    server = parse(
+        conditions={"engine": "llama-server", "method": "draft-mtp", "chip": "Apple M1 Max", "depth": 3},
+        metric="server_tokens_per_second",
+        verdict={"rule": "range", "low": 32.3, "high": 39.5},
+    )
+    (out,) = claims.evaluate(server, fleet_db(runs)).itertuples()
+    table = np.log(np.array(list(speeds.values())))
+    assert out.figure == pytest.approx(math.exp(table.mean(axis=1).mean()))
+    assert (out.verdict, out.machines, out.runs) == ("reproduced", 3, 15) and "tok/s" in out.why, out.why
+    (client,) = claims.evaluate(tps_claim(32.3, 39.5), fleet_db(runs)).itertuples()
+    assert client.figure == pytest.approx(out.figure * 0.92)  # the same runs on the client's clock
+    unknown = runs.assign(server_decode_tokens_per_second=None)
+    (none,) = claims.evaluate(server, fleet_db(unknown)).itertuples()
+    assert none.verdict == "inconclusive" and none.runs == 0, none.why
+
+
 def test_the_agent_records_its_machines_memory_in_gib():
     from agent import worker
 

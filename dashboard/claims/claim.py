@@ -11,12 +11,23 @@ from typing import Any
 from specfleet import inference
 from specfleet import settings as declared
 
-METRICS = ("speedup", "prefill_ratio", "acceptance_rate", "tokens_per_second", "stall_rate", "best_depth", "runs")
+METRICS = (
+    "speedup",
+    "prefill_ratio",
+    "acceptance_rate",
+    "tokens_per_second",
+    "server_tokens_per_second",
+    "stall_rate",
+    "best_depth",
+    "runs",
+)
 # Metrics judged on the arm's runs alone (a mean on its own scale, never a ratio to the baseline):
 # each run's value as SQL, and which runs have one.
 RUN_VALUES = {
     "acceptance_rate": ("tokens_accepted / tokens_drafted", "tokens_drafted > 0"),
     "tokens_per_second": ("decode_tokens_per_second", "decode_tokens_per_second > 0"),
+    # the server's own clock (llama-server's final `timings`), for a source that quotes the server's log
+    "server_tokens_per_second": ("server_decode_tokens_per_second", "server_decode_tokens_per_second > 0"),
     # a run that stalled (specfleet/speedup.py flagged_sql: under half its arm's median on the prompt)
     "stall_rate": ("CASE WHEN stall THEN 1.0 ELSE 0.0 END", "decode_tokens_per_second > 0"),
 }
@@ -27,6 +38,8 @@ RULE_FIELDS = {
     "best_depth_in": ("low", "high"),
     "none_measured": (),
 }
+# Absolute speeds, judged on the log scale (machines differ by a factor): the client's and the server's clock.
+SPEEDS = ("tokens_per_second", "server_tokens_per_second")
 RULE_METRICS = {"best_depth_in": ("best_depth",), "none_measured": ("runs",)}
 # Conditions with a shape of their own, checked and selected below; every other declared setting a
 # claim may select on (specfleet/settings.py, `condition`) is a value or a list of values matched exactly.
@@ -172,11 +185,14 @@ def our_loop(claim: Claim) -> Claim | None:
     """The claim on our in-process loop of the same method and the same weights (OUR_LOOP),
     for a claim about another system: what is shown beside its verdict. None for a claim
     about our loops, a method we have no loop of, or llama-server's depth 0 (the drafter loaded
-    and n_max 0: our loops have no such arm)."""
+    and n_max 0: our loops have no such arm). A speed on a server's clock is our loop's own
+    tok/s: an in-process loop has no other clock."""
     if claim.system == OURS or (claim.engine, claim.method) not in OUR_LOOP or 0 in claim.depths:
         return None
     engine, method = OUR_LOOP[(claim.engine, claim.method)]
-    return replace(claim, conditions={**claim.conditions, "engine": engine, "method": method, "system": OURS})
+    metric = "tokens_per_second" if claim.metric == "server_tokens_per_second" else claim.metric
+    conditions = {**claim.conditions, "engine": engine, "method": method, "system": OURS}
+    return replace(claim, conditions=conditions, metric=metric)
 
 
 def _as_list(value) -> list:

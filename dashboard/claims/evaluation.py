@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from dashboard.claims.claim import FDR_Q, OURS, RUN_VALUES, Claim, our_loop
+from dashboard.claims.claim import FDR_Q, OURS, RUN_VALUES, SPEEDS, Claim, our_loop
 from dashboard.claims.selection import (
     _FLEET,
     _chip_label,
@@ -179,16 +179,14 @@ def _change_rows(claim: Claim, con) -> list[dict]:
 
 
 def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
-    """Acceptance rate or decode tok/s of the arm's runs (RUN_VALUES), calibrated as the speedups
-    are. Acceptance: each run's accepted / drafted, the mean over a prompt's runs, over a machine's
-    prompts, then t over machine means on the rate's own scale (inference.estimate_mean,
-    docs/verdicts.md: coverage 0.94-0.96 where the median's two-level bootstrap held 0.91-0.97 and
-    leaned one way at the edge). Tok/s, whose machines differ by a factor: the same on the log
-    scale, as the speedups' (inference.estimate on each prompt's mean log tok/s; the figure is the
-    geometric mean; bench/verdicts.py --section tokens: coverage 0.94-0.96, contradicted on the
-    band's edge 0.024-0.025 where the linear scale gave 0.030-0.034). The band rule with its
-    p-values, and the false-discovery step with every other verdict. Runs of completed attempts
-    only; runs that were not nominal are left out and counted."""
+    """Acceptance rate or decode tok/s (the client's clock or the server's: SPEEDS) of the arm's
+    runs (RUN_VALUES), calibrated as the speedups are. Acceptance: each run's accepted / drafted,
+    the mean over a prompt's runs, then machines x prompts crossed on the rate's own scale
+    (inference.estimate_mean). Tok/s, whose machines differ by a factor: the same on the log scale,
+    as the speedups' (inference.estimate on each prompt's mean log tok/s; the figure is the
+    geometric mean; docs/verdicts.md, "Absolute tok/s"). The band rule with its p-values, and the
+    false-discovery step with every other verdict. Runs of completed attempts only; runs that
+    were not nominal are left out and counted."""
     value, has = RUN_VALUES[claim.metric]
     values = con.execute(
         f"SELECT comparable, chip, depth, machine_id, prompt_id, {value} AS rate, tokens_accepted, tokens_drafted,"
@@ -204,7 +202,7 @@ def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
                 (values["comparable"] == cell.comparable) & (values["chip"] == cell.chip) & (values["depth"] == depth)
             ]
             degraded = at["degraded"].fillna(False).astype(bool)
-            if claim.metric == "tokens_per_second":
+            if claim.metric in SPEEDS:
                 logs = at[~degraded].assign(log_ratio=np.log(at.loc[~degraded, "rate"].astype(float)))
                 per_prompt = logs.groupby(["machine_id", "prompt_id"], as_index=False).agg(
                     log_ratio=("log_ratio", "mean"), repeats=("log_ratio", "size")
@@ -216,7 +214,7 @@ def _mean_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
                 claim, inference.decide(e, r.band_low, r.band_high, r.min_machines, r.min_prompts), e.pairs
             )
             row = _from_decision(d)
-            if claim.metric == "tokens_per_second":  # the log scale's figures are speeds, not ratios
+            if claim.metric in SPEEDS:  # the log scale's figures are speeds, not ratios
                 row["why"] = re.sub(r"(\d)x\b", r"\1 tok/s", row["why"]).replace(" pair(s)", " run(s)")
             if claim.metric == "acceptance_rate" and len(at[~degraded]):  # llama-server's own: the pooled ratio
                 kept = at[~degraded]

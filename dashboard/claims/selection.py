@@ -35,6 +35,7 @@ _COLUMNS = (
     "target_quantisation",
     "target_parameters",
     "decode_tokens_per_second",
+    "server_decode_tokens_per_second",
     "prefill_tokens_per_second",
     "tokens_drafted",
     "tokens_accepted",

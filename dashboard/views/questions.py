@@ -81,7 +81,7 @@ for claim in claims:
             f"{len(groups)} comparable groups match, settled apart and never pooled; each row names its values"
             " of the checked keys in which they differ."
         )
-    unit = "run(s)" if claim.metric in ("acceptance_rate", "tokens_per_second", "runs") else "pair(s)"
+    unit = "run(s)" if claim.metric in ("acceptance_rate", *ledger.SPEEDS, "runs") else "pair(s)"
     for r in mine.itertuples():
         figure = "" if r.runs == 0 or r.figure != r.figure else f" · **{r.figure:.3g}**"
         interval = "" if r.ci_low != r.ci_low else f" [{r.ci_low:.3g}, {r.ci_high:.3g}]"
