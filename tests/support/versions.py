@@ -60,6 +60,19 @@ def per_prompt(
     return pd.DataFrame(rows)
 
 
+def _store_types() -> dict[str, str]:
+    """The coordinator's runs columns and their SQL types (its migrations on an empty store)."""
+    from coordinator.store import migrate
+
+    with duckdb.connect() as con:
+        migrate(con)
+        sql = "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'runs'"
+        return dict(con.execute(sql).fetchall())
+
+
+STORE_TYPES = _store_types()
+
+
 class Db:
     """A mirror stand-in for dashboard/queries.py: runs with the mirror's labels and stored flags
     (the statements the mirror runs on a page of new runs), and jobs."""
@@ -68,8 +81,13 @@ class Db:
         from dashboard.queries import LABELS, RUN_FLAGS
 
         self.con = duckdb.connect()
+        # A column the frame holds no value of (divergence, ...) takes the store's type: duckdb
+        # 1.5.5 reads an all-None object column as INTEGER.
         self.con.register("_batch", runs)
-        self.con.execute(f"CREATE TABLE runs AS SELECT *, {LABELS} FROM _batch")
+        empty = [c for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()]
+        typed = ", ".join(f'NULL::{STORE_TYPES[c]} AS "{c}"' for c in empty if c in STORE_TYPES)
+        replaced = f" REPLACE ({typed})" if typed else ""
+        self.con.execute(f"CREATE TABLE runs AS SELECT *{replaced}, {LABELS} FROM _batch")
         for sql in RUN_FLAGS:
             self.con.execute(sql)
         self.con.register("_jobs", jobs)
