@@ -398,11 +398,10 @@ def _same_tokens(con) -> list[str]:
     token whose text is incomplete UTF-8 (UNKNOWN_ID), so its token hash differs from ours while
     its text is the same (frequent with byte tokens; bench/README.md, the CUDA baselines)."""
     rows = con.execute(
-        "SELECT target_digest, prompt_id,"
-        " list_sort(list(DISTINCT CASE WHEN system = 'specfleet' THEN engine ELSE system END)) AS systems,"
+        f"SELECT target_digest, prompt_id, list_sort(list(DISTINCT {_SYSTEM_SQL})) AS systems,"
         " list_sort(list(DISTINCT threads)) AS threads, count(DISTINCT output_sha256) = 1 AS same,"
-        " count(DISTINCT CASE WHEN system = 'specfleet' THEN engine ELSE system END)"
-        "  FILTER (WHERE text_sample IS NOT NULL) = len(systems) AND count(DISTINCT text_sample) = 1 AS same_text"
+        f" count(DISTINCT {_SYSTEM_SQL}) FILTER (WHERE text_sample IS NOT NULL) = len(systems)"
+        "  AND count(DISTINCT text_sample) = 1 AS same_text"
         " FROM runs WHERE method = 'baseline' AND sampler_temperature = 0"
         " GROUP BY target_digest, prompt_id, context_tokens, max_new_tokens HAVING len(systems) > 1"
         " ORDER BY systems, threads, target_digest, prompt_id"
@@ -418,6 +417,9 @@ def _same_tokens(con) -> list[str]:
             f"greedy baselines, {' and '.join(systems)}{at}: the same tokens on {same} of {len(group)} prompt(s){text}"
         )
     return [*out, ""] if out else []
+
+
+_SYSTEM_SQL = "CASE WHEN system = 'specfleet' THEN engine ELSE system END"  # _system, in SQL
 
 
 def _system(engine: str, system: str) -> str:

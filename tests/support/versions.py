@@ -4,6 +4,7 @@ stored runs, and a mirror stand-in that dashboard/queries.py reads them through.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import duckdb
@@ -60,6 +61,7 @@ def per_prompt(
     return pd.DataFrame(rows)
 
 
+@functools.cache
 def _store_types() -> dict[str, str]:
     """The coordinator's runs columns and their SQL types (its migrations on an empty store)."""
     from coordinator.store import migrate
@@ -68,9 +70,6 @@ def _store_types() -> dict[str, str]:
         migrate(con)
         sql = "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'runs'"
         return dict(con.execute(sql).fetchall())
-
-
-STORE_TYPES = _store_types()
 
 
 class Db:
@@ -85,7 +84,8 @@ class Db:
         # 1.5.5 reads an all-None object column as INTEGER.
         self.con.register("_batch", runs)
         empty = [c for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()]
-        typed = ", ".join(f'NULL::{STORE_TYPES[c]} AS "{c}"' for c in empty if c in STORE_TYPES)
+        types = _store_types()
+        typed = ", ".join(f'NULL::{types[c]} AS "{c}"' for c in empty if c in types)
         replaced = f" REPLACE ({typed})" if typed else ""
         self.con.execute(f"CREATE TABLE runs AS SELECT *{replaced}, {LABELS} FROM _batch")
         for sql in RUN_FLAGS:
