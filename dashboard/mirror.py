@@ -95,6 +95,13 @@ class Mirror:
             raise
         finally:
             self.con.unregister("_batch")
+        # Into the file now: under duckdb 1.5.5 a synced page otherwise stayed in memory after its
+        # commit (87 MB of 100k runs, more than the 64 MB test limit, before any query ran), and
+        # a checkpoint per page cost no measurable time (14.3 s against 13.8 s for 100k runs).
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.TransactionException:  # another transaction in the way (DuckDB's docs): the next page's
+            pass
 
     def query(self, sql: str, params: list | dict | None = None):
         """A pandas DataFrame; an empty one when the table has not arrived yet."""

@@ -1,7 +1,7 @@
 """The dashboard's queries, pure: DuckDB and pandas over a mirror of the coordinator, no Streamlit.
 
 Every function takes `db` first: what it reads, anything with `query(sql, params) -> DataFrame`
-and `cursor() -> DuckDBPyConnection` (a connection of its own, for the claims' temporary tables
+and `cursor() -> DuckDBPyConnection` (a connection of its own, for the claims' temporary views
 and downloads read in batches): a dashboard.mirror.Mirror, or a SweepView of one narrowed to a
 sweep's runs (cli/report.py). dashboard/data.py wraps each in Streamlit's caches for the pages,
 under the same name; `specfleet report` calls them on a mirror of its own.
@@ -872,9 +872,14 @@ def claim_sweeps(claims: list[ledger.Claim]) -> dict[str, tuple[str, list[str]]]
 
 def claim_rows(db, claim: ledger.Claim) -> pd.DataFrame:
     """One claim's rows (dashboard/claims/evaluation.py evaluate), before the false-discovery step, on a
-    connection of its own closed after use (the claims' temporary tables)."""
+    connection of its own closed after use (the claims' temporary views and table), in one
+    transaction: every query of the claim sees the same runs while the mirror syncs."""
     with contextlib.closing(db.cursor()) as con:
-        return ledger.evaluate(claim, con)
+        con.execute("BEGIN")
+        try:
+            return ledger.evaluate(claim, con)
+        finally:
+            con.execute("ROLLBACK")
 
 
 def adjusted(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -301,7 +301,7 @@ def evaluate(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     are never pooled: `differs` names each group's values of the keys in which the claim's
     groups differ. `con` holds the runs (`runs`: the typed run columns, RunRecord.columns() and
     the coordinator's, as the mirror holds them) and `jobs` (job_id, attempt, state: which
-    attempts are valid); evaluate leaves temporary tables on it. Only runs of
+    attempts are valid); evaluate leaves temporary views and a table on it. Only runs of
     the claim's system settle it; for a claim about another system, `beside` holds our loop's
     figure of the same method on the same weights wherever it has runs (never the verdict).
     adjusted_verdict is the verdict itself here; `evaluate_all` applies the false-discovery

@@ -1,5 +1,5 @@
 """Selecting a claim's runs: its conditions as SQL on the runs' typed columns, the runs they
-select (temporary tables `matched` and `arm`), and what each condition left out."""
+select (temporary views `matched` and `arm`), and what each condition left out."""
 
 from __future__ import annotations
 
@@ -168,15 +168,26 @@ def matching_runs(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return con.execute("SELECT * FROM matched").df()
 
 
+# A named parameter of the conditions' SQL ($engine, $depths).
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
 def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
-    """On `con`, the claim's runs as temporary table `matched` and its arm's as `arm`, from the
-    connection's `runs`; its `jobs` (job_id, attempt, state) say which attempts are valid."""
+    """On `con`, the claim's runs as temporary view `matched` and its arm's as `arm`, of the
+    connection's `runs`; its `jobs` (job_id, attempt, state) say which attempts are valid. Views,
+    not tables: duckdb 1.5.5 gives every column of a temporary table a block of its own per
+    thread, and the claim's 56 columns took 24 MB at one thread and 56 MB at two for 17k runs,
+    a whole 64 MB limit (tests/test_dashboard_memory.py). A view takes no parameter: the claim's
+    are one row of temporary table `_claim` that the conditions read. A caller that needs the
+    views to see one state of a mirror that syncs beside it runs them in one transaction."""
     where, params = conditions_sql(claim)
+    params = {**params, "arm_method": claim.method}
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _claim AS SELECT {', '.join(f'${k} AS {k}' for k in params)}", params)
+    where = _PARAM.sub(lambda m: f"(SELECT {m[1]} FROM _claim)", where)
     select = f"{_SELECT}, {_warmup_converged(con)}, {_comparable(con)}"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {select} FROM {_FLEET} WHERE {where}", params)
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE arm AS SELECT * FROM matched WHERE method = $method", {"method": claim.method}
-    )
+    con.execute(f"CREATE OR REPLACE TEMP VIEW matched AS SELECT {select} FROM {_FLEET} WHERE {where}")
+    arm = "SELECT * FROM matched WHERE method = (SELECT arm_method FROM _claim)"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW arm AS {arm}")
 
 
 def selection(claim: Claim, con: duckdb.DuckDBPyConnection, seqs: tuple[int, int] | None = None) -> dict[str, Any]:

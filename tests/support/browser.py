@@ -71,14 +71,21 @@ def chromium_page(width: int = 1400, height: int = 2400):
             browser.close()
 
 
+# The app's root once a script run of this page has ended on a live connection: before the first
+# run its script state is "initial", and between goto and the connection no run is drawn at all
+# (a loaded machine's blank page read as settled, and Compare's selector was never found).
+RAN = '[data-testid="stApp"][data-test-script-state="notRunning"][data-test-connection-state="CONNECTED"]'
+
+
 def settled(page, seconds: float = RENDER_SECONDS) -> str:
-    """The page's text once Streamlit has finished its run: no skeleton placeholder left and its
-    status widget not running; fails on an exception element, with its text."""
+    """The page's text once Streamlit has finished a run of it: the app connected and its script
+    not running, no skeleton placeholder left and its status widget gone, for half a second; fails
+    on an exception element, with its text."""
     deadline = time.monotonic() + seconds
     quiet_since = None
     while True:
         busy = page.locator('[data-testid="stSkeleton"], [data-testid="stStatusWidget"]').count()
-        if busy == 0:
+        if busy == 0 and page.locator(RAN).count():
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since > 0.5:  # a rerun may start just after one ends
                 break
