@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import io
 import os
-import re
 import threading
 from dataclasses import dataclass
 
@@ -901,9 +900,6 @@ def selections(db, claims: list[ledger.Claim]) -> dict[str, dict]:
         return selections_of(claims, con, cells=isinstance(db, Mirror))
 
 
-_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
 def selections_of(
     claims: list[ledger.Claim],
     con: duckdb.DuckDBPyConnection,
@@ -951,7 +947,7 @@ def _selections(claims, con, seqs: tuple[int, int] | None, weight: str | None = 
     columns, params, names = [], {}, []
     for i, claim in enumerate(claims):
         conds, own = ledger.conditions(claim)
-        sql = [_PARAM.sub(lambda m, i=i: f"$c{i}_{m[1]}", s) for _, s in conds]
+        sql = [ledger.PARAM.sub(lambda m, i=i: f"$c{i}_{m[1]}", s) for _, s in conds]
         params |= {f"c{i}_{k}": v for k, v in own.items()}
         every = " AND ".join(f"coalesce({s}, false)" for s in sql)
         columns += [

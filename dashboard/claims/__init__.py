@@ -56,6 +56,7 @@ from dashboard.claims.claim import (
 from dashboard.claims.evaluation import VERDICT_COLUMNS, _finite, adjust, beside, evaluate, evaluate_all
 from dashboard.claims.schema import LEDGER, ClaimError, load_claims, parse_claims
 from dashboard.claims.selection import (
+    PARAM,
     conditions,
     conditions_sql,
     has_runs,
@@ -68,6 +69,7 @@ from dashboard.claims.selection import (
 from dashboard.claims.sweeps import sweep_depths, sweep_yaml
 
 __all__ = [
+    "PARAM",
     "DECLARED_CONDITIONS",
     "FDR_Q",
     "LEDGER",

@@ -169,7 +169,7 @@ def matching_runs(claim: Claim, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 # A named parameter of the conditions' SQL ($engine, $depths).
-_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
@@ -183,7 +183,7 @@ def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
     where, params = conditions_sql(claim)
     params = {**params, "arm_method": claim.method}
     con.execute(f"CREATE OR REPLACE TEMP TABLE _claim AS SELECT {', '.join(f'${k} AS {k}' for k in params)}", params)
-    where = _PARAM.sub(lambda m: f"(SELECT {m[1]} FROM _claim)", where)
+    where = PARAM.sub(lambda m: f"(SELECT {m[1]} FROM _claim)", where)
     select = f"{_SELECT}, {_warmup_converged(con)}, {_comparable(con)}"
     con.execute(f"CREATE OR REPLACE TEMP VIEW matched AS SELECT {select} FROM {_FLEET} WHERE {where}")
     arm = "SELECT * FROM matched WHERE method = (SELECT arm_method FROM _claim)"
