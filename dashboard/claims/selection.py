@@ -43,17 +43,16 @@ _COLUMNS = (
 _SELECT = ", ".join(_COLUMNS) + ", CAST(env_nominal AS BOOLEAN) AS env_nominal, CAST(lossless AS BOOLEAN) AS lossless"
 
 
-def _warmup_converged(con: duckdb.DuckDBPyConnection) -> str:
-    """SQL: a run's warmup_converged (settings, record schema 4), NULL where the runs predate it."""
-    names = {d[0] for d in con.execute("SELECT * FROM runs LIMIT 0").description}
+def _warmup_converged(names: set[str]) -> str:
+    """SQL: a run's warmup_converged (settings, record schema 4), NULL where the runs (of columns
+    `names`) predate it."""
     known = "CAST(warmup_converged AS BOOLEAN)" if "warmup_converged" in names else "CAST(NULL AS BOOLEAN)"
     return f"{known} AS warmup_converged"
 
 
-def _comparable(con: duckdb.DuckDBPyConnection) -> str:
+def _comparable(names: set[str]) -> str:
     """SQL: a run's comparable group: the mirror's column (computed once as the run arrived),
-    or computed here for runs without one (a test's frames)."""
-    names = {d[0] for d in con.execute("SELECT * FROM runs LIMIT 0").description}
+    or computed here for runs (of columns `names`) without one (a test's frames)."""
     return "comparable" if "comparable" in names else f"{speedup.COMPARABLE_ID} AS comparable"
 
 
@@ -184,7 +183,8 @@ def _matched(claim: Claim, con: duckdb.DuckDBPyConnection) -> None:
     params = {**params, "arm_method": claim.method}
     con.execute(f"CREATE OR REPLACE TEMP TABLE _claim AS SELECT {', '.join(f'${k} AS {k}' for k in params)}", params)
     where = PARAM.sub(lambda m: f"(SELECT {m[1]} FROM _claim)", where)
-    select = f"{_SELECT}, {_warmup_converged(con)}, {_comparable(con)}"
+    names = {d[0] for d in con.execute("SELECT * FROM runs LIMIT 0").description}
+    select = f"{_SELECT}, {_warmup_converged(names)}, {_comparable(names)}"
     con.execute(f"CREATE OR REPLACE TEMP VIEW matched AS SELECT {select} FROM {_FLEET} WHERE {where}")
     arm = "SELECT * FROM matched WHERE method = (SELECT arm_method FROM _claim)"
     con.execute(f"CREATE OR REPLACE TEMP VIEW arm AS {arm}")
