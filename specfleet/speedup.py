@@ -11,7 +11,10 @@ words:
    done): runs of an attempt whose lease was lost, or of a failed job, stay stored and visible
    but never enter a figure. Pair an arm's run with the baseline run of the same attempt (job
    and lease), prompt, repeat and checked keys: ratio = arm decode tok/s / baseline decode
-   tok/s. Verify-cost runs are never speedups. A pair is left out when either run was not
+   tok/s. A claim whose source ran its baseline on other files (dashboard/claims.yaml
+   baseline_models: the bug report's non-MTP GGUF) pairs across weights instead: the same
+   machine's baseline of those files, prompt and repeat, equal on every other checked key.
+   Verify-cost runs are never speedups. A pair is left out when either run was not
    nominal (env_nominal false), when the arm's output differed from its reference with a clear
    margin (lossless false: a defect, shown as such), or when either speed is 0. A run that
    diverged at a near-tie (divergence "near-tie", lossless None: agent/divergence.py) stays in,
@@ -43,6 +46,16 @@ COMPARABLE_ID = (
 
 
 _SAME_KEYS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS)
+# The weights: what a baseline of other files (a claim's baseline_models) differs in, and nothing else.
+WEIGHT_KEYS = ("target_digest", "draft_digest")
+_SAME_BUT_WEIGHTS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS if k not in WEIGHT_KEYS)
+# Step 2's pair: the baseline of the same attempt, prompt and repeat, equal on every checked key;
+# or, across weights, the same machine's baseline of the same prompt and repeat, equal on every
+# checked key but the weights (another job: the source's baseline on other files).
+_SAME_ATTEMPT = f"b.job_id = a.job_id AND b.lease_id = a.lease_id AND {_SAME_KEYS}"
+_SAME_MACHINE = (
+    f"b.machine_id = a.machine_id AND b.target_digest IS DISTINCT FROM a.target_digest AND {_SAME_BUT_WEIGHTS}"
+)
 
 
 def counts_sql(run: str, jobs: str = "jobs") -> str:
@@ -99,20 +112,21 @@ def stall_counts_sql(source: str, comparable: str = COMPARABLE_ID) -> str:
     """
 
 
-def pairs_sql(source: str, jobs: str | None = "jobs") -> str:
-    """One row per pair (step 2) of the runs of `source`: its comparable group, checked keys,
-    names, chip, machine, arm, prompt, repeat, job and attempt, and its log ratio. With `jobs`,
-    only runs that count (counts_sql) pair; without, every attempt's (coordinator/figures.py
-    applies counts_sql later)."""
+def pairs_sql(source: str, jobs: str | None = "jobs", across_weights: bool = False) -> str:
+    """One row per pair (step 2) of the runs of `source`: its comparable group (the arm's),
+    checked keys, names, chip, machine, arm, prompt, repeat, job and attempt, and its log ratio.
+    With `jobs`, only runs that count (counts_sql) pair; without, every attempt's
+    (coordinator/figures.py applies counts_sql later). `across_weights`: each arm run pairs with
+    the baseline of other weights in `source` instead (a claim's baseline_models)."""
     valid = valid_sql(source, jobs) if jobs else source
+    same = _SAME_MACHINE if across_weights else _SAME_ATTEMPT
     return f"""
     SELECT {COMPARABLE_ID.replace("CAST(", "CAST(a.")} AS comparable, {_A_KEYS},
            a.target_reference, a.draft_reference, a.prompt_set, a.chip, a.machine_id,
            a.method, a.depth, a.prompt_id, a.repeat, a.job_id, a.attempt,
            ln(a.decode_tokens_per_second / b.decode_tokens_per_second) AS log_ratio
     FROM {valid} a JOIN {valid} b
-      ON b.job_id = a.job_id AND b.lease_id = a.lease_id AND b.prompt_id = a.prompt_id
-     AND b.repeat = a.repeat AND b.method = 'baseline' AND {_SAME_KEYS}
+      ON b.prompt_id = a.prompt_id AND b.repeat = a.repeat AND b.method = 'baseline' AND {same}
     WHERE a.method NOT IN ('baseline', '{VERIFY_COST}')
       AND a.decode_tokens_per_second > 0 AND b.decode_tokens_per_second > 0
       AND a.env_nominal IS DISTINCT FROM false AND b.env_nominal IS DISTINCT FROM false
@@ -120,15 +134,16 @@ def pairs_sql(source: str, jobs: str | None = "jobs") -> str:
     """
 
 
-def per_prompt_sql(source: str, jobs: str = "jobs") -> str:
+def per_prompt_sql(source: str, jobs: str = "jobs", across_weights: bool = False) -> str:
     """One row per comparable group, chip, machine, arm and prompt: the median log ratio over the
-    prompt's repeats (step 3). What intervals are over (machines crossed with prompts)."""
+    prompt's repeats (step 3). What intervals are over (machines crossed with prompts).
+    `across_weights` as pairs_sql takes it."""
     return f"""
     SELECT comparable, any_value(target_reference) AS target_reference,
            any_value(draft_reference) AS draft_reference, any_value(prompt_set) AS prompt_set,
            any_value(engine) AS engine, chip, machine_id, method, depth, prompt_id,
            median(log_ratio) AS log_ratio, count(*) AS repeats
-    FROM ({pairs_sql(source, jobs)}) GROUP BY comparable, chip, machine_id, method, depth, prompt_id
+    FROM ({pairs_sql(source, jobs, across_weights)}) GROUP BY comparable, chip, machine_id, method, depth, prompt_id
     """
 
 

@@ -131,6 +131,10 @@ class Sweep:
         for engine, model, (build, arms) in (
             (e, m, group) for e in self.engines for m in self.models[e] for group in self.arm_groups(e)
         ):
+            if model.get("baseline_only"):
+                arms = [a for a in arms if a.method == "baseline"]
+                if not arms:
+                    continue
             server = None if engine in IN_PROCESS_ENGINES else self.server
             if build:  # a llama-server build pinned by the sweep's arms: a cell of its own
                 server = dataclasses.replace(server, build=build)
@@ -153,7 +157,9 @@ class Sweep:
                                 arms=tuple(arms),
                                 sampler=sampler,
                                 settings=settings,
-                                verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES else None,
+                                verify_cost=self.verify_cost
+                                if engine in IN_PROCESS_ENGINES and not model.get("baseline_only")
+                                else None,
                                 server=server,
                                 **{s.name: getattr(self, s.name) for s in declared.JOB_SPEC_FIELDS},
                             )
@@ -253,11 +259,14 @@ class TargetFields(_Part):
 class ModelFields(_Part):
     """One model pair of `models.<engine>`. memory_gb: unified memory an agent needs to run this
     engine's target and draft together (weights, KV cache, activations); agents with less get no
-    job for that engine."""
+    job for that engine. baseline_only: the pair's cells run the baseline arm alone: the model a
+    claim's source measured its baseline on (the bug report's non-MTP GGUF beside the MTP one),
+    which the other arms could not run."""
 
     target: Annotated[schemas.Str, schemas.text(1, 4096)]
     draft: schemas.Str | None = None
     memory_gb: _bounded(False, 0, 16384) | None = None
+    baseline_only: schemas.Bool = False
 
 
 @functools.cache
@@ -526,7 +535,7 @@ def _model_pair(c: _Checker, where: str, m, engine: str, methods: dict) -> dict[
     if engine in IN_PROCESS_ENGINES and {"draft", "ref-draft"} & set(methods) and not isinstance(m.get("draft"), str):
         c.fail(f"{where}.draft", "is required when methods include draft")
     fields = c.part(where, ModelFields, m)
-    return fields.model_dump(exclude_none=True) if fields is not None else None
+    return fields.model_dump(exclude_defaults=True) if fields is not None else None
 
 
 def parse_settings(c: _Checker, doc: dict[str, Any]) -> dict[str, list]:

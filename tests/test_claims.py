@@ -107,8 +107,11 @@ def test_every_generated_sweep_parses(claim):
         arms = {(a.method, a.depth) for a in sweep.arms_of(ours.engine)}
         assert arms == {("baseline", 0)} | {(ours.method, d) for d in claims.sweep_depths(claim)}
         assert [m["target"] for m in sweep.models[ours.engine]] == [
-            m["target"] for m in sweep.models[engine]
-        ]  # the same weights
+            m["target"] for m in sweep.models[engine] if not m.get("baseline_only")
+        ]  # the same weights (beside the source's baseline files, which run the baseline alone)
+    assert [m["target"].rsplit("/", 1)[-1] for m in sweep.models[engine] if m.get("baseline_only")] == (
+        claim.baseline_models
+    )
     if engine == "llama-server":
         assert sweep.server.flags == tuple(shlex.split(claim.sweep.get("flags", "")))
     if engine == "openai":
@@ -487,6 +490,13 @@ def test_runs_outside_the_conditions_do_not_count():
     # runs of other systems on the same weights: llama.cpp's own server and an OpenAI-compatible one
     server = dict(engine="llama-server", method="draft-mtp", system="llama-server")
     decoys = fleet_runs("Apple M1 Max", "g", "j8", ratios, **server)
+    # the claim's baseline is the bug report's, the non-MTP file: machine g's job of it
+    plain = dataclasses.replace(Q9B, reference="Qwen3.5-9B-Q4_K_M.gguf", digest=sha("q9b plain"))
+    decoys += [
+        r
+        for r in fleet_runs("Apple M1 Max", "g", "j8-plain", ratios, **server, model=plain)
+        if r["method"] == "baseline"
+    ]
     decoys += fleet_runs("Apple M1 Max", "h", "j9", ratios, engine="openai", system="oMLX")
     other = pd.concat([other, pd.DataFrame(decoys)], ignore_index=True)
     out = claims.evaluate(c, fleet_db(other))
@@ -496,12 +506,12 @@ def test_runs_outside_the_conditions_do_not_count():
     assert (sel["selected"], sel["arm"], sel["fleet"]) == (8, 0, len(other))  # the depth-6 job's baselines
     # each condition counts the runs it leaves out (a baseline fails only the conditions of baselines)
     assert sel["excluded"] == {
-        "engine": 48,  # mlx, llama-server, openai
-        "system": 32,  # llama-server, oMLX
+        "engine": 56,  # mlx, llama-server (with its non-MTP baselines), openai
+        "system": 40,  # llama-server, oMLX
         "method": 8,  # draft-mtp's arm runs
         "depth": 8,
         "chip": 16,
-        "models": 32,
+        "models": 40,
         "quantisation": 32,  # Q8_0, and the Llama file that records none
         "sampler.temperature": 16,
     }
@@ -555,6 +565,84 @@ def test_models_quantisation_and_architecture_match_exactly():
         )
     )[0]
     assert matched(Q9B, by_digest) == 12 and matched(dataclasses.replace(Q9B, digest=sha("other")), by_digest) == 0
+
+
+Q9B_PLAIN = dataclasses.replace(Q9B, reference="Qwen3.5-9B-Q4_K_M.gguf", digest=sha("q9b plain"))
+LLAMA_SERVER = dict(engine="llama-server", system="llama-server")  # Settings(): kv_cache_type f16
+
+
+def source_baseline_fleet(arm_tps, mtp_file_baseline=24.0, plain_baseline=25.3, machines=3, prompts=5):
+    """The bug report's set-up on each of `machines` M1 Max machines: a job on the MTP file
+    (its baseline at mtp_file_baseline tok/s and draft-mtp at depth 0 at arm_tps) and a job on
+    the non-MTP file whose only arm is the baseline (plain_baseline tok/s), per prompt."""
+    rows = []
+    for m in range(machines):
+        agent = f"mbp-{m + 1}"
+        for i in range(prompts):
+            common = {**LLAMA_SERVER, "prompt_id": f"p{i}"}
+            wobble = 1 + 0.01 * (m - 1) + 0.005 * (i % 3 - 1)  # machines and prompts differ a little
+            for method, tps in (("baseline", mtp_file_baseline), ("draft-mtp", arm_tps * wobble)):
+                rows.append(row(record(f"mtp-{agent}", method, 0, tps, target=Q9B, **common), agent, "Apple M1 Max"))
+            plain = record(f"plain-{agent}", "baseline", 0, plain_baseline, target=Q9B_PLAIN, **common)
+            rows.append(row(plain, agent, "Apple M1 Max"))
+    return pd.DataFrame(rows)
+
+
+def test_a_baseline_on_the_sources_files_pairs_across_weights():
+    """The bug report's 11% loss at n_max 0 is against the non-MTP file (25.3 tok/s), not the
+    MTP file without drafting: the claim names that file in baseline_models, and each arm run
+    pairs with the same machine's baseline of it (same prompt and repeat, other job)."""
+    c = claim("llamacpp-mtp-m1-max-n0-loss-11pct")
+    assert c.baseline_models == ["Qwen3.5-9B-Q4_K_M.gguf"] and c.depths == [0]
+    runs = source_baseline_fleet(arm_tps=22.4)
+    row_ = claims.evaluate(c, fleet_db(runs)).iloc[0]
+    # 22.4 / 25.3 = 0.885 (inside 0.85-0.93), never 22.4 / 24 = 0.933 (the MTP file's own baseline)
+    wobbles = [[1 + 0.01 * (m - 1) + 0.005 * (i % 3 - 1) for i in range(5)] for m in range(3)]
+    assert row_["figure"] == pytest.approx(geometric(*[[22.4 * w / 25.3 for w in ws] for ws in wobbles]))
+    assert row_["figure"] == pytest.approx(22.4 / 25.3, rel=0.005)
+    assert (row_["verdict"], row_["machines"], row_["prompts"]) == (REPRODUCED, 3, 5)
+    sel = claims.selection(c, fleet_db(runs))
+    assert (sel["selected"], sel["arm"]) == (30, 15)  # the plain file's baselines and the arm; never the MTP file's
+    assert sel["excluded"]["models"] == 15
+    # the same figure against the MTP file's own baseline would leave the band: the pairing decides it
+    same_file = source_baseline_fleet(arm_tps=22.4, mtp_file_baseline=25.3, plain_baseline=24.0)
+    assert claims.evaluate(c, fleet_db(same_file)).iloc[0]["figure"] == pytest.approx(22.4 / 24.0, rel=0.005)
+
+    # a baseline of another machine never pairs: each machine's own hardware is the denominator
+    moved = runs.copy()
+    plain = moved["target_digest"] == Q9B_PLAIN.digest
+    moved.loc[plain, "machine_id"] = moved.loc[plain, "machine_id"].map(
+        {"mbp-1": "mbp-2", "mbp-2": "mbp-3", "mbp-3": "mbp-9"}
+    )
+    out = claims.evaluate(c, fleet_db(moved)).iloc[0]
+    assert out["machines"] == 2
+    # nor one that differs in a checked key other than the weights (here the KV cache's type)
+    other_kv = runs.copy()
+    other_kv.loc[other_kv["target_digest"] == Q9B_PLAIN.digest, "kv_cache_type"] = "q8_0"
+    assert claims.evaluate(c, fleet_db(other_kv)).iloc[0]["machines"] == 0
+
+    # our loop's baseline stays its own weights without drafting (n_max 0 has no loop of ours)
+    net_loss = claim("llamacpp-mtp-m1-max-net-loss-n2")
+    assert net_loss.baseline_models and claims.our_loop(net_loss).baseline_models == []
+    # and only a ratio pairs with a baseline
+    record_ = {
+        **GOOD,
+        "conditions": {**GOOD["conditions"], "baseline_models": ["plain.gguf"]},
+        "metric": "acceptance_rate",
+    }
+    with pytest.raises(claims.ClaimError, match=r"conditions.baseline_models: a baseline pairs with a ratio"):
+        claims.parse_claims(yaml.safe_dump([record_]))
+
+
+def test_a_claims_sweep_runs_the_sources_baseline_file_alone():
+    c = claim("llamacpp-mtp-m1-max-n0-loss-11pct")
+    sweep = parse_sweep(claims.sweep_yaml(c))
+    cells = [(cell.engine, cell.model["target"], [(a.method, a.depth) for a in cell.arms]) for cell in sweep.cells()]
+    served = [cell for cell in cells if cell[0] == "llama-server"]
+    assert served == [
+        ("llama-server", "/models/Qwen3.5-9B-MTP-Q4_K_M.gguf", [("baseline", 0), ("draft-mtp", 0)]),
+        ("llama-server", "/models/Qwen3.5-9B-Q4_K_M.gguf", [("baseline", 0)]),
+    ]
 
 
 def test_acceptance_and_prefill_claims():

@@ -371,24 +371,41 @@ def _variants(c: claims.Claim, w: dict) -> list[tuple[str, dict, bool]]:
     return out
 
 
-def _job(name: str, f: dict) -> pd.DataFrame:
-    rows = job_rows(
-        f["chip"],
-        f"agent-{name}",
-        f"job-{name}",
-        f["model"],
-        {f["depth"]: 1.1},
-        prompts=2,
-        engine=f["engine"],
-        method=f["method"],
-        system=f["system"],
-        sampler=f["sampler"],
-        prompt_category=f["prompt_category"],
-        prompt_set=f["prompt_category"],
-        context_tokens=f["context_tokens"],
-        backend=f["backend"],
-        settings=f["settings"],
-    )
+def _baseline_file(c: claims.Claim, model: ModelIdentity) -> ModelIdentity:
+    """The file a claim with baseline_models (the source's non-MTP GGUF) pairs `model`'s arm
+    with: the claim's baseline file for its own model, another file for a decoy's; the model's
+    other fields kept, so a decoy's quantisation is its baseline's too."""
+    ref = c.baseline_models[0] if model.reference in _named(c).get("models", []) else "Other-" + c.baseline_models[0]
+    return dataclasses.replace(model, reference=ref, digest=sha("baseline " + model.digest))
+
+
+def _job(name: str, f: dict, c: claims.Claim) -> pd.DataFrame:
+    """A job of the run `f` on one machine; for a claim with baseline_models, also that
+    machine's job of the baseline file (job-<name>-plain), its baselines alone."""
+
+    def rows_of(job: str, model: ModelIdentity) -> list[dict]:
+        return job_rows(
+            f["chip"],
+            f"agent-{name}",
+            job,
+            model,
+            {f["depth"]: 1.1},
+            prompts=2,
+            engine=f["engine"],
+            method=f["method"],
+            system=f["system"],
+            sampler=f["sampler"],
+            prompt_category=f["prompt_category"],
+            prompt_set=f["prompt_category"],
+            context_tokens=f["context_tokens"],
+            backend=f["backend"],
+            settings=f["settings"],
+        )
+
+    rows = rows_of(f"job-{name}", f["model"])
+    if c.baseline_models:
+        plain = rows_of(f"job-{name}-plain", _baseline_file(c, f["model"]))
+        rows += [r for r in plain if r["method"] == "baseline"]
     runs = frame(rows)
     # a server's runs carry its own clock's figure too (its final timings), as llama-server's do
     served = runs["system"] != "specfleet"
@@ -400,7 +417,7 @@ def _job(name: str, f: dict) -> pd.DataFrame:
 def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     w = _wanted(c)
     variants = _variants(c, w)
-    fleet = pd.concat([_job("wanted", w)] + [_job(name, f) for name, f, _ in variants], ignore_index=True)
+    fleet = pd.concat([_job("wanted", w, c)] + [_job(name, f, c) for name, f, _ in variants], ignore_index=True)
     matched = claims.matching_runs(c, fleet_db(fleet))
     expected = {"job-wanted"} | {f"job-{name}" for name, _, selected in variants if selected}
     arm = matched[matched["method"] == c.method]
@@ -408,6 +425,8 @@ def test_every_claim_selects_exactly_the_runs_its_conditions_name(c):
     assert set(matched["system"]) == {c.system} and set(matched["engine"]) == {c.engine}
     # baselines pair only within their own job, so another depth's job keeps its baselines
     baselines = expected | ({"job-depth"} if c.depths else set())
+    if c.baseline_models:  # the source's baseline file's, never the arm's own file's
+        baselines = {f"{job}-plain" for job in baselines}
     assert set(matched.loc[matched["method"] == "baseline", "job_id"]) == baselines
     assert len(matched) == len(arm) + 2 * len(baselines)
     sel = claims.selection(c, fleet_db(fleet))

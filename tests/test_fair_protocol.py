@@ -324,11 +324,14 @@ def test_real_ngram_mod_that_drafts_is_never_primed_by_a_warm_up_or_an_earlier_r
     if not path.is_file():
         pytest.skip(f"{path} is not installed: make real-models")
     target = ModelIdentity(reference=path.name, digest="ab" * 32, context_length=8192 if model == "smollm2" else 256)
-    s = spec(state, model={"target": str(path)}, arms=(Arm("baseline"), DRAFTING), warmup=2, repeats=2,
+    s = spec(state, model={"target": str(path)}, arms=(Arm("baseline"), DRAFTING), warmup=1, repeats=2,
              max_new_tokens=48, prompts=tuple(Prompt(f"p{i}", t) for i, t in enumerate(REPEATING)))  # fmt: skip
     if model == "tiny":
         s = replace(s, max_new_tokens=96)  # its loops come after a few dozen tokens
-    engine = make_engine("llama-server", memory_bytes=memory, log_dir=str(tmp_path))
+    # One ggml thread per server: two spin-wait for each other at every op, and beside the
+    # suite's other workers on two cores a descheduled one stalls both (a mode took 390 s, not 100).
+    s = replace(s, settings=replace(s.settings, threads=1))
+    engine = make_engine("llama-server", memory_bytes=memory, log_dir=str(tmp_path), settings=s.settings)
     runs = []
     try:
         run_job(s, engine, runs.append, "job", 1, target, sample=lambda: {}, sleep=lambda _: None)
@@ -342,7 +345,7 @@ def test_real_ngram_mod_that_drafts_is_never_primed_by_a_warm_up_or_an_earlier_r
     }
     assert all(r.lossless is True for r in runs) and sum(r.tokens_drafted for r in arms) > 0  # it drafts
     # A server that never saw anything, one request per prompt: the unprimed acceptance.
-    fresh = make_engine("llama-server", memory_bytes=memory, log_dir=str(tmp_path / "fresh"))
+    fresh = make_engine("llama-server", memory_bytes=memory, log_dir=str(tmp_path / "fresh"), settings=s.settings)
     fresh.load(str(path))
     unprimed, primed = {}, {}
     try:

@@ -110,7 +110,7 @@ def test_every_kind_of_mistake_names_its_line():
         + ", ".join(prompt_library.prompt_sets())
         + ")",
         "sweep.yaml:8: models.llama-server.memory_gb: must be a number, got 'lots'",
-        "sweep.yaml:9: models.llama-server.weights: unknown field (allowed: draft, memory_gb, target)",
+        "sweep.yaml:9: models.llama-server.weights: unknown field (allowed: baseline_only, draft, memory_gb, target)",
         "sweep.yaml:12: samplers[1].temperature: must be at least 0, got -1",
         "sweep.yaml:13: samplers[1].top_k: must be an integer, got 2.5",
         "sweep.yaml:17: methods.ngram[1]: must be at most 64, got 99",
@@ -192,6 +192,20 @@ def test_each_engine_gets_only_the_arms_it_has():
     assert arms["mlx"] == [("baseline", 0), ("ngram", 3), ("ref-draft", 2)]
     assert arms["llama.cpp"] == [("baseline", 0), ("ngram", 3), ("ref-ngram", 3)]
     assert sweep.cells()[0].verify_cost == VerifyCost(context_tokens=(64, 256), max_rows=16, repeats=5)
+
+
+def test_a_baseline_only_model_runs_the_baseline_arm_alone():
+    """A claim's source measured its baseline on another file (the bug report's non-MTP GGUF):
+    that pair's cells run the baseline alone, with no verify-cost rows."""
+    models = [{"target": "/t-mtp"}, {"target": "/t-plain", "baseline_only": True}]
+    sweep = parse_sweep(yaml_of(models={"mlx": models}, methods={"mtp": [2]}, verify_cost={"context_tokens": [64]}))
+    cells = {c.model["target"]: c for c in sweep.cells()}
+    assert [(a.method, a.depth) for a in cells["/t-mtp"].arms] == [("baseline", 0), ("mtp", 2)]
+    assert [(a.method, a.depth) for a in cells["/t-plain"].arms] == [("baseline", 0)]
+    assert cells["/t-mtp"].verify_cost is not None and cells["/t-plain"].verify_cost is None
+    assert "baseline_only" not in cells["/t-plain"].model  # a sweep's field, not the agent's
+    with pytest.raises(SweepError, match=r"models.mlx\[1\].baseline_only: must be true or false"):
+        parse_sweep(yaml_of(models={"mlx": [{"target": "/t"}, {"target": "/u", "baseline_only": "yes"}]}))
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,8 @@ METRICS = (
     "best_depth",
     "runs",
 )
+# Metrics of the arm's runs paired with baselines (specfleet/speedup.py pairs_sql).
+RATIO_METRICS = ("speedup", "prefill_ratio", "best_depth")
 # Metrics judged on the arm's runs alone (a mean on its own scale, never a ratio to the baseline):
 # each run's value as SQL, and which runs have one.
 RUN_VALUES = {
@@ -48,6 +50,7 @@ OWN_CONDITIONS = {
     "system",
     "method",
     "models",
+    "baseline_models",
     "digests",
     "quantisation",
     "architecture",
@@ -155,6 +158,12 @@ class Claim:
         return system_method_label(self.system, self.engine, self.method)
 
     @property
+    def baseline_models(self) -> list[str]:
+        """The files the source ran its baseline on where they are not the arm's (the bug
+        report's non-MTP GGUF); [] for the arm's own file, in the arm's own job."""
+        return _as_list(self.conditions.get("baseline_models"))
+
+    @property
     def depths(self) -> list[int]:
         """The claim's draft depths; [] for a claim of runs at any depth."""
         return _as_list(self.conditions.get("depth"))
@@ -192,6 +201,7 @@ def our_loop(claim: Claim) -> Claim | None:
     engine, method = OUR_LOOP[(claim.engine, claim.method)]
     metric = "tokens_per_second" if claim.metric == "server_tokens_per_second" else claim.metric
     conditions = {**claim.conditions, "engine": engine, "method": method, "system": OURS}
+    conditions.pop("baseline_models", None)  # our loop's baseline is the same weights without drafting
     return replace(claim, conditions=conditions, metric=metric)
 
 

@@ -76,10 +76,10 @@ def _from_decision(d: inference.Decision, runs: int | None = None, figure: float
 DONE_JOBS = "(SELECT * FROM jobs WHERE state = 'done')"
 
 
-def _per_prompt(con, value: str) -> pd.DataFrame:
+def _per_prompt(claim: Claim, con, value: str) -> pd.DataFrame:
     """per_prompt_sql on the claim's runs of completed attempts (value: the tok/s column the
-    ratio is of)."""
-    sql = speedup.per_prompt_sql("matched", DONE_JOBS)
+    ratio is of), paired across weights where the claim names its baseline's files."""
+    sql = speedup.per_prompt_sql("matched", DONE_JOBS, across_weights=bool(claim.baseline_models))
     if value != "decode_tokens_per_second":
         sql = sql.replace("decode_tokens_per_second", value)
     return con.execute(sql).df()
@@ -112,7 +112,7 @@ def _with_dropped(d: inference.Decision, dropped: int) -> inference.Decision:
 
 def _ratio_rows(claim: Claim, con, cells: pd.DataFrame) -> list[dict]:
     value = "prefill_tokens_per_second" if claim.metric == "prefill_ratio" else "decode_tokens_per_second"
-    pp = _per_prompt(con, value)
+    pp = _per_prompt(claim, con, value)
     pp = pp[pp["method"] == claim.method]
     excluded = _excluded(con)
     r = claim.rule

@@ -34,6 +34,7 @@ from dashboard.claims.claim import (
     MIN_MACHINES_NAMED_CHIP,
     MIN_PROMPTS,
     OURS,
+    RATIO_METRICS,
     RULE_FIELDS,
     RULE_METRICS,
     SAMPLER_KEYS,
@@ -220,6 +221,7 @@ class Conditions(_DeclaredConditions):
     system: Annotated[Text, _worded("must be the system's name as its runs record it")] | None = None
     method: str
     models: Models | None = None
+    baseline_models: Models | None = None  # the files the source's baseline ran (dashboard/claims.yaml)
     digests: Digests | None = None
     quantisation: Text | None = None
     architecture: Text | None = None
@@ -398,6 +400,13 @@ class ClaimRecord(BaseModel):
             found.append((("verdict", "rule"), f"{rule} needs metric {' or '.join(RULE_METRICS[rule])}"))
         if rule not in RULE_METRICS and metric in ("best_depth", "runs"):
             found.append((("verdict", "rule"), f"metric {metric} needs rule best_depth_in or none_measured"))
+        if c.baseline_models and metric not in RATIO_METRICS:
+            found.append(
+                (
+                    ("conditions", "baseline_models"),
+                    f"a baseline pairs with a ratio: metric {' or '.join(RATIO_METRICS)}",
+                )
+            )
         least = MIN_MACHINES_NAMED_CHIP if self.named_chip else MIN_MACHINES_FLEET
         if self.min_machines < least:
             found.append((("verdict", "min_machines"), _floor_words(least)))

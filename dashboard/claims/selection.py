@@ -78,8 +78,9 @@ def _spelled(column: str, normalised: str, param: str) -> str:
 
 def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
     """The claim's conditions as (name, SQL condition on a run's typed columns), each an exact
-    match, with their named parameters. Baselines of the same system, models, chips and
-    sampler are selected with the arm; a claim of any depth has no depth condition."""
+    match, with their named parameters. Baselines of the same system, models (baseline_models'
+    files where the claim names them), chips and sampler are selected with the arm; a claim of
+    any depth has no depth condition."""
     c = claim.conditions
     out = [
         ("engine", "engine = $engine"),
@@ -101,11 +102,22 @@ def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
         if c.get(name) is not None:
             out.append((name, f"list_contains(${name}::{declared.sql_type(setting)}[], {name})"))
             params[name] = _as_list(c[name])
-    if c.get("models"):
-        out.append(("models", "list_contains($models::VARCHAR[], lower(trim(target_reference)))"))
+    reference = "lower(trim(target_reference))"
+    if claim.baseline_models:  # the baselines are of these files, the arm of the models
+        arm = f"list_contains($models::VARCHAR[], {reference})" if c.get("models") else "true"
+        both = (
+            f"CASE WHEN method = 'baseline' THEN list_contains($baseline_models::VARCHAR[], {reference}) ELSE {arm} END"
+        )
+        out.append(("models", both))
+        params["baseline_models"] = [m.strip().lower() for m in claim.baseline_models]
+        if c.get("models"):
+            params["models"] = [m.strip().lower() for m in c["models"]]
+    elif c.get("models"):
+        out.append(("models", f"list_contains($models::VARCHAR[], {reference})"))
         params["models"] = [m.strip().lower() for m in c["models"]]
     if c.get("digests"):
-        out.append(("digests", "list_contains($digests::VARCHAR[], target_digest)"))
+        digest = "list_contains($digests::VARCHAR[], target_digest)"  # the arm's, not baseline_models'
+        out.append(("digests", f"(method = 'baseline' OR {digest})" if claim.baseline_models else digest))
         params["digests"] = list(c["digests"])
     if c.get("quantisation"):
         out.append(("quantisation", _spelled("target_quantisation", _norm_sql("v"), "quantisation")))

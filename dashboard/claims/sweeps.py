@@ -80,8 +80,15 @@ def sweep_yaml(claim: Claim) -> str:
         doc["target"] = {"chips": [chip]}
     if c.get("memory_gb") is not None:  # a machine's memory is measured, not set: the sweep targets it
         doc.setdefault("target", {})["min_memory_gb"] = min(_as_list(c["memory_gb"]))
+    by_engine: dict[str, Any] = {e: dict(models) for e in engines}
+    if claim.baseline_models:  # the source's baseline files: their cells run the baseline alone
+        gguf_dir = target.rsplit("/", 1)[0] if "/" in target else "/models"
+        by_engine[engine] = [dict(models)] + [
+            {"target": f"{gguf_dir}/{name}", "baseline_only": True} for name in claim.baseline_models
+        ]
+        notes.append(f"the baseline is the source's, on {', '.join(claim.baseline_models)} (baseline_only)")
     doc.update(
-        models={e: dict(models) for e in engines},
+        models=by_engine,
         engines=engines,
         samplers=[dict(c.get("sampler") or {"temperature": 0})],
         prompt_sets=[c.get("prompt_set") or (_as_list(c.get("prompt_category")) or ["conversation"])[0]],
