@@ -53,7 +53,7 @@ _SETTINGS = (
 _PER_PROMPT = (
     f"SELECT * FROM (SELECT {versions.SETTING_SQL} AS setting, {versions.VERSION_SQL} AS version, chip, method,"
     " depth, machine_id, prompt_id, avg(ln(decode_tokens_per_second)) AS log_tps,"
-    " ln(nullif(avg(tokens_accepted / nullif(tokens_drafted, 0)), 0)) AS log_acceptance, count(*) AS repeats,"
+    f" {versions.ACCEPTANCE_SQL}, count(*) AS repeats,"
     " min(seq) AS first_seq, any_value(engine) AS engine, any_value(target_reference) AS model"
     f" FROM {speedup.valid_sql('runs')} WHERE list_contains($digests, target_digest)"
     f" AND method != '{VERIFY_COST}' AND decode_tokens_per_second > 0 AND env_nominal IS DISTINCT FROM false"

@@ -734,7 +734,7 @@ SETTING_COLUMNS += ["sampler", "versions"]
 
 def version_per_prompt(db, f: Filters, several: bool = False) -> pd.DataFrame:
     """specfleet/versions.py's input: per setting, version, chip, arm, machine and prompt, the
-    mean log decode tok/s over the prompt's repeats, the log of the mean acceptance rate, the
+    mean log decode tok/s over the prompt's repeats, the acceptance (versions.ACCEPTANCE_SQL), the
     repeats and the first ingest sequence; with what names the setting. Only runs that may
     enter a figure (specfleet.speedup: the job's current attempt, nominal or unknown, never
     lossy, a speed above 0); `f.comparable` is ignored (a group holds one version). With
@@ -754,7 +754,7 @@ def version_per_prompt(db, f: Filters, several: bool = False) -> pd.DataFrame:
         source = f"(SELECT * FROM {source} WHERE list_contains($several::VARCHAR[], comparable))"
     return db.query(
         f"SELECT {SETTING_ID} AS setting, {VERSION_LABEL} AS version, chip, method, depth, machine_id, prompt_id,"
-        " avg(ln(decode_tokens_per_second)) AS log_tps, ln(nullif(avg(acceptance_rate), 0)) AS log_acceptance,"
+        f" avg(ln(decode_tokens_per_second)) AS log_tps, {versions.ACCEPTANCE_SQL},"
         " count(*) AS repeats, min(seq) AS first_seq, any_value(system_label) AS system_label,"
         " any_value(engine) AS engine, any_value(model) AS model, any_value(draft_model) AS draft_model,"
         " any_value(prompt_set) AS prompt_set, any_value(context_tokens) AS context_tokens,"

@@ -74,7 +74,17 @@ FIGURES = (DECODE, SPEEDUP, ACCEPTANCE)
 
 KEYS = ("setting", "chip", "figure", "method", "depth")
 COLUMNS = [*KEYS, "old", "new", "ratio", "ci_low", "ci_high", "change", "raw_change", "p_value", "adjusted_p"]
-COLUMNS += ["machines", "prompts", "unpaired_machines", "how", "why"]
+COLUMNS += ["machines", "prompts", "unpaired_machines", "pooled_old", "pooled_new", "how", "why"]
+
+# A prompt's acceptance, SQL over its runs (every engine records tokens_accepted and
+# tokens_drafted): `log_acceptance`, the log of the mean of the runs' rates (the figure judged,
+# a prompt one unit); `accepted` and `drafted`, their sums, for the pooled ratio accepted /
+# drafted that llama-server itself reports, shown beside the figure (pooled_old, pooled_new)
+# and never judged.
+ACCEPTANCE_SQL = (
+    "ln(nullif(avg(tokens_accepted / nullif(tokens_drafted, 0)), 0)) AS log_acceptance,"
+    " sum(tokens_accepted) AS accepted, sum(tokens_drafted) AS drafted"
+)
 
 
 def band(tolerance: float = TOLERANCE) -> tuple[float, float]:
@@ -149,6 +159,15 @@ def ratio(old: pd.DataFrame, new: pd.DataFrame, confidence: float = inference.CO
     return inference.estimate(per_prompt, confidence), PAIRED, alone
 
 
+def _pooled(rows: pd.DataFrame) -> float:
+    """accepted / drafted over every run behind `rows` (llama-server's own ratio); NaN for
+    another figure or without token counts."""
+    if "drafted" not in rows or (rows["figure"] != ACCEPTANCE).any():
+        return math.nan
+    drafted = float(rows["drafted"].sum())
+    return float(rows["accepted"].sum()) / drafted if drafted > 0 else math.nan
+
+
 def compare(
     values: pd.DataFrame,
     tolerance: float = TOLERANCE,
@@ -159,8 +178,10 @@ def compare(
     order they were first measured): the ratio new / old with its interval, the decision
     (module docstring) before (`raw_change`) and after (`change`) the false-discovery step
     across every row, the machines and fewest prompts behind it, the machines that ran one
-    version only. `values` needs KEYS, version, machine_id, prompt_id and value (log scale);
-    repeats and first_seq when it has them."""
+    version only, and for acceptance the pooled ratio accepted / drafted of each version's runs
+    (pooled_old, pooled_new; NaN without token counts). `values` needs KEYS, version,
+    machine_id, prompt_id and value (log scale); repeats, first_seq, accepted and drafted when
+    it has them."""
     low, high = band(tolerance)
     if values.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -170,9 +191,13 @@ def compare(
         present = set(group["version"])
         versions = [v for v in orders[key[0]] if v in present]
         for old, new in zip(versions, versions[1:]):
-            e, how, alone = ratio(group[group["version"] == old], group[group["version"] == new])
+            before, after = group[group["version"] == old], group[group["version"] == new]
+            e, how, alone = ratio(before, after)
             d = inference.decide(e, low, high, min_machines=min_machines, min_prompts=min_prompts)
-            rows.append(dict(zip(KEYS, key)) | dict(old=old, new=new, how=how, unpaired_machines=alone, note=e.note))
+            pooled = dict(pooled_old=_pooled(before), pooled_new=_pooled(after))
+            rows.append(
+                dict(zip(KEYS, key)) | dict(old=old, new=new, how=how, unpaired_machines=alone, note=e.note) | pooled
+            )
             decisions.append(d)
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
@@ -212,9 +237,11 @@ def figures(per_prompt: pd.DataFrame) -> pd.DataFrame:
     version, machine and prompt with `log_tps` (mean log decode tok/s over the prompt's
     repeats), `log_acceptance` (log of the mean acceptance rate; NaN for the baseline) and
     `repeats`: decode tok/s of every arm; the speedup of each speculative arm (its log_tps less
-    the baseline's on the same machine, prompt and version); its acceptance rate."""
+    the baseline's on the same machine, prompt and version); its acceptance rate, with the
+    prompt's `accepted` and `drafted` token sums where per_prompt has them (ACCEPTANCE_SQL)."""
     cols = ["setting", "chip", "method", "depth", "version", "machine_id", "prompt_id", "repeats"]
     cols += [c for c in ("first_seq",) if c in per_prompt]
+    counts = [c for c in ("accepted", "drafted") if c in per_prompt]
     if per_prompt.empty:
         return pd.DataFrame(columns=[*KEYS, "version", "machine_id", "prompt_id", "value", "repeats"])
     decode = per_prompt[cols].assign(figure=DECODE, value=per_prompt["log_tps"])
@@ -224,7 +251,7 @@ def figures(per_prompt: pd.DataFrame) -> pd.DataFrame:
     paired = arms.merge(base[[*on, "log_tps"]], on=on, suffixes=("", "_base"))
     speedup = paired[cols].assign(figure=SPEEDUP, value=paired["log_tps"] - paired["log_tps_base"])
     accepted = arms[np.isfinite(arms["log_acceptance"].astype(float))]
-    acceptance = accepted[cols].assign(figure=ACCEPTANCE, value=accepted["log_acceptance"].astype(float))
+    acceptance = accepted[cols + counts].assign(figure=ACCEPTANCE, value=accepted["log_acceptance"].astype(float))
     return pd.concat([decode, speedup, acceptance], ignore_index=True)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from specfleet import versions
 from tests.support.versions import HIT, NEW, OLD, PLANTED, SPARED, per_prompt
 
@@ -95,6 +97,15 @@ def test_the_dashboards_query_finds_the_planted_regression_alone(fleet_db):
     assert not spared["change"].isin([versions.REGRESSION, versions.GAIN]).any()
     speeds = spared[spared["figure"].isin([versions.DECODE, versions.SPEEDUP])]  # acceptance is rounded to tokens
     assert set(speeds["change"]) == {versions.UNCHANGED}
+    # beside the judged acceptance, llama-server's own ratio: accepted / drafted over every run of
+    # each version (tests/support/versions.py stores three repeats of 12 x depth drafts a prompt)
+    fleet = fleet_rows()
+    for r in rows[rows["figure"] == versions.ACCEPTANCE].itertuples():
+        for version, pooled in ((r.old, r.pooled_old), (r.new, r.pooled_new)):
+            runs = fleet[(fleet["chip"] == r.chip) & (fleet["version"] == version) & (fleet["depth"] == r.depth)]
+            accepted = sum(3 * round(12 * r.depth * math.exp(a)) for a in runs["log_acceptance"])
+            assert pooled == pytest.approx(accepted / (3 * 12 * r.depth * len(runs)))
+    assert rows.loc[rows["figure"] != versions.ACCEPTANCE, ["pooled_old", "pooled_new"]].isna().all().all()
 
 
 def test_comparable_groups_still_split_by_version(fleet_db):
@@ -120,6 +131,9 @@ def test_the_versions_page_shows_the_one_regression(fleet_db, monkeypatch):
     assert not at.success and len(at.get("vega_lite_chart")) == 1
     shown = [d.value for d in at.dataframe if "change" in d.value.columns][0]
     assert set(shown[shown["change"] == versions.REGRESSION]["chip"]) == {HIT}
+    accepted = shown[shown["figure"] == versions.ACCEPTANCE]  # the pooled ratio shown beside the figure
+    assert len(accepted) and accepted[["pooled_old", "pooled_new"]].notna().all().all()
+    assert "pooled" in " ".join(c.value for c in at.caption)
 
 
 def test_the_reports_section_names_the_one_regression(fleet_db):

@@ -154,7 +154,7 @@ def _change_rows(claim: Claim, con) -> list[dict]:
     per_prompt = con.execute(
         f"SELECT {versions.SETTING_SQL} AS setting, {versions.VERSION_SQL} AS version, chip, method, depth,"
         " machine_id, prompt_id, avg(ln(decode_tokens_per_second)) AS log_tps,"
-        " ln(nullif(avg(tokens_accepted / nullif(tokens_drafted, 0)), 0)) AS log_acceptance, count(*) AS repeats,"
+        f" {versions.ACCEPTANCE_SQL}, count(*) AS repeats,"
         f" min(seq) AS first_seq FROM {speedup.valid_sql(_FLEET, DONE_JOBS)} WHERE {where}"
         " AND decode_tokens_per_second > 0 AND env_nominal IS DISTINCT FROM false AND lossless IS DISTINCT FROM false"
         " GROUP BY ALL",

@@ -31,7 +31,9 @@ st.caption(
     " machine in common the interval is Welch's t over machine means (wider). A regression or gain is called only"
     f" when the whole interval lies beyond ±{tolerance:.1%} (after the false-discovery step over every row shown);"
     " unchanged when it lies inside. Conbench and Bencher call a change on statistical distance alone; here it must"
-    " also exceed the tolerance."
+    " also exceed the tolerance. Acceptance is judged as the mean of the runs' rates, prompt by prompt; beside it,"
+    " pooled_old and pooled_new are accepted / drafted over all of each version's runs (the ratio llama-server"
+    " reports), shown and not judged."
 )
 st.dataframe(settings, hide_index=True)
 rows = data.version_changes(v, f, tolerance)
