@@ -6,6 +6,8 @@ llama-server is settled by llama-server's runs with our loop's beside it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from tests.support.dashboard import GGUF_9B, MLX_27B, fingerprint, frame, group_
 from tests.support.fleet import enrol
 
 PROMPTS, REPEATS = 3, 2
+GGUF_9B_PLAIN = dataclasses.replace(GGUF_9B, reference="Qwen3.5-9B-Q4_K_M.gguf", digest="e" * 64, has_mtp=False)
 LLAMA_SERVER = dict(
     engine="llama-server",
     system="llama-server",
@@ -26,6 +29,7 @@ COMMANDS = {
     " --spec-type draft-mtp --spec-draft-n-max 2",
     ("llama-server", "ngram-mod"): "llama-server -m Qwen3.5-9B-MTP-Q4_K_M.gguf -ngl 99 --port 41003"
     " --spec-type ngram-mod",
+    ("llama-server", "non-MTP baseline"): "llama-server -m Qwen3.5-9B-Q4_K_M.gguf -ngl 99 --port 41006",
     ("MTPLX", "baseline"): "mtplx serve --model Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed --port 41004",
     ("MTPLX", "mtp"): "mtplx serve --model Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed --mtp --depth 3 --port 41005",
 }
@@ -39,7 +43,7 @@ def cell(job_id, rng, method, depth, base_tps, ratio, server=None, disagree=(), 
     out = []
     for repeat in range(REPEATS):
         for p in range(PROMPTS):
-            common = {"prompt_id": f"code-{p + 1:02d}", "repeat": repeat, "target": GGUF_9B, **fields}
+            common = {"prompt_id": f"code-{p + 1:02d}", "repeat": repeat, "target": GGUF_9B} | fields
             base = base_tps * (1 + rng.normal(0, 0.01))
             for m, d, tps in (("baseline", 0, base), (method, depth, base * ratio * (1 + rng.normal(0, 0.01)))):
                 extra = {}
@@ -80,6 +84,17 @@ def seed_fleet(coordinator):
         lambda j: cell(j, rng, "draft-mtp", 2, 25.3, 0.87, LLAMA_SERVER, disagree={(0, 0), (1, 1)}),
     )
     job(mbp, "ngram-mod", lambda j: cell(j, rng, "ngram-mod", 64, 25.3, 1.1, LLAMA_SERVER, warm=True))
+    # the bug report's baseline, the non-MTP file, on the same Mac: the draft-mtp claims' denominator
+    command = COMMANDS[("llama-server", "non-MTP baseline")]
+    job(
+        mbp,
+        "non-mtp-baseline",
+        lambda j: [
+            dataclasses.replace(r, server_command=command)
+            for r in cell(j, rng, "draft-mtp", 2, 25.3, 1.0, LLAMA_SERVER, target=GGUF_9B_PLAIN)
+            if r.method == "baseline"
+        ],
+    )
     job(mbp, "ours", lambda j: cell(j, rng, "mtp", 2, 25.3, 1.05, engine="llama.cpp"))
     job(mini, "mtplx", lambda j: cell(j, rng, "mtp", 3, 12.0, 2.4, MTPLX, target=MLX_27B))
     return truth
@@ -131,8 +146,10 @@ def test_compare_offers_each_system_apart_and_shows_the_servers_figures(page):
     truth = page.truth
     labels = group_ids(at)
     # one group per system (llama-server's two spec types on one model are one group's arms): never pooled
-    by_system = {label.split(" · ")[0]: g for label, g in labels.items()}
-    assert sorted(by_system) == ["MTPLX (openai)", "llama-server", "specfleet llama.cpp"] and len(labels) == 3
+    plain = [g for label, g in labels.items() if f" · {GGUF_9B_PLAIN.reference}@" in label]
+    by_system = {label.split(" · ")[0]: g for label, g in labels.items() if g not in plain}
+    assert sorted(by_system) == ["MTPLX (openai)", "llama-server", "specfleet llama.cpp"] and len(labels) == 4
+    assert len(plain) == 1  # the non-MTP file's baselines: other weights, a group of their own
     assert "they differ in target_digest, engine, engine_version, system, server_version." in texts(at)
     assert sorted(at.sidebar.multiselect(key="compare-system").options) == sorted(by_system)
 
