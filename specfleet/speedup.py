@@ -45,10 +45,14 @@ COMPARABLE_ID = (
 )
 
 
-_SAME_KEYS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS)
+def _same(keys) -> str:
+    return " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in keys)
+
+
+_SAME_KEYS = _same(CHECKED_KEYS)
 # The weights: what a baseline of other files (a claim's baseline_models) differs in, and nothing else.
 WEIGHT_KEYS = ("target_digest", "draft_digest")
-_SAME_BUT_WEIGHTS = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in CHECKED_KEYS if k not in WEIGHT_KEYS)
+_SAME_BUT_WEIGHTS = _same(k for k in CHECKED_KEYS if k not in WEIGHT_KEYS)
 # Step 2's pair: the baseline of the same attempt, prompt and repeat, equal on every checked key;
 # or, across weights, the same machine's baseline of the same prompt and repeat, equal on every
 # checked key but the weights (another job: the source's baseline on other files).

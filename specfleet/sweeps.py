@@ -131,7 +131,8 @@ class Sweep:
         for engine, model, (build, arms) in (
             (e, m, group) for e in self.engines for m in self.models[e] for group in self.arm_groups(e)
         ):
-            if model.get("baseline_only"):
+            alone = bool(model.get("baseline_only"))  # the source's baseline file: the baseline arm alone
+            if alone:
                 arms = [a for a in arms if a.method == "baseline"]
                 if not arms:
                     continue
@@ -157,9 +158,7 @@ class Sweep:
                                 arms=tuple(arms),
                                 sampler=sampler,
                                 settings=settings,
-                                verify_cost=self.verify_cost
-                                if engine in IN_PROCESS_ENGINES and not model.get("baseline_only")
-                                else None,
+                                verify_cost=self.verify_cost if engine in IN_PROCESS_ENGINES and not alone else None,
                                 server=server,
                                 **{s.name: getattr(self, s.name) for s in declared.JOB_SPEC_FIELDS},
                             )

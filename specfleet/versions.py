@@ -160,9 +160,9 @@ def ratio(old: pd.DataFrame, new: pd.DataFrame, confidence: float = inference.CO
 
 
 def _pooled(rows: pd.DataFrame) -> float:
-    """accepted / drafted over every run behind `rows` (llama-server's own ratio); NaN for
-    another figure or without token counts."""
-    if "drafted" not in rows or (rows["figure"] != ACCEPTANCE).any():
+    """accepted / drafted over every run behind `rows` (llama-server's own ratio); NaN without
+    token counts (figures() gives them to acceptance rows alone)."""
+    if "drafted" not in rows:
         return math.nan
     drafted = float(rows["drafted"].sum())
     return float(rows["accepted"].sum()) / drafted if drafted > 0 else math.nan

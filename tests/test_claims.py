@@ -293,6 +293,8 @@ Q9B = ModelIdentity(
     parameters=9_400_000_000,
     quantisation="Q4_K_M",
 )
+# the bug report's baseline, the non-MTP file of the same model
+Q9B_PLAIN = dataclasses.replace(Q9B, reference="Qwen3.5-9B-Q4_K_M.gguf", digest=sha("q9b plain"))
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = inference.REPRODUCED, inference.CONTRADICTED, inference.INCONCLUSIVE
 
 
@@ -491,10 +493,9 @@ def test_runs_outside_the_conditions_do_not_count():
     server = dict(engine="llama-server", method="draft-mtp", system="llama-server")
     decoys = fleet_runs("Apple M1 Max", "g", "j8", ratios, **server)
     # the claim's baseline is the bug report's, the non-MTP file: machine g's job of it
-    plain = dataclasses.replace(Q9B, reference="Qwen3.5-9B-Q4_K_M.gguf", digest=sha("q9b plain"))
     decoys += [
         r
-        for r in fleet_runs("Apple M1 Max", "g", "j8-plain", ratios, **server, model=plain)
+        for r in fleet_runs("Apple M1 Max", "g", "j8-plain", ratios, **server, model=Q9B_PLAIN)
         if r["method"] == "baseline"
     ]
     decoys += fleet_runs("Apple M1 Max", "h", "j9", ratios, engine="openai", system="oMLX")
@@ -567,7 +568,6 @@ def test_models_quantisation_and_architecture_match_exactly():
     assert matched(Q9B, by_digest) == 12 and matched(dataclasses.replace(Q9B, digest=sha("other")), by_digest) == 0
 
 
-Q9B_PLAIN = dataclasses.replace(Q9B, reference="Qwen3.5-9B-Q4_K_M.gguf", digest=sha("q9b plain"))
 LLAMA_SERVER = dict(engine="llama-server", system="llama-server")  # Settings(): kv_cache_type f16
 
 

@@ -103,18 +103,15 @@ def conditions(claim: Claim) -> tuple[list[tuple[str, str]], dict]:
             out.append((name, f"list_contains(${name}::{declared.sql_type(setting)}[], {name})"))
             params[name] = _as_list(c[name])
     reference = "lower(trim(target_reference))"
-    if claim.baseline_models:  # the baselines are of these files, the arm of the models
-        arm = f"list_contains($models::VARCHAR[], {reference})" if c.get("models") else "true"
-        both = (
-            f"CASE WHEN method = 'baseline' THEN list_contains($baseline_models::VARCHAR[], {reference}) ELSE {arm} END"
-        )
-        out.append(("models", both))
-        params["baseline_models"] = [m.strip().lower() for m in claim.baseline_models]
-        if c.get("models"):
-            params["models"] = [m.strip().lower() for m in c["models"]]
-    elif c.get("models"):
-        out.append(("models", f"list_contains($models::VARCHAR[], {reference})"))
+    arm_models = f"list_contains($models::VARCHAR[], {reference})" if c.get("models") else None
+    if c.get("models"):
         params["models"] = [m.strip().lower() for m in c["models"]]
+    if claim.baseline_models:  # the baselines are of these files, the arm of the models
+        params["baseline_models"] = [m.strip().lower() for m in claim.baseline_models]
+        baseline = f"list_contains($baseline_models::VARCHAR[], {reference})"
+        out.append(("models", f"CASE WHEN method = 'baseline' THEN {baseline} ELSE {arm_models or 'true'} END"))
+    elif arm_models:
+        out.append(("models", arm_models))
     if c.get("digests"):
         digest = "list_contains($digests::VARCHAR[], target_digest)"  # the arm's, not baseline_models'
         out.append(("digests", f"(method = 'baseline' OR {digest})" if claim.baseline_models else digest))
