@@ -15,7 +15,8 @@ that batching changes it by at that very position (the same prefix with its last
 forward pass, for every r from 2 to the arm's verify batch of depth + 1: the engine's own
 batch-vs-single test, run where it matters). A near-tie run keeps `lossless` None and stays in the
 figures labelled "diverged at a near-tie"; any other divergence is a defect (`lossless` false), as
-is one whose margin cannot be read (the openai engine has no logit_margin; llama-server's is its n_probs).
+is one whose margin cannot be read (the openai engine has no logit_margin; llama-server's is its n_probs),
+which records why (`divergence_cause`).
 
 NEAR_TIE_LOGITS comes from that test on the tiny models (tests/test_divergence.py, which fails if
 it no longer holds): the largest single-row-vs-batch logit difference is 1.7e-3 on the float32
@@ -78,22 +79,25 @@ class Divergences:
         out.update(divergence_token=ours, divergence_reference_token=theirs)
         if check != "greedy reference":
             return out  # a sampled draw has no margin to judge
-        margin, threshold, tied = self._margin(tuple(prompt) + tuple(reference[:at]), ours, theirs, rows)
+        margin, threshold, tied, cause = self._margin(tuple(prompt) + tuple(reference[:at]), ours, theirs, rows)
+        out["divergence_cause"] = cause
         if margin is not None:
             out.update(divergence_margin=margin, divergence_threshold=threshold)
         if tied:
             out.update(lossless=None, divergence="near-tie")
         return out
 
-    def _margin(self, prefix: tuple, ours: int, theirs: int, rows: int) -> tuple[float | None, float | None, bool]:
+    def _margin(self, prefix: tuple, ours: int, theirs: int, rows: int) -> tuple[float | None, float | None, bool, str]:
         key = (prefix, ours, theirs, rows)
         if key not in self._margins:
             self._margins[key] = self._measure(prefix, ours, theirs, rows)
         return self._margins[key]
 
     def _measure(self, prefix: tuple, ours: int, theirs: int, rows: int):
+        """(margin, threshold, near-tie, cause): the cause is "" when the margin was measured,
+        else why not (the record's divergence_cause)."""
         if not supports(self.engine, LogitMargins):
-            return None, None, False
+            return None, None, False, f"{getattr(self.engine, 'name', 'the engine')} reads no logits: no margin"
         margin_of = self.engine.logit_margin
         position, pair = len(prefix), (theirs, ours)
         try:
@@ -104,7 +108,7 @@ class Divergences:
             batches = [margin_of(prefix, position, r, pair) for r in range(2, max(1, min(rows, position)) + 1)]
         except EngineError as e:
             log.warning("no logit margin at a divergence: %s", e)
-            return None, None, False
+            return None, None, False, str(e)
         noise = max((abs(single.margin - b.margin) for b in batches), default=0.0)
         threshold = max(self.floor, NOISE_FACTOR * noise)
-        return abs(single.margin), threshold, abs(single.margin) < threshold
+        return abs(single.margin), threshold, abs(single.margin) < threshold, ""

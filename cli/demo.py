@@ -324,6 +324,7 @@ def summary_table(runs, jobs) -> str:
     differ = speedup.what_differs(groups.reset_index())
     if differ:
         lines += [f"{len(groups)} comparable groups, never pooled: they differ in {', '.join(differ)}", ""]
+    lines += _defects(con)
     lines += _same_tokens(con)
     lines += _verify_cost_lines(con)
     return "\n".join(lines).rstrip()
@@ -388,6 +389,34 @@ def _verify_cost_lines(con) -> list[str]:
         + " ".join(f"{t / seconds[0]:.2f}" for t in seconds)
         for engine, context, seconds in curves
     ]
+
+
+def _defects(con) -> list[str]:
+    """Why each arm marked lossless NO is: per arm and prompt, where its runs left their reference
+    (agent/divergence.py: the generated-token index, the run's token for the reference's), in how
+    many of its runs, and the target's margin there against the near-tie threshold, or why no
+    margin was measured (divergence_cause)."""
+    rows = con.execute(
+        f"SELECT {_SYSTEM_SQL} AS system, method, depth, prompt_id, divergence_position::BIGINT,"
+        " divergence_token::BIGINT, divergence_reference_token::BIGINT, any_value(divergence_margin),"
+        " any_value(divergence_threshold), any_value(divergence_cause), count(*)"
+        " FROM runs WHERE divergence = 'defect' GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+    out = []
+    for system, method, depth, prompt, at, ours, theirs, margin, threshold, cause, runs in rows:
+        pair = f" ({ours} for {theirs})" if ours is not None else ""
+        why = (
+            f"margin {margin:.3f} against a near-tie threshold of {threshold:.3f}"
+            if margin is not None
+            else f"no margin: {cause}"
+            if cause
+            else "no margin measured"
+        )
+        out.append(
+            f"lossless NO: {system} {method} {depth} on {prompt} left its reference at token {at}{pair}"
+            f" in {runs} run(s): {why}"
+        )
+    return [*out, ""] if out else []
 
 
 def _same_tokens(con) -> list[str]:

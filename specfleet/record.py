@@ -70,6 +70,8 @@ SCHEMA_HISTORY: dict[int, tuple[str, tuple[str, ...]]] = {
     7: ("IOReport's split of a Mac run's energy (025); env_before/env_after thermal_pressure (026), a part's "
         "field that an older record lacks (None)",
         ("energy_cpu_joules", "energy_gpu_joules", "energy_ane_joules", "energy_dram_joules")),
+    8: ("sampler xtc_probability (027)", ()),
+    9: ("why a greedy divergence has no margin (028)", ("divergence_cause",)),
 }  # fmt: skip
 
 
@@ -502,6 +504,11 @@ class RunRecord:
     divergence_reference_token: Tokens | None = None
     divergence_margin: Joules | None = None
     divergence_threshold: Joules | None = None
+    # Why a greedy divergence's margin is unknown, so that it is a defect without one (schema 9):
+    # the engine's own refusal ("llama-server: token(s) [7] not among the top 20 at position 88"),
+    # or that the engine reads no logits; "" where the margin was measured; None where none was
+    # asked for (no divergence, a sampled check, one output longer than the other).
+    divergence_cause: Text | None = None
     # Why this arm's drafter cannot draft within max_new_tokens at its settings ("" when it can;
     # None: not judged, as before schema 4).
     drafter_warning: Text | None = None

@@ -76,6 +76,23 @@ def test_a_near_tie_is_labelled_and_kept():
     assert "near-tie: a run's output left the baseline's" in text
 
 
+def test_a_defect_says_where_and_why_margin_or_not():
+    """Each lossless NO is explained per prompt: the token where the runs left their reference,
+    and the margin against its threshold, or the reason none was measured."""
+    measured = {"lossless": False, "divergence": "defect", "divergence_position": 39, "divergence_token": 393}
+    measured.update(divergence_reference_token=75, divergence_margin=0.9, divergence_threshold=0.25)
+    measured.update(divergence_cause="")
+    jobs = pa.Table.from_pandas(jobs_of(repeats([100.0])))
+    text = summary_table(pa.Table.from_pandas(repeats([100.0, 100.0], **measured)), jobs)
+    assert next(line for line in text.splitlines() if line.startswith("mlx ") and " draft " in line).split()[7] == "NO"
+    said = "lossless NO: mlx draft 2 on code-01 left its reference at token 39 (393 for 75) in 2 run(s): margin"
+    assert f"{said} 0.900 against a near-tie threshold of 0.250" in text, text
+    cause = "llama-server: token(s) [393] not among the top 20 at position 91: no margin"
+    unmeasured = {**measured, "divergence_margin": None, "divergence_threshold": None, "divergence_cause": cause}
+    text = summary_table(pa.Table.from_pandas(repeats([100.0, 100.0], **unmeasured)), jobs)
+    assert f"in 2 run(s): no margin: {cause}" in text, text
+
+
 def test_the_greedy_baselines_of_two_systems_are_compared_token_for_token():
     runs = repeats([100.0, 100.0])
     server = runs[runs.method == "baseline"].assign(system="llama-server", threads=1)

@@ -126,6 +126,27 @@ def test_the_label_follows_the_margin_and_what_the_batch_does_to_it(single, batc
     assert judged["divergence"] == label and judged["lossless"] is (None if label == "near-tie" else False)
     assert judged["divergence_margin"] == pytest.approx(abs(single))
     assert judged["divergence_threshold"] == pytest.approx(max(NEAR_TIE_LOGITS, NOISE_FACTOR * abs(single - batch)))
+    assert judged["divergence_cause"] == ""  # measured
+
+
+class Refusing(Margins):
+    """An engine whose margin at the divergence cannot be read, as llama-server's when the pair is
+    not among its top n_probs."""
+
+    def logit_margin(self, tokens, position, rows=1, pair=None):
+        self.calls += 1
+        raise EngineError(f"llama-server: token(s) [{pair[1]}] not among the top 20 at position {position}: no margin")
+
+
+def test_a_margin_the_engine_cannot_read_is_a_defect_that_says_why():
+    engine = Refusing(0.0, 0.0)
+    judged = Divergences(engine).judge([1, 2], RUN, REFERENCE, "greedy reference", 4)
+    assert (judged["divergence"], judged["lossless"], judged["divergence_position"]) == ("defect", False, 2)
+    assert "divergence_margin" not in judged and "divergence_threshold" not in judged
+    assert judged["divergence_cause"] == f"llama-server: token(s) [{B}] not among the top 20 at position 4: no margin"
+    # A sampled check has no margin to ask for, so no cause either.
+    sampled = Divergences(engine).judge([1, 2], RUN, REFERENCE, "same-seed baseline", 4)
+    assert "divergence_cause" not in sampled and engine.calls == 1
 
 
 def test_no_margin_known_is_a_defect_and_equal_outputs_are_lossless():
@@ -136,6 +157,7 @@ def test_no_margin_known_is_a_defect_and_equal_outputs_are_lossless():
         "divergence_position": 2,
         "divergence_token": B,
         "divergence_reference_token": A,
+        "divergence_cause": "the engine reads no logits: no margin",
     }
     assert Divergences(object()).judge([1], REFERENCE, REFERENCE, "greedy reference", 4) == {
         "lossless": True,
@@ -233,7 +255,11 @@ def test_the_protocol_records_the_divergence_once_per_prompt_and_a_text_sample()
     # Stored and read back unchanged.
     assert RunRecord.from_row(drafts[0].row()) == drafts[0]
     defects = [r for r in _job(Margins(0.15, 0.15)) if r.method == "draft"]
-    assert {(r.divergence, r.lossless) for r in defects} == {("defect", False)}
+    assert {(r.divergence, r.lossless, r.divergence_cause) for r in defects} == {("defect", False, "")}
+    unread = [r for r in _job(Refusing(0.0, 0.0)) if r.method == "draft"]
+    assert {(r.divergence, r.divergence_margin) for r in unread} == {("defect", None)}
+    assert all(r.divergence_cause.endswith("not among the top 20 at position 5: no margin") for r in unread)
+    assert RunRecord.from_row(unread[0].row()) == unread[0]
 
 
 def _stored(method, repeat, tps, **fields) -> dict:

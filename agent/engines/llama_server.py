@@ -285,6 +285,7 @@ class LlamaServerEngine:
         self._version: dict[str, str] | None = None
         self._started = 0
         self._texts: dict[tuple[int, ...], str] = {}  # the last TEXTS_KEPT runs' streamed text, by their tokens
+        self._filled: dict[tuple[int, ...], tuple[int, ...]] = {}  # prefixes with held-back ids -> their ids
 
     # ------------------------------------------------------------------ servers
 
@@ -530,14 +531,16 @@ class LlamaServerEngine:
         generated token is never decoded), a second sends tokens[:position] with cache_prompt, so
         that its last `rows` tokens are one batch on top of the cache (rows 1: one-token
         decoding, as the baseline runs), and the first generated token's probabilities are those
-        of `position`. Both requests count as served (`served`). EngineError when a token of the
-        pair (or, without one, the second best) is not among the top MARGIN_PROBS, or when a token
-        up to the position is one whose id the stream held back (UNKNOWN_ID)."""
+        of `position`. Ids the stream held back (UNKNOWN_ID) before the position are filled first
+        (`_fill`). Every request counts as served (`served`). EngineError when a token of the pair
+        (or, without one, the second best) is not among the top MARGIN_PROBS, when the pair holds
+        an UNKNOWN_ID, or when the held-back ids cannot be filled."""
         problem = margin_problem(tokens, position, rows)
-        if not problem and UNKNOWN_ID in (*tokens[:position], *(pair or ())):
-            problem = "logit_margin: the stream held back a token's id (UNKNOWN_ID) before or at the position"
+        if not problem and UNKNOWN_ID in (pair or ()):
+            problem = "logit_margin: a token of the pair is one whose id the stream held back (UNKNOWN_ID)"
         if problem:
             raise EngineError(problem)
+        tokens = self._fill(tokens[:position])
         key = ("baseline", 0, ())
         server = self._server_for(key)
         body = {"n_predict": 1, "n_probs": MARGIN_PROBS, "id_slot": 0, "cache_prompt": True, "ignore_eos": True}
@@ -571,6 +574,48 @@ class LlamaServerEngine:
         if len(top) < 2:
             raise EngineError(f"llama-server: fewer than two tokens with a probability at position {position}")
         return top_two(logits)
+
+    def _fill(self, prefix: Sequence[int]) -> tuple[int, ...]:
+        """The prefix with the ids its stream held back (UNKNOWN_ID) filled in: one non-streamed
+        greedy /completion on the baseline's server from the tokens before the first held-back id,
+        for the rest of the prefix (a non-streamed answer carries every generated id: `tokens`),
+        with ignore_eos as the runs have it. Its ids must equal every id the prefix does know:
+        that continuation prefills what the run decoded one token at a time, so at a near-tie it
+        may take another path, and then the prefix's ids stay unknown (EngineError, naming where).
+        Kept for the engine's last TEXTS_KEPT prefixes (a divergence asks once per batch size)."""
+        prefix = tuple(prefix)
+        if UNKNOWN_ID not in prefix:
+            return prefix
+        if prefix in self._filled:
+            return self._filled[prefix]
+        start = prefix.index(UNKNOWN_ID)
+        if start == 0:
+            raise EngineError("logit_margin: the prefix starts with a held-back id (UNKNOWN_ID): nothing to fill from")
+        key = ("baseline", 0, ())
+        server = self._server_for(key)
+        body = {"prompt": list(prefix[:start]), "n_predict": len(prefix) - start, "stream": False, "id_slot": 0}
+        body.update(cache_prompt=False, ignore_eos=True, return_tokens=True, temperature=0.0, top_k=1)
+        try:
+            answer = loopback.post_json(server.port, "/completion", {**body, "samplers": ["top_k"]})
+            self._served[key] += 1
+        except OSError as e:
+            raise server.died(e) from None
+        ids = answer.get("tokens")
+        if not isinstance(ids, list) or len(ids) != len(prefix) - start or not all(isinstance(t, int) for t in ids):
+            raise loopback.BadAnswer(
+                f"{server.name}: a non-streamed /completion of {len(prefix) - start} tokens answered no such "
+                f"list of token ids: {str(ids)[:300]}"
+            )
+        for at, (known, got) in enumerate(zip(prefix[start:], ids), start):
+            if known not in (UNKNOWN_ID, got):
+                raise EngineError(
+                    f"logit_margin: the held-back ids cannot be filled: llama-server's greedy continuation from "
+                    f"token {start} gives {got} at token {at} where the run has {known}"
+                )
+        self._filled[prefix] = filled = prefix[:start] + tuple(ids)
+        while len(self._filled) > TEXTS_KEPT:
+            del self._filled[next(iter(self._filled))]
+        return filled
 
     def _metrics(self, server: ServerProcess) -> str:
         status, body = loopback.request(server.port, "GET", "/metrics")
