@@ -324,7 +324,7 @@ def summary_table(runs, jobs) -> str:
     differ = speedup.what_differs(groups.reset_index())
     if differ:
         lines += [f"{len(groups)} comparable groups, never pooled: they differ in {', '.join(differ)}", ""]
-    lines += _defects(con)
+    lines += _divergences(con)
     lines += _same_tokens(con)
     lines += _verify_cost_lines(con)
     return "\n".join(lines).rstrip()
@@ -391,29 +391,25 @@ def _verify_cost_lines(con) -> list[str]:
     ]
 
 
-def _defects(con) -> list[str]:
-    """Why each arm marked lossless NO is: per arm and prompt, where its runs left their reference
-    (agent/divergence.py: the generated-token index, the run's token for the reference's), in how
+def _divergences(con) -> list[str]:
+    """Where each arm marked lossless NO or near-tie left its reference, per arm and prompt
+    (agent/divergence.py): the generated-token index, the run's token for the reference's, in how
     many of its runs, and the target's margin there against the near-tie threshold, or why no
     margin was measured (divergence_cause)."""
     rows = con.execute(
-        f"SELECT {_SYSTEM_SQL} AS system, method, depth, prompt_id, divergence_position::BIGINT,"
+        f"SELECT divergence, {_SYSTEM_SQL} AS system, method, depth, prompt_id, divergence_position::BIGINT,"
         " divergence_token::BIGINT, divergence_reference_token::BIGINT, any_value(divergence_margin),"
         " any_value(divergence_threshold), any_value(divergence_cause), count(*)"
-        " FROM runs WHERE divergence = 'defect' GROUP BY ALL ORDER BY ALL"
+        " FROM runs WHERE divergence IN ('defect', 'near-tie') GROUP BY ALL ORDER BY ALL"
     ).fetchall()
     out = []
-    for system, method, depth, prompt, at, ours, theirs, margin, threshold, cause, runs in rows:
+    for divergence, system, method, depth, prompt, at, ours, theirs, margin, threshold, cause, runs in rows:
         pair = f" ({ours} for {theirs})" if ours is not None else ""
-        why = (
-            f"margin {margin:.3f} against a near-tie threshold of {threshold:.3f}"
-            if margin is not None
-            else f"no margin: {cause}"
-            if cause
-            else "no margin measured"
-        )
+        against = f" against a near-tie threshold of {threshold:.3g}" if threshold is not None else ""
+        why = f"margin {margin:.3g}{against}" if margin is not None else f"no margin: {cause or 'none measured'}"
+        label = "lossless NO" if divergence == "defect" else "near-tie"
         out.append(
-            f"lossless NO: {system} {method} {depth} on {prompt} left its reference at token {at}{pair}"
+            f"{label}: {system} {method} {depth} on {prompt} left its reference at token {at}{pair}"
             f" in {runs} run(s): {why}"
         )
     return [*out, ""] if out else []
@@ -425,12 +421,14 @@ def _same_tokens(con) -> list[str]:
     (output_sha256), at which thread counts, and on how many more the runs' texts (text_sample,
     the first TEXT_SAMPLE_CHARS characters) are one: llama-server's stream holds back the id of a
     token whose text is incomplete UTF-8 (UNKNOWN_ID), so its token hash differs from ours while
-    its text is the same (frequent with byte tokens; bench/README.md, the CUDA baselines)."""
+    its text is the same (frequent with byte tokens; bench/README.md, the CUDA baselines). The texts
+    are compared without a trailing U+FFFD: a stream never sends the text of an output that ends in
+    incomplete UTF-8, where a detokenized one renders those bytes as U+FFFD."""
     rows = con.execute(
         f"SELECT target_digest, prompt_id, list_sort(list(DISTINCT {_SYSTEM_SQL})) AS systems,"
         " list_sort(list(DISTINCT threads)) AS threads, count(DISTINCT output_sha256) = 1 AS same,"
         f" count(DISTINCT {_SYSTEM_SQL}) FILTER (WHERE text_sample IS NOT NULL) = len(systems)"
-        "  AND count(DISTINCT text_sample) = 1 AS same_text"
+        "  AND count(DISTINCT rtrim(text_sample, '\ufffd')) = 1 AS same_text"
         " FROM runs WHERE method = 'baseline' AND sampler_temperature = 0"
         " GROUP BY target_digest, prompt_id, context_tokens, max_new_tokens HAVING len(systems) > 1"
         " ORDER BY systems, threads, target_digest, prompt_id"
