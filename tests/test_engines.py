@@ -473,6 +473,38 @@ def test_llamacpp_refuses_to_continue_when_rollback_fails(tiny_models, monkeypat
         engine.generate(Request(prompt, NEW_TOKENS, method="draft", depth=4))
 
 
+def test_the_greedy_loop_puts_the_batchs_pointers_back(tiny_models, monkeypatch):
+    """The in-place loop decodes with row 0's token pointer on its argmax's output and its
+    positions pointer NULL: both are put back when it ends, and when a decode fails inside it, so
+    that the next run's batch (and llama_batch_free) sees the batch's own arrays."""
+    import ctypes
+
+    import llama_cpp as ll
+
+    engine = make_engine("llama.cpp")
+    engine.load(str(tiny_models.gguf_target))
+    prompt = engine.tokenize(PROMPTS[0])
+    batch = engine._target.batch
+    addresses = lambda: (ctypes.addressof(batch.token.contents), ctypes.addressof(batch.pos.contents))  # noqa: E731
+    before = addresses()
+    tokens = engine.generate(Request(prompt, NEW_TOKENS)).tokens
+    assert addresses() == before
+    decode, calls = ll.llama_decode, []
+
+    def failing(ctx, b):
+        calls.append(1)
+        return 1 if len(calls) == 4 else decode(ctx, b)
+
+    monkeypatch.setattr(ll, "llama_decode", failing)
+    with pytest.raises(EngineError, match=f"llama_decode failed with status 1 at position {len(prompt) + 2}$"):
+        engine.generate(Request(prompt, NEW_TOKENS))
+    monkeypatch.setattr(ll, "llama_decode", decode)
+    assert addresses() == before
+    assert engine.generate(Request(prompt, NEW_TOKENS)).tokens == tokens
+    assert engine.generate(Request(prompt, NEW_TOKENS, method="ngram", depth=3)).tokens == tokens
+    engine.close()
+
+
 def test_greedy_sampling_modes_agree(tiny_models, monkeypatch):
     """llama.cpp's greedy sampler in the forward pass's graph (the engine's way on CUDA, forced
     here on the CPU), the in-place argmax and llama.cpp's CPU sampler chain give the same

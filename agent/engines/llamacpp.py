@@ -486,8 +486,12 @@ def _argmax_loop(
     of one token and `_Chain.sample`, written out with everything bound to locals first, because
     after a forward pass has streamed a large output matrix through the caches every operation of
     the step runs cold (bench/overhead.py sets the loop's time against one argmax over the same
-    row): per token, the token and its position stored into the batch's row 0 (its other fields
-    are set once), one `llama_decode`, and the argmax of a numpy view of llama.cpp's logits row.
+    row): per token, one `llama_decode` and the argmax of a numpy view of llama.cpp's logits row
+    into a 0-d int64 array, whose int32 half is the batch's row 0 token for the loop (its
+    positions pointer NULL, so that llama.cpp numbers each token after its sequence's last): no
+    store into the batch and no numpy scalar a token (at 151k, 5-13 us a token less than a
+    ctypes store of the token and its position, measured side by side); the clock's raw
+    readings, made relative to `start` after. Both pointers are put back when the loop ends.
 
     The row of a one-token decode is the start of the context's output buffer (llama_context::
     output_reserve puts the logits first and reallocates only to grow, which one-row decodes
@@ -497,32 +501,40 @@ def _argmax_loop(
     The row's address is asked again after the last token: had it moved, the run is refused."""
     decode, synchronize, clock = ll.llama_decode, ll.llama_synchronize, time.perf_counter
     ctx, batch, banned = target.ctx, target.batch, chain.banned
-    token_slot, position_slot = target._token, target._pos
     address = _logits_address(ctx, -1)
     if not address:
         raise EngineError("llama.cpp holds no logits for the prompt's last row")
     logits = np.ctypeslib.as_array((ctypes.c_float * target.n_vocab).from_address(address))
-    token = int(logits.argmax())
+    argmax, slot = logits.argmax, np.zeros((), dtype=np.int64)
+    argmax(out=slot)
+    token = int(slot)
     if token in banned:
-        token = chain.unbanned(logits)
-    tokens, times = [token], [clock() - start]
+        slot[()] = token = chain.unbanned(logits)
+    tokens, times = [token], [clock()]
     batch.n_tokens, target._logits[0] = 1, True
-    position = target.n_past
-    for _ in range(n - 1):
-        token_slot[0], position_slot[0] = token, position
-        if rc := decode(ctx, batch):
-            raise EngineError(f"llama_decode failed with status {rc} at position {position}")
-        if not synchronous:
-            synchronize(ctx)
-        position += 1
-        token = int(logits.argmax())
-        if token in banned:
-            token = chain.unbanned(logits)
-        tokens.append(token)
-        times.append(clock() - start)
+    int32 = ctypes.POINTER(ctypes.c_int32)
+    ids, positions = ctypes.cast(batch.token, int32), ctypes.cast(batch.pos, int32)  # the pointers, not views
+    # Row 0's token is the argmax's own output: the int32 half of `slot` that holds its value.
+    batch.token = ctypes.cast(slot.ctypes.data + (0 if sys.byteorder == "little" else 4), int32)
+    batch.pos = None  # llama.cpp numbers each token after its sequence's last (llama_batch_allocr::init)
+    try:
+        for i in range(n - 1):
+            if rc := decode(ctx, batch):
+                raise EngineError(f"llama_decode failed with status {rc} at position {target.n_past + i}")
+            if not synchronous:
+                synchronize(ctx)
+            argmax(out=slot)
+            token = int(slot)
+            if token in banned:
+                slot[()] = token = chain.unbanned(logits)
+            tokens.append(token)
+            times.append(clock())
+    finally:
+        batch.token, batch.pos = ids, positions
+    times = [t - start for t in times]
     if n > 1:
         target.tokens += tokens[:-1]
-        target.n_past, target.last_decoded = position, 1
+        target.n_past, target.last_decoded = target.n_past + n - 1, 1
         if _logits_address(ctx, -1) != address:
             raise EngineError(
                 "llama.cpp moved its logits buffer during the decode loop; its tokens are not to be trusted"
