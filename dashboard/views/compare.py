@@ -83,12 +83,13 @@ for key, table in unit_table.groupby(["comparable", "figure", "method", "depth"]
     mine = mine[mine["depth"] == depth]
     st.subheader(f"{figure} · {method}{f' K={depth}' if depth else ''}")
     unit = "x" if figure == versions.SPEEDUP else " tok/s"
+    levels = variance.levels(mine)
     lines = [
         variance.sentence(r.chip, f"{r.figure:.3g}{unit} ({r.machines} machine(s))", table)
-        for r in variance.levels(mine).itertuples()
+        for r in levels.itertuples()
     ]
     st.markdown("\n".join(f"- {line}" for line in lines))
-    ranked = list(variance.levels(mine)["chip"])
+    ranked = list(levels["chip"])
     pairs = unit_pairs[(unit_pairs[["comparable", "figure", "method"]] == [comparable, figure, method]).all(axis=1)]
     pairs = pairs[pairs["depth"] == depth]
     for lower, higher in zip(ranked[1:], ranked):
