@@ -85,8 +85,7 @@ for key, table in unit_table.groupby(["comparable", "figure", "method", "depth"]
     unit = "x" if figure == versions.SPEEDUP else " tok/s"
     levels = variance.levels(mine)
     lines = [
-        variance.sentence(r.chip, f"{r.figure:.3g}{unit} ({r.machines} machine(s))", table)
-        for r in levels.itertuples()
+        variance.sentence(r.chip, f"{r.figure:.3g}{unit} ({r.machines} machine(s))", table) for r in levels.itertuples()
     ]
     st.markdown("\n".join(f"- {line}" for line in lines))
     ranked = list(levels["chip"])
