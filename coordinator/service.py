@@ -42,6 +42,9 @@ from specfleet.sweeps import parse_sweep
 
 log = logging.getLogger("specfleet.coordinator")
 MAX_EXPORT_ROWS = 50_000
+# Export pages are Arrow IPC with zstd-compressed buffers (pyarrow's reader decompresses them):
+# a page of 50k runs is 62 MB uncompressed, held as gRPC's buffer and its protobuf bytes at once.
+EXPORT_IPC = pa.ipc.IpcWriteOptions(compression="zstd")
 # Heartbeats are written this often: an agent's last contact in the table lags by up to this
 # (agents beat every HEARTBEAT_INTERVAL_SECONDS), as does a lease's expiry, read only at restart.
 FLUSH_SECONDS = 5.0
@@ -457,7 +460,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 params=[request.after_seq, limit],
             ).to_arrow_table()
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
+        with pa.ipc.new_stream(sink, table.schema, options=EXPORT_IPC) as writer:
             writer.write_table(table)
         last = table.column("seq")[-1].as_py() if table.num_rows else request.after_seq
         return pb.ExportResponse(arrow_ipc=sink.getvalue().to_pybytes(), last_seq=last, rows=table.num_rows)

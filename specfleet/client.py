@@ -4,7 +4,6 @@ them: agent/retry.py); and the Export read path (a table's rows one page at a ti
 
 from __future__ import annotations
 
-import io
 import ipaddress
 import queue
 import socket
@@ -245,7 +244,8 @@ class AdminApi:
 
 
 def arrow_from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(io.BytesIO(data)).read_all()
+    """An Export page's table, read from its bytes without a copy of them (pa.py_buffer)."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def pages(admin, table: str, after_seq: int = 0) -> Iterator[tuple[pa.Table, int]]:
