@@ -143,6 +143,7 @@ def test_export_pages_travel_compressed_and_read_back_whole(tmp_path):
     rows, in order."""
     import duckdb
 
+    from coordinator.store import DB_FILENAME
     from specfleet.client import arrow_from_ipc
     from tests.support.fleet import admin_for
     from tests.support.fleet import start_coordinator as start_in_process
@@ -157,7 +158,7 @@ def test_export_pages_travel_compressed_and_read_back_whole(tmp_path):
     table = arrow_from_ipc(page.arrow_ipc)
     assert table.num_rows == page.rows == 2000
     assert len(page.arrow_ipc) * 3 < table.nbytes, (len(page.arrow_ipc), table.nbytes)
-    with duckdb.connect(str(next((tmp_path / "c").glob("*.duckdb"))), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / "c" / DB_FILENAME), read_only=True) as con:
         stored = con.execute("SELECT run_id, seq FROM runs ORDER BY seq LIMIT 2000").fetchall()
     assert list(zip(table.column("run_id").to_pylist(), table.column("seq").to_pylist())) == stored
     assert page.last_seq == stored[-1][1]

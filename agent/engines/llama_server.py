@@ -103,6 +103,12 @@ STATEFUL_TYPES = ("ngram-mod", "ngram-cache", "ngram-map-k", "ngram-map-k4v")
 METRIC_PREFIX = "llamacpp:spec_decode_"
 TEXTS_KEPT = 64  # runs whose streamed text is kept for their text samples (one prompt's repeat of every arm)
 MARGIN_PROBS = 20  # tokens whose probabilities are asked for at a divergence (n_probs)
+BASELINE = ("baseline", 0, ())  # the baseline arm's key: its server answers the margins' requests
+# What every request of logit_margin and _fill sends besides its prompt: slot 0, greedy (the
+# single most likely token), every generated id returned, and ignore_eos as the runs have it.
+GREEDY_ON_SLOT_0 = {
+    "id_slot": 0, "ignore_eos": True, "return_tokens": True, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
+}  # fmt: skip
 
 # "version: 9330 (328874d)" (Homebrew, b9330) or "version: 0.5.0-dev (build 1, commit 0c1e570)".
 _VERSION_RE = re.compile(
@@ -249,6 +255,13 @@ def by_position(before: dict[str, float], after: dict[str, float]) -> tuple[int,
     return tuple(int(after[f"{key}{p}"] - before.get(f"{key}{p}", 0)) for p in positions)
 
 
+def _keep(kept: dict, key, value) -> None:
+    """kept[key] = value, the oldest entries dropped past TEXTS_KEPT."""
+    kept[key] = value
+    while len(kept) > TEXTS_KEPT:
+        del kept[next(iter(kept))]
+
+
 class LlamaServerEngine:
     name = "llama-server"
     methods = ENGINE_METHODS["llama-server"]
@@ -347,7 +360,7 @@ class LlamaServerEngine:
                 f"{version_label(self._versions())} (has it been replaced since the agent started?)"
             )
         started = time.perf_counter()
-        self._server_for(("baseline", 0, ()))
+        self._server_for(BASELINE)
         return time.perf_counter() - started
 
     def interleaving(self, arms) -> str:
@@ -365,7 +378,7 @@ class LlamaServerEngine:
 
     def tokenize(self, text: str) -> tuple[int, ...]:
         """The baseline server's /tokenize with special tokens (BOS) added."""
-        server = self._server_for(("baseline", 0, ()))
+        server = self._server_for(BASELINE)
         try:
             answer = loopback.post_json(server.port, "/tokenize", {"content": text, "add_special": True})
         except OSError as e:
@@ -383,7 +396,7 @@ class LlamaServerEngine:
     def chat_tokenize(self, chat: list[dict[str, str]], reasoning: str | None) -> tuple[int, ...]:
         """The chat rendered by the server itself (POST /apply-template: llama.cpp's own template
         engine, enable_thinking where set), tokenized by its /tokenize with special tokens parsed."""
-        server = self._server_for(("baseline", 0, ()))
+        server = self._server_for(BASELINE)
         body: dict = {"messages": chat}
         if reasoning is not None:
             body["chat_template_kwargs"] = {"enable_thinking": reasoning == "on"}
@@ -501,9 +514,18 @@ class LlamaServerEngine:
     # ------------------------------------------------------------------ text and margins
 
     def _keep_text(self, tokens: list[int], text: str) -> None:
-        self._texts[tuple(tokens)] = text
-        while len(self._texts) > TEXTS_KEPT:
-            del self._texts[next(iter(self._texts))]
+        _keep(self._texts, tuple(tokens), text)
+
+    def _on_baseline(self, body: dict) -> tuple[ServerProcess, dict]:
+        """One non-streamed POST /completion of GREEDY_ON_SLOT_0 and `body` to the baseline's
+        server, counted as served; its server and answer."""
+        server = self._server_for(BASELINE)
+        try:
+            answer = loopback.post_json(server.port, "/completion", {**GREEDY_ON_SLOT_0, **body})
+        except OSError as e:
+            raise server.died(e) from None
+        self._served[BASELINE] += 1
+        return server, answer
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """A run's text, for its text sample (agent/summary.py): llama-server's own POST /detokenize
@@ -541,18 +563,10 @@ class LlamaServerEngine:
         if problem:
             raise EngineError(problem)
         tokens = self._fill(tokens[:position])
-        key = ("baseline", 0, ())
-        server = self._server_for(key)
-        body = {"n_predict": 1, "n_probs": MARGIN_PROBS, "id_slot": 0, "cache_prompt": True, "ignore_eos": True}
-        body.update(temperature=0.0, top_k=1, samplers=["top_k"], return_tokens=True)
-        try:
-            if position > rows:
-                loopback.post_json(server.port, "/completion", {**body, "prompt": list(tokens[: position - rows])})
-                self._served[key] += 1
-            answer = loopback.post_json(server.port, "/completion", {**body, "prompt": list(tokens[:position])})
-            self._served[key] += 1
-        except OSError as e:
-            raise server.died(e) from None
+        body = {"n_predict": 1, "n_probs": MARGIN_PROBS, "cache_prompt": True}
+        if position > rows:
+            self._on_baseline({**body, "prompt": list(tokens[: position - rows])})
+        server, answer = self._on_baseline({**body, "prompt": list(tokens[:position])})
         cached = (answer.get("timings") or {}).get("cache_n")
         if cached != max(position - rows, 0):
             raise EngineError(
@@ -591,15 +605,9 @@ class LlamaServerEngine:
         start = prefix.index(UNKNOWN_ID)
         if start == 0:
             raise EngineError("logit_margin: the prefix starts with a held-back id (UNKNOWN_ID): nothing to fill from")
-        key = ("baseline", 0, ())
-        server = self._server_for(key)
-        body = {"prompt": list(prefix[:start]), "n_predict": len(prefix) - start, "stream": False, "id_slot": 0}
-        body.update(cache_prompt=False, ignore_eos=True, return_tokens=True, temperature=0.0, top_k=1)
-        try:
-            answer = loopback.post_json(server.port, "/completion", {**body, "samplers": ["top_k"]})
-            self._served[key] += 1
-        except OSError as e:
-            raise server.died(e) from None
+        server, answer = self._on_baseline(
+            {"prompt": list(prefix[:start]), "n_predict": len(prefix) - start, "stream": False, "cache_prompt": False}
+        )
         ids = answer.get("tokens")
         if not isinstance(ids, list) or len(ids) != len(prefix) - start or not all(isinstance(t, int) for t in ids):
             raise loopback.BadAnswer(
@@ -612,9 +620,8 @@ class LlamaServerEngine:
                     f"logit_margin: the held-back ids cannot be filled: llama-server's greedy continuation from "
                     f"token {start} gives {got} at token {at} where the run has {known}"
                 )
-        self._filled[prefix] = filled = prefix[:start] + tuple(ids)
-        while len(self._filled) > TEXTS_KEPT:
-            del self._filled[next(iter(self._filled))]
+        filled = prefix[:start] + tuple(ids)
+        _keep(self._filled, prefix, filled)
         return filled
 
     def _metrics(self, server: ServerProcess) -> str:
