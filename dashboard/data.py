@@ -20,8 +20,8 @@ import grpc
 import pandas as pd
 import streamlit as st
 
+from dashboard import after_sync, group_figures, queries
 from dashboard import claims as ledger
-from dashboard import queries
 from dashboard.mirror import Mirror
 from dashboard.queries import (  # noqa: F401  the names the pages and tests know them by
     DOWNLOAD_BATCH,
@@ -33,6 +33,7 @@ from dashboard.queries import (  # noqa: F401  the names the pages and tests kno
     NOMINAL,
     RUN_SYSTEMS,
     RUNS_SHOWN,
+    UNIT_FIGURE,
     Filters,
     group_label,
     ledger_path,
@@ -102,7 +103,14 @@ def unavailable(c: Coordinator, error: grpc.RpcError) -> CoordinatorUnavailable:
 
 @st.cache_resource
 def mirror(address: str, token: str) -> Mirror:
-    return queries.open_mirror(address, token)
+    """The process's mirror of the coordinator, which after every sync computes the Compare
+    page's costly figures of the groups it changed (dashboard/group_figures.py) and every
+    claim's selection (selections), before the first sync returns and on a worker after later
+    ones (dashboard/after_sync.py)."""
+    m, state = queries.open_mirror(address, token), _selection_state(address, token)
+    group_figures.attach(m)
+    after_sync.attach(m, lambda seqs: group_figures.refresh(m), lambda seqs: _count_selections(m, state))
+    return m
 
 
 @st.cache_data(ttl=REFRESH_SECONDS)
@@ -246,14 +254,24 @@ def groups(v: Version, f: Filters) -> pd.DataFrame:
     return queries.groups(_db(v), f)
 
 
+def _of_group(v: Version, f: Filters, name: str) -> pd.DataFrame | None:
+    """Figure `name` as group_figures computed it after a sync, when `f` selects one whole
+    comparable group (no other filter) whose runs and jobs have not changed since; else None."""
+    if not f.comparable or f != Filters(comparable=f.comparable):
+        return None
+    return group_figures.read(_db(v), f.comparable, name)
+
+
 @on_runs
 def speedups(v: Version, f: Filters) -> pd.DataFrame:
-    return queries.speedups(_db(v), f, groups(v, f))
+    kept = _of_group(v, f, "speedups")
+    return queries.speedups(_db(v), f, groups(v, f)) if kept is None else kept
 
 
 @on_runs
 def decode_speed(v: Version, f: Filters) -> pd.DataFrame:
-    return queries.decode_speed(_db(v), f)
+    kept = _of_group(v, f, "decode_speed")
+    return queries.decode_speed(_db(v), f) if kept is None else kept
 
 
 @on_runs
@@ -298,12 +316,20 @@ def unit_values(v: Version, f: Filters) -> pd.DataFrame:
 
 @on_runs
 def chip_components(v: Version, f: Filters) -> pd.DataFrame:
-    return queries.chip_components(_db(v), f, unit_values(v, f))
+    kept = _of_group(v, f, "chip_components")
+    return queries.chip_components(_db(v), f, unit_values(v, f)) if kept is None else kept
+
+
+@on_runs
+def chip_levels(v: Version, f: Filters) -> pd.DataFrame:
+    kept = _of_group(v, f, "chip_levels")
+    return queries.chip_levels(_db(v), f, unit_values(v, f)) if kept is None else kept
 
 
 @on_runs
 def chip_pairs(v: Version, f: Filters) -> pd.DataFrame:
-    return queries.chip_pairs(_db(v), f, unit_values(v, f), chip_components(v, f))
+    kept = _of_group(v, f, "chip_pairs")
+    return queries.chip_pairs(_db(v), f, unit_values(v, f), chip_components(v, f)) if kept is None else kept
 
 
 # ---------------------------------------------------------------- claims
@@ -373,31 +399,40 @@ def _claim_rows(address: str, token: str, claim_id: str, path: str, mtime: float
 
 @st.cache_resource
 def _selection_state(address: str, token: str) -> dict:
-    """Per claim id: (ledger mtime, the runs' sequence its selection counts up to, selection)."""
-    return {"lock": threading.Lock()}
+    """ "ledger": (its mtime, the claims read from it); "counted": per claim id (ledger mtime, the
+    runs' sequence its selection counts up to, selection)."""
+    return {"lock": threading.Lock(), "ledger": (None, []), "counted": {}}
 
 
 def selections(v: Version) -> dict[str, dict]:
-    """Per claim id, the runs its conditions select and what each condition left out. Runs
-    never change once stored: each claim's counts are carried forward and only the runs
-    stored since are counted, for every claim in one scan (queries.selections_of, merge_selections)."""
+    """Per claim id, the runs its conditions select and what each condition left out, as of the
+    mirror's runs (counted after each sync: mirror; else here)."""
+    return _count_selections(_db(v), _selection_state(v.address, v.token))
+
+
+def _count_selections(db: Mirror, state: dict) -> dict[str, dict]:
+    """selections of the mirror's runs now, kept in `state` (_selection_state). Runs never change
+    once stored: each claim's counts are carried forward and only the runs stored since are
+    counted, for every claim in one scan (queries.selections_of, merge_selections)."""
     path = ledger_path()
     mtime = os.path.getmtime(path)
-    state = _selection_state(v.address, v.token)
-    claims = _claims(path, mtime)
-    with state["lock"], contextlib.closing(_db(v).cursor()) as con:
+    with state["lock"], contextlib.closing(db.cursor()) as con:
+        if state["ledger"][0] != mtime:  # read here, not through _claims: no Streamlit on the worker
+            state["ledger"] = (mtime, queries.load_claims(path))
+        claims, counts = state["ledger"][1], state["counted"]
+        (runs,) = con.execute("SELECT coalesce(max(last_seq), 0) FROM _mirror WHERE tbl = 'runs'").fetchone()
         due: dict[int, list[ledger.Claim]] = {}  # per runs' sequence counted up to: the claims to count on
         for c in claims:
-            seen, upto, sel = state.get(c.id, (None, 0, None))
+            seen, upto, sel = counts.get(c.id, (None, 0, None))
             if seen != mtime or sel is None:
                 upto = 0
-            if seen != mtime or sel is None or upto < v.runs:
+            if seen != mtime or sel is None or upto < runs:
                 due.setdefault(upto, []).append(c)
         for upto, some in due.items():  # one scan for all claims counted up to the same run
-            counted = queries.selections_of(some, con, (upto, v.runs), cells=True)
+            counted = queries.selections_of(some, con, (upto, runs), cells=True)
             for c in some:
-                seen, _, sel = state.get(c.id, (None, 0, None))
+                seen, _, sel = counts.get(c.id, (None, 0, None))
                 new = counted[c.id]
                 old = sel if seen == mtime and upto else None
-                state[c.id] = (mtime, v.runs, new if old is None else ledger.merge_selections(old, new))
-        return {c.id: state[c.id][2] for c in claims}
+                counts[c.id] = (mtime, runs, new if old is None else ledger.merge_selections(old, new))
+        return {c.id: counts[c.id][2] for c in claims}

@@ -11,15 +11,19 @@ not an in-memory database:
 DuckDB keeps it compressed on disk and holds in memory, within MEMORY_LIMIT, what the queries
 touch, so a million runs do not live in the dashboard's memory. `derived` adds columns computed
 once per row as it arrives (the labels the pages filter and group by) instead of at every query.
+`after_sync` holds what is computed from the mirrored tables once a sync has added to them
+(dashboard/after_sync.py: figures and counts a page would otherwise compute at its first render).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -63,19 +67,25 @@ class Mirror:
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self.con.execute("CREATE TABLE IF NOT EXISTS _mirror (tbl VARCHAR PRIMARY KEY, last_seq BIGINT)")
         self._lock = threading.Lock()
+        # Called with the tables' sequences at the end of every sync, outside the lock (they
+        # read and write the mirror through query() and cursor()).
+        self.after_sync: list[Callable[[dict[str, int]], None]] = []
 
     def sync(self) -> dict[str, int]:
         """Pull what changed since the last sync, one Export page at a time (a first sync of a
         million runs never holds them all in memory); return each table's highest sequence
         mirrored, which changes exactly when that table's data does. Each page is committed
-        with its sequence: a sync cut short resumes where it stopped."""
+        with its sequence: a sync cut short resumes where it stopped. Then every after_sync."""
         with self._lock:
             for table, key in TABLES.items():
                 # fetchall: a half-read result would block register() below
                 rows = self.con.execute("SELECT last_seq FROM _mirror WHERE tbl = ?", [table]).fetchall()
                 for page, last in pages(self.admin, table, rows[0][0] if rows else 0):
                     self._add(table, key, page, last)
-            return {t: s for t, s in self.con.execute("SELECT tbl, last_seq FROM _mirror").fetchall()}
+            seqs = {t: s for t, s in self.con.execute("SELECT tbl, last_seq FROM _mirror").fetchall()}
+        for then in self.after_sync:
+            then(seqs)
+        return seqs
 
     def _add(self, table: str, key: str, page, last: int) -> None:
         extra = f", {self.derived[table]}" if table in self.derived else ""
@@ -102,6 +112,19 @@ class Mirror:
             self.con.execute("CHECKPOINT")
         except duckdb.TransactionException:  # another transaction in the way (DuckDB's docs): the next page's
             pass
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """The mirror's connection inside one transaction, holding the lock a sync holds while
+        it adds pages: what is written here never interleaves with a page of a sync."""
+        with self._lock:
+            self.con.execute("BEGIN")
+            try:
+                yield self.con
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
 
     def query(self, sql: str, params: list | dict | None = None):
         """A pandas DataFrame; an empty one when the table has not arrived yet."""

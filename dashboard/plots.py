@@ -18,6 +18,13 @@ def chip_colours(chips: list[str]) -> dict[str, str]:
     return {chip: PALETTE[i % len(PALETTE)] for i, chip in enumerate(sorted(chips))}
 
 
+def tips(*fields) -> list[alt.Tooltip]:
+    """Tooltip channels: a field name becomes alt.Tooltip(name). Channel objects, never shorthand
+    strings, throughout: altair resolves a string against its whole schema (several ms each,
+    a quarter of the Compare page's drawing), an object it takes as it is."""
+    return [alt.Tooltip(f) if isinstance(f, str) else f for f in fields]
+
+
 def chip_colour(chips: list[str], title: str = "chip") -> alt.Color:
     mapping = chip_colours(chips)
     return alt.Color("chip:N", title=title, scale=alt.Scale(domain=list(mapping), range=list(mapping.values())))
@@ -29,11 +36,13 @@ def speedup_vs_depth(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
     base = alt.Chart(df).encode(
         x=alt.X("depth:Q", title="draft depth K (tokens)", axis=alt.Axis(tickMinStep=1, format="d")),
         color=chip_colour(chips),
-        detail="method:N",
+        detail=alt.Detail("method:N"),
     )
-    band = base.mark_area(opacity=0.15).encode(y=alt.Y("ci_low:Q", title="speedup over baseline (×)"), y2="ci_high:Q")
-    interval = base.mark_rule(strokeWidth=2, opacity=0.6).encode(y="ci_low:Q", y2="ci_high:Q")
-    tooltip = [
+    band = base.mark_area(opacity=0.15).encode(
+        y=alt.Y("ci_low:Q", title="speedup over baseline (×)"), y2=alt.Y2("ci_high:Q")
+    )
+    interval = base.mark_rule(strokeWidth=2, opacity=0.6).encode(y=alt.Y("ci_low:Q"), y2=alt.Y2("ci_high:Q"))
+    tooltip = tips(
         "chip",
         "engine",
         "method",
@@ -44,9 +53,9 @@ def speedup_vs_depth(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
         "machines",
         "prompts",
         "pairs",
-    ]
+    )
     line = base.mark_line(point=True).encode(
-        y="speedup:Q", strokeDash=alt.StrokeDash("method:N", title="method"), tooltip=tooltip
+        y=alt.Y("speedup:Q"), strokeDash=alt.StrokeDash("method:N", title="method"), tooltip=tooltip
     )
     even = alt.Chart().mark_rule(strokeDash=[4, 4], color="grey").encode(y=alt.datum(1.0))
     return (
@@ -63,10 +72,10 @@ def decode_speed(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
         .mark_bar()
         .encode(
             x=alt.X("label:N", title=None, axis=alt.Axis(labelAngle=-30, labelLimit=240, labelOverlap=False)),
-            xOffset="chip:N",
+            xOffset=alt.XOffset("chip:N"),
             y=alt.Y("median:Q", title="decode tokens/s (median)"),
             color=chip_colour(chips),
-            tooltip=["chip", "engine", "arm", alt.Tooltip("median:Q", format=".1f"), "machines", "prompts", "runs"],
+            tooltip=tips("chip", "engine", "arm", alt.Tooltip("median:Q", format=".1f"), "machines", "prompts", "runs"),
         )
         .properties(height=280)
     )
@@ -82,7 +91,7 @@ def acceptance_by_position(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
             y=alt.Y("acceptance:Q", title="acceptance rate (0-1)", scale=alt.Scale(domain=[0, 1])),
             color=chip_colour(chips),
             strokeDash=alt.StrokeDash("arm:N", title="arm"),
-            tooltip=[
+            tooltip=tips(
                 "chip",
                 "arm",
                 "position",
@@ -90,7 +99,7 @@ def acceptance_by_position(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
                 "machines",
                 "prompts",
                 "runs",
-            ],
+            ),
         )
         .properties(width=560, height=260)
     )
@@ -102,11 +111,11 @@ def draft_verify(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("arm:N", title=None, axis=alt.Axis(labelLimit=300)),
-            yOffset="chip:N",
+            yOffset=alt.YOffset("chip:N"),
             x=alt.X("ms:Q", title="milliseconds per generated token (median)", stack="zero"),
             color=chip_colour(chips),
             opacity=alt.Opacity("phase:N", title="phase", scale=alt.Scale(domain=["draft", "verify"], range=[0.45, 1])),
-            tooltip=["chip", "arm", "phase", alt.Tooltip("ms:Q", format=".3f"), "machines", "prompts", "runs"],
+            tooltip=tips("chip", "arm", "phase", alt.Tooltip("ms:Q", format=".3f"), "machines", "prompts", "runs"),
         )
         .properties(width=560)
     )
@@ -122,7 +131,7 @@ def verify_cost(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
             y=alt.Y("ratio:Q", title="T(M) / T(1)"),
             color=chip_colour(chips),
             strokeDash=alt.StrokeDash("series:N", title="engine · context"),
-            tooltip=["chip", "engine", "context_tokens", "rows", alt.Tooltip("ratio:Q", format=".2f"), "machines"],
+            tooltip=tips("chip", "engine", "context_tokens", "rows", alt.Tooltip("ratio:Q", format=".2f"), "machines"),
         )
         .properties(width=560, height=260)
     )
@@ -135,10 +144,12 @@ def roofline(df: pd.DataFrame, chips: list[str]) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("model:N", title=None),
-            yOffset="chip:N",
+            yOffset=alt.YOffset("chip:N"),
             x=alt.X("percent:Q", title="share of the memory-bandwidth roofline (%)", scale=alt.Scale(domain=[0, 100])),
             color=chip_colour(chips),
-            tooltip=["chip", "engine", "model", alt.Tooltip("percent:Q", format=".1f"), "machines", "prompts", "runs"],
+            tooltip=tips(
+                "chip", "engine", "model", alt.Tooltip("percent:Q", format=".1f"), "machines", "prompts", "runs"
+            ),
         )
         .properties(width=560)
     )
@@ -157,9 +168,13 @@ def version_changes(frame: pd.DataFrame, chips: list[str]) -> alt.Chart:
         y=alt.Y("what:N", title=None),
         yOffset=alt.YOffset("chip:N"),
         color=colour,
-        tooltip=["chip", "change_of", "figure", "arm", "ratio", "ci_low", "ci_high", "change", "machines", "how"],
+        tooltip=tips("chip", "change_of", "figure", "arm", "ratio", "ci_low", "ci_high", "change", "machines", "how"),
     )
-    rules = base.mark_rule().encode(x=alt.X("ci_low:Q", title="new / old", scale=alt.Scale(zero=False)), x2="ci_high:Q")
-    points = base.mark_point(filled=True, size=60).encode(x="ratio:Q", shape=alt.Shape("change:N", title="change"))
-    one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
+    rules = base.mark_rule().encode(
+        x=alt.X("ci_low:Q", title="new / old", scale=alt.Scale(zero=False)), x2=alt.X2("ci_high:Q")
+    )
+    points = base.mark_point(filled=True, size=60).encode(
+        x=alt.X("ratio:Q"), shape=alt.Shape("change:N", title="change")
+    )
+    one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x=alt.X("x:Q"))
     return (one + rules + points).properties(width=600)

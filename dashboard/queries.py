@@ -810,7 +810,7 @@ def unit_values(db, f: Filters) -> pd.DataFrame:
         " GROUP BY setting, chip, method, depth, machine_id, prompt_id",
         params,
     )
-    cols = ["comparable", "figure", "method", "depth", "chip", "machine_id", "prompt_id", "value"]
+    cols = [*UNIT_FIGURE, "chip", "machine_id", "prompt_id", "value"]
     if per_prompt.empty:
         return pd.DataFrame(columns=cols)
     out = versions.figures(per_prompt)
@@ -818,11 +818,22 @@ def unit_values(db, f: Filters) -> pd.DataFrame:
     return out[cols].reset_index(drop=True)
 
 
+# What names one figure of the chip apart from the unit: unit_values' rows of one figure and arm.
+UNIT_FIGURE = ("comparable", "figure", "method", "depth")
+
+
 def chip_components(db, f: Filters, values: pd.DataFrame | None = None) -> pd.DataFrame:
     """specfleet/variance.py's components (chip, machine within chip, prompt, residual) of every
     figure and arm of each comparable group; `values`: unit_values(db, f) when the caller has it."""
     values = unit_values(db, f) if values is None else values
-    return variance.by_figure(values, ("comparable", "figure", "method", "depth"))
+    return variance.by_figure(values, UNIT_FIGURE)
+
+
+def chip_levels(db, f: Filters, values: pd.DataFrame | None = None) -> pd.DataFrame:
+    """specfleet/variance.py's levels of every figure and arm of each comparable group: per chip
+    its figure and machines, highest first; `values`: unit_values(db, f) when the caller has it."""
+    values = unit_values(db, f) if values is None else values
+    return variance.levels(values, UNIT_FIGURE)
 
 
 def chip_pairs(db, f: Filters, values: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -830,7 +841,7 @@ def chip_pairs(db, f: Filters, values: pd.DataFrame | None = None, table: pd.Dat
     interval, against the unit-to-unit spread of the components' machine term."""
     values = unit_values(db, f) if values is None else values
     table = chip_components(db, f, values) if table is None else table
-    keys = ["comparable", "figure", "method", "depth"]
+    keys = list(UNIT_FIGURE)
     frames = []
     for key, group in values.groupby(keys, sort=True):
         mine = table[(table[keys] == pd.Series(key, index=keys)).all(axis=1)]

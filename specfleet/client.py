@@ -244,7 +244,8 @@ class AdminApi:
 
 
 def arrow_from_ipc(data: bytes) -> pa.Table:
-    """An Export page's table, read from its bytes without a copy of them (pa.py_buffer)."""
+    """A table from Arrow IPC stream bytes (an Export page's, a stored frame's), read without a
+    copy of them (pa.py_buffer)."""
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 

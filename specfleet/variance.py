@@ -254,17 +254,13 @@ def _scaled(row: dict, scale: float) -> dict:
     return _row(row["component"], v, low, high, row["levels"], row["df"], row["note"])
 
 
-def spread(table: pd.DataFrame, component: str) -> float:
-    """A component's standard deviation as a percentage (NaN where it has none)."""
-    row = table[table["component"] == component]
-    return float(row["percent"].iloc[0]) if len(row) else math.nan
-
-
 def sentence(chip: str, figure: str, table: pd.DataFrame) -> str:
     """'Apple M4 Pro: 1.42x; units differ by 3%, chips by 11%' (`figure` already formatted)."""
 
+    spreads = dict(zip(table["component"], table["percent"]))  # a page says it of every chip: no filter each time
+
     def say(component: str, what: str) -> str:
-        p = spread(table, component)
+        p = float(spreads.get(component, math.nan))
         return f"{what} {p:.1%}" if p < 0.1 else f"{what} {p:.0%}" if np.isfinite(p) else f"{what} (not told apart)"
 
     return f"{chip}: {figure}; {say(MACHINE, 'units differ by')}, {say(CHIP, 'chips by')}"
@@ -358,10 +354,12 @@ def by_figure(per_prompt: pd.DataFrame, keys: tuple[str, ...] = ("figure", "meth
     return out[[*keys, *COLUMNS]]
 
 
-def levels(values: pd.DataFrame) -> pd.DataFrame:
-    """Per chip: its figure (the exponent of the mean of its machine means of `value`: a
-    geometric mean over prompts, then machines) and its machines, highest first."""
-    means = values.groupby(["chip", "machine_id"])["value"].mean().reset_index()
-    out = means.groupby("chip", as_index=False).agg(level=("value", "mean"), machines=("machine_id", "size"))
-    out["figure"] = np.exp(out["level"])
+def levels(values: pd.DataFrame, keys: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Per chip (and per value of `keys`: every figure of by_figure's at once): its figure's
+    value (`value`, the exponent of the mean of its machine means of the log figure: a geometric
+    mean over prompts, then machines) and its machines, highest first."""
+    means = values.groupby([*keys, "chip", "machine_id"], dropna=False)["value"].mean().reset_index()
+    out = means.groupby([*keys, "chip"], as_index=False, dropna=False)
+    out = out.agg(level=("value", "mean"), machines=("machine_id", "size"))
+    out["value"] = np.exp(out["level"])
     return out.sort_values("level", ascending=False, kind="stable").reset_index(drop=True)

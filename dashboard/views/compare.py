@@ -3,6 +3,7 @@ a checked key), every figure with the machines, prompts and pairs or runs behind
 differ in a checked key are never pooled. Server runs show the server's own figures, version
 and command beside the client's; disagreeing timings and warm drafters are flagged."""
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import data, plots, widgets
@@ -76,21 +77,20 @@ st.caption(
 unit_table = data.chip_components(v, f)
 if unit_table.empty:
     st.info("No figure with machines and prompts in this group.")
-unit_values, unit_pairs = data.unit_values(v, f), data.chip_pairs(v, f)
-for key, table in unit_table.groupby(["comparable", "figure", "method", "depth"], sort=False):
+unit_pairs = data.chip_pairs(v, f)
+NO_LEVELS = pd.DataFrame(columns=["chip", "value", "machines"])
+levels_of = dict(iter(data.chip_levels(v, f).groupby(list(data.UNIT_FIGURE), sort=False)))
+pairs_of = dict(iter(unit_pairs.groupby(list(data.UNIT_FIGURE), sort=False)))
+for key, table in unit_table.groupby(list(data.UNIT_FIGURE), sort=False):
     comparable, figure, method, depth = key
-    mine = unit_values[(unit_values[["comparable", "figure", "method"]] == [comparable, figure, method]).all(axis=1)]
-    mine = mine[mine["depth"] == depth]
     st.subheader(f"{figure} · {method}{f' K={depth}' if depth else ''}")
     unit = "x" if figure == versions.SPEEDUP else " tok/s"
-    levels = variance.levels(mine)
+    levels, pairs = levels_of.get(key, NO_LEVELS), pairs_of.get(key, unit_pairs.iloc[:0])
     lines = [
-        variance.sentence(r.chip, f"{r.figure:.3g}{unit} ({r.machines} machine(s))", table) for r in levels.itertuples()
+        variance.sentence(r.chip, f"{r.value:.3g}{unit} ({r.machines} machine(s))", table) for r in levels.itertuples()
     ]
     st.markdown("\n".join(f"- {line}" for line in lines))
     ranked = list(levels["chip"])
-    pairs = unit_pairs[(unit_pairs[["comparable", "figure", "method"]] == [comparable, figure, method]).all(axis=1)]
-    pairs = pairs[pairs["depth"] == depth]
     for lower, higher in zip(ranked[1:], ranked):
         row = pairs[(pairs["chip_a"] == min(lower, higher)) & (pairs["chip_b"] == max(lower, higher))]
         if len(row):
