@@ -100,23 +100,25 @@ def refresh(mirror: Mirror, seqs: dict[str, int] | None = None) -> int:
         " GROUP BY ALL) c USING (comparable) GROUP BY d.comparable, d.mark, c.n ORDER BY c.n DESC NULLS LAST,"
         " d.comparable"
     )
-    done = 0
-    for g, mark, computed_at in due.itertuples(index=False):
-        if time.time() - computed_at < REFIT_SECONDS:
-            continue
-        frames = {name: _ipc(frame) for name, frame in figures(mirror, g).items()}
-        with mirror.transaction() as con:
-            (now,) = con.execute("SELECT mark FROM group_figures_due WHERE comparable = ?", [g]).fetchone() or (None,)
-            if now != mark:
-                continue  # marked again while computed: computed again at a later refresh
-            stamp = time.time()
-            con.executemany(
-                "INSERT OR REPLACE INTO group_figures VALUES (?, ?, ?, ?)",
-                [(g, n, b, stamp) for n, b in frames.items()],
-            )
-            con.execute("DELETE FROM group_figures_due WHERE comparable = ?", [g])
-        done += 1
-    return done
+    due = [(g, mark) for g, mark, at in due.itertuples(index=False) if time.time() - at >= REFIT_SECONDS]
+    return sum(_store(mirror, g, mark, figures(mirror, g)) for g, mark in due)
+
+
+def _store(mirror: Mirror, comparable: str, mark: int, frames: dict[str, pd.DataFrame]) -> int:
+    """Store one group's frames and clear its mark, unless a sync marked it again while they were
+    computed (then they wait for a later refresh); 1 when stored."""
+    blobs = {name: _ipc(frame) for name, frame in frames.items()}
+    with mirror.transaction() as con:
+        row = con.execute("SELECT mark FROM group_figures_due WHERE comparable = ?", [comparable]).fetchone()
+        if row is None or row[0] != mark:
+            return 0
+        stamp = time.time()
+        con.executemany(
+            "INSERT OR REPLACE INTO group_figures VALUES (?, ?, ?, ?)",
+            [(comparable, name, blob, stamp) for name, blob in blobs.items()],
+        )
+        con.execute("DELETE FROM group_figures_due WHERE comparable = ?", [comparable])
+    return 1
 
 
 def read(db, comparable: str, name: str) -> pd.DataFrame | None:

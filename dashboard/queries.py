@@ -841,16 +841,7 @@ def chip_pairs(db, f: Filters, values: pd.DataFrame | None = None, table: pd.Dat
     interval, against the unit-to-unit spread of the components' machine term."""
     values = unit_values(db, f) if values is None else values
     table = chip_components(db, f, values) if table is None else table
-    keys = list(UNIT_FIGURE)
-    frames = []
-    for key, group in values.groupby(keys, sort=True):
-        mine = table[(table[keys] == pd.Series(key, index=keys)).all(axis=1)]
-        unit = mine.loc[mine["component"] == variance.MACHINE, "sd"]
-        pairs = variance.compare_chips(group, float(unit.iloc[0]) if len(unit) else float("nan"))
-        for name, value in zip(reversed(keys), reversed(key)):
-            pairs.insert(0, name, value)
-        frames.append(pairs)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*keys, *variance.PAIR_COLUMNS])
+    return variance.pairs_by_figure(values, table, UNIT_FIGURE)
 
 
 # ---------------------------------------------------------------- claims

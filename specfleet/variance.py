@@ -354,6 +354,21 @@ def by_figure(per_prompt: pd.DataFrame, keys: tuple[str, ...] = ("figure", "meth
     return out[[*keys, *COLUMNS]]
 
 
+def pairs_by_figure(values: pd.DataFrame, table: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
+    """compare_chips of every figure and arm in `values` (by_figure's input), each against the
+    unit spread of its machine term in `table` (by_figure's output), the keys first."""
+    keys = list(keys)
+    frames = []
+    for key, group in values.groupby(keys, sort=True):
+        mine = table[(table[keys] == pd.Series(key, index=keys)).all(axis=1)]
+        unit = mine.loc[mine["component"] == MACHINE, "sd"]
+        pairs = compare_chips(group, float(unit.iloc[0]) if len(unit) else math.nan)
+        for name, value in zip(reversed(keys), reversed(key)):
+            pairs.insert(0, name, value)
+        frames.append(pairs)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*keys, *PAIR_COLUMNS])
+
+
 def levels(values: pd.DataFrame, keys: tuple[str, ...] = ()) -> pd.DataFrame:
     """Per chip (and per value of `keys`: every figure of by_figure's at once): its figure's
     value (`value`, the exponent of the mean of its machine means of the log figure: a geometric

@@ -128,10 +128,12 @@ def _normal(i: str, salt: str) -> str:
     return f"(({' + '.join(_uniform(i, salt + str(k)) for k in range(4))}) - 2.0) * 1.7320508"
 
 
-def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
+def seed(data_dir: Path, runs: int, start_job: int = 0, redraw: bool = False) -> int:
     """Add a synthetic fleet of about `runs` runs (whole jobs) to the store in data_dir, jobs
     numbered from start_job; returns the number of jobs written. Agents and cells are written
-    once, on the first call."""
+    once, on the first call. A run's random draws are keyed on its place among this call's runs
+    (another call repeats them), or with `redraw` on its place in the fleet (start_job's runs
+    on): jobs added by a later call then differ by more than their chips and prompts."""
     store = Store(data_dir)
     jobs = max(1, runs // RUNS_PER_JOB)
     cells = _cells()
@@ -186,9 +188,10 @@ def seed(data_dir: Path, runs: int, start_job: int = 0) -> int:
             depth = f"CASE WHEN {arm} = 0 THEN 0 ELSE c.depths[{arm}] END"
             # the arm's true speedup: the cell's gain at its first depth, falling off with depth
             gain = f"CASE WHEN {arm} = 0 THEN 1.0 ELSE c.gain * pow(0.93, {arm} - 1) END"
-            tps = f"(40.0 / (1 + c.cell % 5) * {chip_level} * {gain} * exp(0.05 * {_normal(i, 'tps')}))"
+            drawn = f"({start_job * RUNS_PER_JOB if redraw else 0} + {i})"
+            tps = f"(40.0 / (1 + c.cell % 5) * {chip_level} * {gain} * exp(0.05 * {_normal(drawn, 'tps')}))"
             accept = f"list_transform(range({depth}), lambda p: greatest(0.0, 0.8 - 0.15 * p))"
-            env = _uniform(i, "env")
+            env = _uniform(drawn, "env")
             nominal = f"CASE WHEN {env} < 0.05 THEN false WHEN {env} < 0.35 THEN NULL ELSE true END"
             con.execute(
                 f"""
