@@ -104,9 +104,9 @@ def unavailable(c: Coordinator, error: grpc.RpcError) -> CoordinatorUnavailable:
 @st.cache_resource
 def mirror(address: str, token: str) -> Mirror:
     """The process's mirror of the coordinator, which after every sync computes the Compare
-    page's costly figures of the groups it changed (dashboard/group_figures.py) and every
-    claim's selection (selections), before the first sync returns and on a worker after later
-    ones (dashboard/after_sync.py)."""
+    page's costly figures of the groups it keeps that the sync changed (dashboard/group_figures.py)
+    and every claim's selection (selections), before the first sync returns and on a worker
+    after later ones (dashboard/after_sync.py)."""
     m, state = queries.open_mirror(address, token), _selection_state(address, token)
     group_figures.attach(m)
     after_sync.attach(m, lambda seqs: group_figures.refresh(m), lambda seqs: _count_selections(m, state))
@@ -255,8 +255,9 @@ def groups(v: Version, f: Filters) -> pd.DataFrame:
 
 
 def _of_group(v: Version, f: Filters, name: str) -> pd.DataFrame | None:
-    """Figure `name` as group_figures computed it after a sync, when `f` selects one whole
-    comparable group (no other filter) whose runs and jobs have not changed since; else None."""
+    """Figure `name` of the whole comparable group `f` selects (no other filter) as group_figures
+    keeps it: stored when the group's runs and jobs have not changed since, else computed now and
+    stored; None for narrower filters (the caller computes them)."""
     if not f.comparable or f != Filters(comparable=f.comparable):
         return None
     return group_figures.read(_db(v), f.comparable, name)

@@ -1,5 +1,5 @@
-"""The Compare page's costly figures of each comparable group, computed after a sync for the
-groups whose runs or jobs it changed, kept in the mirror, and read by the page as computed.
+"""The Compare page's costly figures of each comparable group it shows, computed once and kept in
+the mirror, kept current after each sync, and read by the page as computed.
 
 What cost the page seconds at a million runs is computation on the chosen group's runs
 (docs/scale.md): the MixedLM fits of the chip apart from the unit, the decode speed's
@@ -10,13 +10,17 @@ bootstrap, the speedups. They depend on the group's runs and those runs' jobs al
   `group_figures_due`, and `group_jobs` keeps which jobs each group's runs are of; a page of
   jobs marks due the groups of its jobs' runs (an attempt replaced, a job failed: its runs no
   longer count). A mark is a number from a sequence, new at every mark.
-- After the sync (dashboard/after_sync.py), `refresh` computes each due group's FIGURES with the
-  queries the page runs on the whole group (dashboard/queries.py on Filters(comparable=group)),
-  stores each frame as Arrow IPC in `group_figures`, and clears the group's mark unless a sync
-  marked it again meanwhile. A group refreshed less than REFIT_SECONDS ago waits, still due: a
-  fleet that keeps adding runs to a group costs a refit of it every REFIT_SECONDS, not one a sync.
-- `read` gives a figure of a group that is not due, else None: the page then computes it itself,
-  as it does for filters narrower than a whole group (a method, a model).
+- The groups kept are the one the page opens on (most runs) and every group a page has shown.
+  After a sync (dashboard/after_sync.py), `refresh` computes each due kept group's FIGURES with
+  the queries the page runs on the whole group (dashboard/queries.py on
+  Filters(comparable=group)), stores each frame as Arrow IPC in `group_figures`, and clears the
+  group's mark unless a sync marked it again meanwhile. A group refreshed less than
+  REFIT_SECONDS ago waits, still due: a fleet that keeps adding runs to a group costs a refit of
+  it every REFIT_SECONDS, not one a sync. The other groups cost nothing until shown: fitting all
+  108 of a fleet doubled the first sync at a million runs (docs/scale.md).
+- `read` gives a figure of a group as stored when the group is not due; else the page's
+  computation of the whole group's FIGURES, stored, so that the group is kept from then on.
+  Filters narrower than a whole group (a method, a model) are computed by the page itself.
 
 tests/test_group_figures.py checks each figure equal to the page's own computation after syncs
 that add late runs to groups already computed and replace an attempt.
@@ -24,6 +28,7 @@ that add late runs to groups already computed and replace an attempt.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pandas as pd
@@ -34,6 +39,7 @@ from dashboard.mirror import Mirror
 from specfleet.client import arrow_from_ipc
 from specfleet.record import VERIFY_COST
 
+log = logging.getLogger(__name__)
 REFIT_SECONDS = 30.0
 NAMES = ("speedups", "decode_speed", "chip_components", "chip_levels", "chip_pairs")
 
@@ -91,26 +97,31 @@ def _ipc(frame: pd.DataFrame) -> bytes:
 
 
 def refresh(mirror: Mirror, seqs: dict[str, int] | None = None) -> int:
-    """Compute and store the figures of every due group not refreshed in the last REFIT_SECONDS,
-    the groups with most runs first (the page opens on the one with most); the groups
-    refreshed. `seqs` (after_sync's argument) is not needed: the marks say what changed."""
+    """Compute and store the figures of every due group that is kept (the module docstring) and
+    was not refreshed in the last REFIT_SECONDS; the number of groups refreshed. `seqs`
+    (after_sync's argument) is not needed: the marks say what changed."""
+    shown = queries.groups(mirror, queries.Filters())
+    opens_on = shown["comparable"].iloc[0] if len(shown) else None
     due = mirror.query(
-        "SELECT d.comparable, d.mark, coalesce(max(f.computed_at), 0) AS computed_at FROM group_figures_due d"
-        " LEFT JOIN group_figures f USING (comparable) LEFT JOIN (SELECT comparable, sum(n) AS n FROM group_cells"
-        " GROUP BY ALL) c USING (comparable) GROUP BY d.comparable, d.mark, c.n ORDER BY c.n DESC NULLS LAST,"
-        " d.comparable"
+        "SELECT d.comparable, d.mark, coalesce(max(f.computed_at), -1) AS computed_at FROM group_figures_due d"
+        " LEFT JOIN group_figures f USING (comparable) GROUP BY d.comparable, d.mark ORDER BY d.comparable"
     )
-    due = [(g, mark) for g, mark, at in due.itertuples(index=False) if time.time() - at >= REFIT_SECONDS]
-    return sum(_store(mirror, g, mark, figures(mirror, g)) for g, mark in due)
+    now = time.time()
+    kept = [
+        (g, mark)
+        for g, mark, at in due.itertuples(index=False)
+        if (g == opens_on or at >= 0) and now - at >= REFIT_SECONDS
+    ]
+    return sum(_store(mirror, g, mark, figures(mirror, g)) for g, mark in kept)
 
 
-def _store(mirror: Mirror, comparable: str, mark: int, frames: dict[str, pd.DataFrame]) -> int:
-    """Store one group's frames and clear its mark, unless a sync marked it again while they were
-    computed (then they wait for a later refresh); 1 when stored."""
+def _store(mirror: Mirror, comparable: str, mark: int | None, frames: dict[str, pd.DataFrame]) -> int:
+    """Store one group's frames and clear its mark (None: it had none), unless a sync marked it
+    again while they were computed (then they wait for a later refresh); 1 when stored."""
     blobs = {name: _ipc(frame) for name, frame in frames.items()}
     with mirror.transaction() as con:
         row = con.execute("SELECT mark FROM group_figures_due WHERE comparable = ?", [comparable]).fetchone()
-        if row is None or row[0] != mark:
+        if (row[0] if row else None) != mark:
             return 0
         stamp = time.time()
         con.executemany(
@@ -121,14 +132,44 @@ def _store(mirror: Mirror, comparable: str, mark: int, frames: dict[str, pd.Data
     return 1
 
 
-def read(db, comparable: str, name: str) -> pd.DataFrame | None:
-    """Figure `name` of group `comparable` as refresh stored it, or None when there is none or
-    the group is due (its runs or jobs changed since): the caller computes it then."""
-    if not isinstance(db, Mirror) or not comparable:
-        return None
+def _current(db: Mirror, comparable: str, name: str) -> tuple[int | None, bytes | None] | None:
+    """The group's mark (None when not due) and figure `name` as stored (None when never); None
+    when the mirror keeps no figures (attach was not called)."""
     rows = db.query(
-        "SELECT frame FROM group_figures f WHERE comparable = $g AND figure = $name"
-        " AND NOT EXISTS (SELECT 1 FROM group_figures_due d WHERE d.comparable = $g)",
+        "SELECT (SELECT mark FROM group_figures_due WHERE comparable = $g) AS mark,"
+        " (SELECT frame FROM group_figures WHERE comparable = $g AND figure = $name) AS frame",
         {"g": comparable, "name": name},
     )
-    return None if rows.empty else arrow_from_ipc(rows["frame"].iloc[0]).to_pandas()
+    if rows.empty:
+        return None
+    mark, frame = rows.iloc[0]
+    return (None if pd.isna(mark) else int(mark)), (frame if isinstance(frame, bytes | bytearray) else None)
+
+
+def stored(db, comparable: str, name: str) -> pd.DataFrame | None:
+    """Figure `name` of group `comparable` as stored, or None when there is none or the group is
+    due (its runs or jobs changed since) or the database is not a mirror that keeps figures."""
+    current = _current(db, comparable, name) if isinstance(db, Mirror) and comparable else None
+    if current is None or current[0] is not None or current[1] is None:
+        return None
+    return arrow_from_ipc(current[1]).to_pandas()
+
+
+def read(db, comparable: str, name: str) -> pd.DataFrame | None:
+    """Figure `name` of group `comparable`: as stored when current, else the whole group's
+    FIGURES computed now and stored (the group is kept from then on); None on a database that is
+    not a mirror that keeps figures, or when the computation fails (logged: the caller's own
+    query then raises where it should)."""
+    current = _current(db, comparable, name) if isinstance(db, Mirror) and comparable else None
+    if current is None:
+        return None
+    mark, frame = current
+    if mark is None and frame is not None:
+        return arrow_from_ipc(frame).to_pandas()
+    try:
+        frames = figures(db, comparable)
+    except Exception:
+        log.exception("the figures of group %s failed: the page computes each itself", comparable)
+        return None
+    _store(db, comparable, mark, frames)
+    return frames[name]

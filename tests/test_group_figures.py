@@ -1,7 +1,8 @@
-"""The Compare page's figures computed per group after a sync (dashboard/group_figures.py) equal
-the page's own computation on the group's runs: after the first sync, after one that brings late
-runs into groups already computed, and after one that replaces a job's attempt (its runs stop
-counting); a group whose runs or jobs changed reads as not computed until it is computed again.
+"""The Compare page's figures kept per group (dashboard/group_figures.py) equal the page's own
+computation on the group's runs: the group the page opens on after the first sync, a group once a
+page has shown it, after a sync that brings late runs into kept groups, and after one that
+replaces a job's attempt (its runs stop counting); a group whose runs or jobs changed reads as
+not stored until it is computed again, and a group no page has shown is not computed at all.
 A synthetic fleet (tests/support/synthetic.py) behind a real coordinator, stopped, changed in its
 own store and started again between syncs. Also the worker that runs such work after a sync
 (dashboard/after_sync.py)."""
@@ -26,8 +27,13 @@ JOBS = 3  # three cells; each seeded again later on other machines: the same gro
 
 
 def computed(mirror, groups) -> dict:
-    """Per group, every figure as refresh stored it (None: not computed or due)."""
-    return {g: {n: group_figures.read(mirror, g, n) for n in group_figures.NAMES} for g in groups}
+    """Per group, every figure as stored (None: not computed, or due)."""
+    return {g: {n: group_figures.stored(mirror, g, n) for n in group_figures.NAMES} for g in groups}
+
+
+def shown(mirror, g) -> dict:
+    """Every figure of group g as a page reads it (stored, else computed and stored)."""
+    return {n: group_figures.read(mirror, g, n) for n in group_figures.NAMES}
 
 
 def live(mirror, groups) -> dict:
@@ -68,8 +74,9 @@ def synced(tmp_path_factory):
     seen = {}
     try:
         mirror.sync()  # the first: refreshed before it returns
-        groups = list(queries.groups(mirror, queries.Filters())["comparable"])
+        groups = list(queries.groups(mirror, queries.Filters())["comparable"])  # the page opens on the first
         seen["first"] = (computed(mirror, groups), live(mirror, groups))
+        seen["second shown"] = (shown(mirror, groups[1]), computed(mirror, groups))
 
         def restart(change) -> None:
             nonlocal coordinator
@@ -84,7 +91,9 @@ def synced(tmp_path_factory):
         seen["late runs, within REFIT_SECONDS"] = computed(mirror, groups)
         group_figures.REFIT_SECONDS, refit = 0.0, group_figures.REFIT_SECONDS
         try:
-            assert group_figures.refresh(mirror) == len(groups)
+            seen["refreshed"] = group_figures.refresh(mirror)
+            seen["not shown, after late runs"] = computed(mirror, groups)[groups[2]]
+            seen["third shown"] = shown(mirror, groups[2])
             seen["late runs"] = (computed(mirror, groups), live(mirror, groups))
             job = mirror.query("SELECT job_id FROM runs WHERE comparable = $g LIMIT 1", {"g": groups[0]})["job_id"][0]
 
@@ -106,23 +115,35 @@ def synced(tmp_path_factory):
         mirror.close()
 
 
-def test_the_first_sync_computes_every_groups_figures_as_the_page_does(synced):
+def test_the_first_sync_computes_the_group_the_page_opens_on(synced):
     groups, seen = synced
     kept, fresh = seen["first"]
     assert len(groups) == JOBS
-    assert_equal(kept, fresh)
-    components = pd.concat(kept[g]["chip_components"] for g in groups)
-    assert components["sd"].notna().any() and all(len(kept[g]["speedups"]) for g in groups)
+    assert_equal({groups[0]: kept[groups[0]]}, {groups[0]: fresh[groups[0]]})
+    assert kept[groups[0]]["chip_components"]["sd"].notna().any() and len(kept[groups[0]]["speedups"])
+    assert all(frame is None for g in groups[1:] for frame in kept[g].values())  # no page showed them
 
 
-def test_late_runs_wait_for_a_refit_then_read_as_the_page_computes_them(synced):
+def test_a_group_a_page_shows_is_computed_as_the_page_does_and_kept(synced):
+    groups, seen = synced
+    fresh = seen["first"][1]
+    read, kept = seen["second shown"]
+    assert_equal({groups[1]: read}, {groups[1]: fresh[groups[1]]})
+    assert_equal({groups[1]: kept[groups[1]]}, {groups[1]: fresh[groups[1]]})  # stored
+    assert all(frame is None for frame in kept[groups[2]].values())
+
+
+def test_late_runs_wait_for_a_refit_then_kept_groups_read_as_the_page_computes_them(synced):
     groups, seen = synced
     waiting = seen["late runs, within REFIT_SECONDS"]
     assert all(frame is None for g in groups for frame in waiting[g].values())  # due: the page computes them
+    assert seen["refreshed"] == 2  # the group the page opens on and the one shown; not the third
+    assert all(frame is None for frame in seen["not shown, after late runs"].values())
     kept, fresh = seen["late runs"]
+    assert_equal({g: seen["third shown"] for g in groups[2:]}, {g: fresh[g] for g in groups[2:]})
     assert_equal(kept, fresh)
-    before, after = seen["first"][0], kept
-    assert all(after[g]["speedups"]["pairs"].sum() > before[g]["speedups"]["pairs"].sum() for g in groups)
+    before = seen["first"][1]
+    assert all(kept[g]["speedups"]["pairs"].sum() > before[g]["speedups"]["pairs"].sum() for g in groups)
 
 
 def test_a_replaced_attempt_recomputes_its_group_without_its_runs(synced):
