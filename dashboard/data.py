@@ -400,8 +400,8 @@ def _claim_rows(address: str, token: str, claim_id: str, path: str, mtime: float
 
 @st.cache_resource
 def _selection_state(address: str, token: str) -> dict:
-    """ "ledger": (its mtime, the claims read from it); "counted": per claim id (ledger mtime, the
-    runs' sequence its selection counts up to, selection)."""
+    """The claims' selections kept between counts: under "ledger" (its mtime, the claims read from
+    it), under "counted" per claim id (ledger mtime, the runs' sequence counted up to, selection)."""
     return {"lock": threading.Lock(), "ledger": (None, []), "counted": {}}
 
 
