@@ -100,12 +100,14 @@ def refresh(mirror: Mirror, seqs: dict[str, int] | None = None) -> int:
     """Compute and store the figures of every due group that is kept (the module docstring) and
     was not refreshed in the last REFIT_SECONDS; the number of groups refreshed. `seqs`
     (after_sync's argument) is not needed: the marks say what changed."""
-    shown = queries.groups(mirror, queries.Filters())
-    opens_on = shown["comparable"].iloc[0] if len(shown) else None
     due = mirror.query(
         "SELECT d.comparable, d.mark, coalesce(max(f.computed_at), -1) AS computed_at FROM group_figures_due d"
         " LEFT JOIN group_figures f USING (comparable) GROUP BY d.comparable, d.mark ORDER BY d.comparable"
     )
+    if due.empty:
+        return 0
+    shown = queries.groups(mirror, queries.Filters())
+    opens_on = shown["comparable"].iloc[0] if len(shown) else None
     now = time.time()
     kept = [
         (g, mark)
@@ -132,9 +134,11 @@ def _store(mirror: Mirror, comparable: str, mark: int | None, frames: dict[str, 
     return 1
 
 
-def _current(db: Mirror, comparable: str, name: str) -> tuple[int | None, bytes | None] | None:
+def _current(db, comparable: str, name: str) -> tuple[int | None, bytes | None] | None:
     """The group's mark (None when not due) and figure `name` as stored (None when never); None
-    when the mirror keeps no figures (attach was not called)."""
+    when `db` is not a mirror that keeps figures (attach was not called)."""
+    if not isinstance(db, Mirror) or not comparable:
+        return None
     rows = db.query(
         "SELECT (SELECT mark FROM group_figures_due WHERE comparable = $g) AS mark,"
         " (SELECT frame FROM group_figures WHERE comparable = $g AND figure = $name) AS frame",
@@ -146,13 +150,17 @@ def _current(db: Mirror, comparable: str, name: str) -> tuple[int | None, bytes 
     return (None if pd.isna(mark) else int(mark)), (frame if isinstance(frame, bytes | bytearray) else None)
 
 
-def stored(db, comparable: str, name: str) -> pd.DataFrame | None:
-    """Figure `name` of group `comparable` as stored, or None when there is none or the group is
-    due (its runs or jobs changed since) or the database is not a mirror that keeps figures."""
-    current = _current(db, comparable, name) if isinstance(db, Mirror) and comparable else None
+def _frame(current: tuple[int | None, bytes | None] | None) -> pd.DataFrame | None:
+    """The stored frame of `_current`'s answer when the group is not due, else None."""
     if current is None or current[0] is not None or current[1] is None:
         return None
     return arrow_from_ipc(current[1]).to_pandas()
+
+
+def stored(db, comparable: str, name: str) -> pd.DataFrame | None:
+    """Figure `name` of group `comparable` as stored, or None when there is none or the group is
+    due (its runs or jobs changed since) or the database is not a mirror that keeps figures."""
+    return _frame(_current(db, comparable, name))
 
 
 def read(db, comparable: str, name: str) -> pd.DataFrame | None:
@@ -160,16 +168,14 @@ def read(db, comparable: str, name: str) -> pd.DataFrame | None:
     FIGURES computed now and stored (the group is kept from then on); None on a database that is
     not a mirror that keeps figures, or when the computation fails (logged: the caller's own
     query then raises where it should)."""
-    current = _current(db, comparable, name) if isinstance(db, Mirror) and comparable else None
-    if current is None:
-        return None
-    mark, frame = current
-    if mark is None and frame is not None:
-        return arrow_from_ipc(frame).to_pandas()
+    current = _current(db, comparable, name)
+    kept = _frame(current)
+    if current is None or kept is not None:
+        return kept
     try:
         frames = figures(db, comparable)
     except Exception:
         log.exception("the figures of group %s failed: the page computes each itself", comparable)
         return None
-    _store(db, comparable, mark, frames)
+    _store(db, comparable, current[0], frames)
     return frames[name]
